@@ -1,0 +1,75 @@
+"""Real SGLang source files, taken from the PyPI wheel and cached.
+
+The demo fleet and the tests use the files exactly as released, never a copy
+checked into this repo, so a patch that applies here applies to a real install.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+# What a host tree needs: enough for importlib.metadata to report the version,
+# for `find_spec("sglang")` to work, and every file a shipped patch or the
+# stand-in touches.
+TREE_MEMBERS = (
+    "sglang/__init__.py",
+    "sglang/version.py",
+    "sglang/srt/server_args.py",
+    "sglang/srt/speculative/*",
+    "sglang-*.dist-info/*",
+)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FLEETPATCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fleetpatch"
+    )
+    return Path(root)
+
+
+def wheel_path(version: str) -> Path:
+    """The sglang wheel for `version`, downloaded once with pip."""
+    wheels = cache_dir() / "wheels"
+    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+           "--disable-pip-version-check", "-d", str(wheels), f"sglang=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(
+            f"could not download sglang=={version} from PyPI: {proc.stderr.strip() or proc.stdout.strip()}"
+        )
+    return found[0]
+
+
+def sglang_tree(version: str) -> Path:
+    """A directory holding `sglang/…` and its dist-info from the real wheel (read-only use)."""
+    dest = cache_dir() / "trees" / version
+    done = dest / ".complete"
+    if done.exists():
+        return dest
+    whl = wheel_path(version)
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    with zipfile.ZipFile(whl) as zf:
+        for member in zf.namelist():
+            if any(fnmatch.fnmatch(member, pat) for pat in TREE_MEMBERS):
+                zf.extract(member, tmp)
+    (tmp / ".complete").write_text(whl.name + "\n")
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process got there first
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+if __name__ == "__main__":
+    for v in sys.argv[1:] or ["0.5.9"]:
+        print(sglang_tree(v))
