@@ -1,0 +1,787 @@
+"""The half of fleetpatch that runs on a host, under the engine's own interpreter.
+
+Sent over SSH on stdin with each request (never installed), so a host needs
+nothing but the Python that already runs its engine. Stdlib only, Python 3.8+.
+Every operation is one remote command: the laptop decides, this side only
+reads, writes atomically, restarts and follows the log. Keeping the steps of
+one phase in one request is what keeps a deploy at three round trips a host.
+
+Protocol: stdin carries the request as one JSON object (after this source);
+the reply is JSON lines on stdout, each prefixed with REPLY_PREFIX so that any
+noise a login shell prints can never be mistaken for an answer.
+"""
+import base64
+import errno
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+REPLY_PREFIX = "@@fleetpatch "
+LEDGER = "ledger.json"
+LOCK = "lock"
+
+
+def emit(obj):
+    sys.stdout.write(REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+class AgentError(Exception):
+    """A refusal the laptop reports as the host's status (code) with a message."""
+
+    def __init__(self, code, message):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+
+
+def sha256_bytes(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def now_iso():
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def expand(path):
+    return os.path.expanduser(path) if path else path
+
+
+# ---------------------------------------------------------------- state dir
+
+def state_path(req, *parts):
+    return os.path.join(expand(req["state_dir"]), *parts)
+
+
+def ensure_dir(path, mode=0o700):
+    if not os.path.isdir(path):
+        os.makedirs(path, mode)
+
+
+def load_ledger(req):
+    path = state_path(req, LEDGER)
+    try:
+        with open(path, "r") as f:
+            return json.load(f)
+    except (IOError, OSError) as e:
+        if e.errno == errno.ENOENT:
+            return {"version": 1, "patches": {}, "restart_pending": False, "last_restart": None}
+        raise
+    except ValueError:
+        raise AgentError("error", "the ledger %s is not valid JSON; fix or move it away" % path)
+
+
+def atomic_write(path, data, like=None):
+    """Write beside the target and rename over it, keeping mode and owner of `like`."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, ".%s.fleetpatch-%d.tmp" % (os.path.basename(path), os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        ref = like if like is not None else (path if os.path.exists(path) else None)
+        if ref is not None:
+            st = os.stat(ref)
+            os.chmod(tmp, st.st_mode & 0o7777)
+            try:
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except OSError:
+                pass  # not root: the file is ours anyway
+        else:
+            os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def save_ledger(req, ledger):
+    ensure_dir(state_path(req))
+    atomic_write(state_path(req, LEDGER), (json.dumps(ledger, indent=1, sort_keys=True) + "\n").encode())
+
+
+# --------------------------------------------------------------------- lock
+
+def read_lock(req):
+    try:
+        with open(state_path(req, LOCK)) as f:
+            return json.load(f)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def take_lock(req, lock):
+    ensure_dir(state_path(req))
+    path = state_path(req, LOCK)
+    if lock.get("break"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    body = json.dumps({"token": lock["token"], "holder": lock["holder"], "since": now_iso()})
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        if e.errno != errno.EEXIST:
+            raise
+        held = read_lock(req) or {}
+        if held.get("token") == lock["token"]:
+            return
+        raise AgentError(
+            "locked",
+            "another fleetpatch run holds the lock %s: %s since %s; wait for it, or if that run is dead, "
+            "rerun with --break-lock" % (path, held.get("holder", "unknown holder"), held.get("since", "?")),
+        )
+    with os.fdopen(fd, "w") as f:
+        f.write(body)
+
+
+def check_lock(req):
+    token = req.get("lock_token")
+    if not token:
+        return
+    held = read_lock(req)
+    if not held or held.get("token") != token:
+        raise AgentError("locked", "this run no longer holds the lock %s (holder now: %s)"
+                         % (state_path(req, LOCK), (held or {}).get("holder", "nobody")))
+
+
+def release_lock(req):
+    token = req.get("lock_token")
+    if not token:
+        return
+    held = read_lock(req)
+    if held and held.get("token") == token:
+        try:
+            os.unlink(state_path(req, LOCK))
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------- server
+
+def read_pid(pidfile):
+    try:
+        with open(expand(pidfile)) as f:
+            return int(f.read().strip().split()[0])
+    except (IOError, OSError, ValueError, IndexError):
+        return None
+
+
+def pid_alive(pid):
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            return False
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (IOError, OSError, IndexError):
+        return True
+
+
+def proc_launch(pid):
+    """argv and the engine-relevant environment of the running server, from /proc."""
+    out = {"argv": None, "env": None}
+    try:
+        raw = read_bytes("/proc/%d/cmdline" % pid)
+        out["argv"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a != b""] or None
+    except (IOError, OSError):
+        pass
+    try:
+        raw = read_bytes("/proc/%d/environ" % pid)
+        env = {}
+        for item in raw.split(b"\0"):
+            key, sep, value = item.partition(b"=")
+            k = key.decode("utf-8", "replace")
+            # only what routes the engine: the rest of a process environment may hold secrets
+            if sep and (k.startswith("SGLANG_") or k.startswith("FLEETPATCH_") or k.startswith("VLLM_")):
+                env[k] = value.decode("utf-8", "replace")
+        out["env"] = env
+    except (IOError, OSError):
+        pass
+    return out
+
+
+def server_pid(restart):
+    kind = restart.get("kind", "command")
+    if kind == "command":
+        return read_pid(restart["pidfile"])
+    if kind == "systemd":
+        out = run_quiet(["systemctl", "show", "--property=MainPID", "--value", restart["unit"]])
+        try:
+            return int(out.strip()) or None
+        except ValueError:
+            return None
+    if kind == "supervisor":
+        out = run_quiet(supervisorctl(restart) + ["pid", restart["program"]])
+        try:
+            return int(out.strip()) or None
+        except ValueError:
+            return None
+    return None
+
+
+def run_quiet(argv):
+    try:
+        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              universal_newlines=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+
+
+def supervisorctl(restart):
+    argv = ["supervisorctl"]
+    if restart.get("config"):
+        argv += ["-c", expand(restart["config"])]
+    return argv
+
+
+def http_get(url, timeout=2.0):
+    """(status, body) or (None, error) — urllib, so the host needs no curl."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (urllib.error.URLError, socket.timeout, OSError) as e:
+        return None, str(e).encode()
+
+
+def log_position(log):
+    try:
+        st = os.stat(expand(log))
+        return {"inode": st.st_ino, "offset": st.st_size}
+    except OSError:
+        return {"inode": None, "offset": 0}
+
+
+def stop_command_server(restart):
+    pid = read_pid(restart["pidfile"])
+    if not pid_alive(pid):
+        return {"stopped": None}
+    grace = float(restart.get("stop_grace", 10))
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return {"stopped": pid}
+    deadline = time.time() + grace
+    while time.time() < deadline:
+        if not pid_alive(pid):
+            return {"stopped": pid, "signal": "TERM"}
+        time.sleep(0.02)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    while pid_alive(pid) and time.time() < deadline + 5:
+        time.sleep(0.02)
+    return {"stopped": pid, "signal": "KILL"}
+
+
+def start_command_server(restart, log):
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith("SSH_"))
+    env.update(restart.get("env") or {})
+    logpath = expand(log)
+    ensure_dir(os.path.dirname(logpath) or ".", 0o755)
+    out = open(logpath, "ab")
+    try:
+        proc = subprocess.Popen(
+            restart["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=expand(restart.get("workdir")) or None, env=env,
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as e:
+        raise AgentError("restart-failed", "could not start %r: %s" % (restart["argv"][0], e))
+    finally:
+        out.close()
+    pidfile = expand(restart["pidfile"])
+    ensure_dir(os.path.dirname(pidfile) or ".", 0o755)
+    atomic_write(pidfile, ("%d\n" % proc.pid).encode())
+    return proc.pid
+
+
+def restart_server(req, ledger, reason):
+    """Stop, note where the log ends, start. The offset is taken after the old
+    server is gone, so nothing it wrote can count for the new one."""
+    restart = req["restart"]
+    log = req["log"]
+    kind = restart.get("kind", "command")
+    result = {"kind": kind}
+    if kind == "command":
+        result.update(stop_command_server(restart))
+        pos = log_position(log)
+        pid = start_command_server(restart, log)
+    elif kind == "systemd":
+        pos = log_position(log)
+        since = time.strftime("%Y-%m-%d %H:%M:%S")
+        out = subprocess.run(["systemctl", "restart", restart["unit"]], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, universal_newlines=True)
+        if out.returncode != 0:
+            raise AgentError("restart-failed", "systemctl restart %s failed: %s" % (restart["unit"], out.stdout.strip()))
+        pid = server_pid(restart)
+        result["journal_since"] = since
+    elif kind == "supervisor":
+        run_quiet(supervisorctl(restart) + ["stop", restart["program"]])
+        pos = log_position(log)
+        out = subprocess.run(supervisorctl(restart) + ["start", restart["program"]], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, universal_newlines=True)
+        pid = server_pid(restart)
+        if pid is None:
+            raise AgentError("restart-failed", "supervisorctl start %s failed: %s" % (restart["program"], out.stdout.strip()))
+    else:
+        raise AgentError("error", "unknown restart kind %r" % kind)
+    ledger["last_restart"] = {"at": now_iso(), "epoch": time.time(), "log": log, "inode": pos["inode"],
+                              "offset": pos["offset"], "pid": pid, "reason": reason}
+    ledger["restart_pending"] = False
+    result.update({"pid": pid, "log_inode": pos["inode"], "log_offset": pos["offset"]})
+    return result
+
+
+# -------------------------------------------------------------------- files
+
+def package_dir(package):
+    """The directory that holds the engine package, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin:
+        raise AgentError("error", "%s cannot import %s: is engine.python the interpreter that runs the engine?"
+                         % (sys.executable, package))
+    pkg = os.path.dirname(os.path.abspath(spec.origin))
+    return os.path.dirname(pkg)
+
+
+def package_version(package):
+    try:
+        import importlib.metadata as md
+    except ImportError:  # Python 3.7
+        return None
+    try:
+        return md.version(package)
+    except Exception:
+        return None
+
+
+def safe_join(root, rel):
+    full = os.path.normpath(os.path.join(root, rel))
+    if os.path.isabs(rel) or not full.startswith(os.path.normpath(root) + os.sep):
+        raise AgentError("error", "refusing path outside the package directory: %r" % rel)
+    return full
+
+
+def describe_file(root, rel, content):
+    path = safe_join(root, rel)
+    try:
+        data = read_bytes(path)
+    except (IOError, OSError) as e:
+        if e.errno == errno.ENOENT:
+            return None
+        raise
+    st = os.stat(path)
+    out = {"sha256": sha256_bytes(data), "size": len(data), "mode": st.st_mode & 0o7777}
+    if content:
+        out["content"] = base64.b64encode(data).decode("ascii")
+    return out
+
+
+def remove_bytecode(path):
+    """Delete the cached bytecode of a changed module, so the old code can't run."""
+    directory, name = os.path.split(path)
+    stem = os.path.splitext(name)[0]
+    cache = os.path.join(directory, "__pycache__")
+    removed = []
+    try:
+        entries = os.listdir(cache)
+    except OSError:
+        entries = []
+    for entry in entries:
+        if entry.startswith(stem + ".") and entry.endswith((".pyc", ".pyo")):
+            try:
+                os.unlink(os.path.join(cache, entry))
+                removed.append(entry)
+            except OSError:
+                pass
+    legacy = os.path.splitext(path)[0] + ".pyc"
+    if os.path.exists(legacy):
+        os.unlink(legacy)
+        removed.append(os.path.basename(legacy))
+    return removed
+
+
+def write_all_or_nothing(root, changes):
+    """Rename each new file over its original; on any failure put back what was done."""
+    done = []
+    try:
+        for ch in changes:
+            path = safe_join(root, ch["path"])
+            atomic_write(path, ch["data"], like=path)
+            done.append(ch)
+            remove_bytecode(path)
+    except BaseException as e:
+        for ch in reversed(done):
+            path = safe_join(root, ch["path"])
+            atomic_write(path, ch["original"], like=path)
+            remove_bytecode(path)
+        if isinstance(e, AgentError):
+            raise
+        raise AgentError("error", "writing %s failed (%s); every file was put back as it was"
+                         % (changes[len(done)]["path"], e))
+
+
+# ---------------------------------------------------------------- operations
+
+def op_probe(req):
+    out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3]}
+    if req.get("lock"):
+        take_lock(req, req["lock"])
+        out["locked"] = True
+    package = req.get("package", "sglang")
+    root = package_dir(package)
+    out["package_dir"] = root
+    out["version"] = package_version(package)
+    files = list(req.get("files") or [])
+    ledger = load_ledger(req)
+    if req.get("ledger_files"):  # status: every file fleetpatch wrote, to spot drift in this same trip
+        for entry in ledger.get("patches", {}).values():
+            files.extend(p for p in entry.get("files", {}) if p not in files)
+    out["files"] = dict((rel, describe_file(root, rel, req.get("content", False))) for rel in files)
+    out["ledger"] = ledger
+    out["lock"] = read_lock(req)
+    restart = req.get("restart")
+    if restart:
+        pid = server_pid(restart)
+        alive = pid_alive(pid)
+        out["server"] = {"pid": pid, "alive": alive}
+        if alive:
+            out["server"].update(proc_launch(pid))
+        if req.get("health_url") and alive:
+            status, _ = http_get(req["health_url"], timeout=float(req.get("health_timeout", 3)))
+            out["server"]["healthy"] = status == 200
+    if req.get("log"):
+        out["log"] = log_position(req["log"])
+    return out
+
+
+def op_apply(req):
+    """Back up, write every file, record the ledger, and restart — one round trip."""
+    check_lock(req)
+    root = req["package_dir"]
+    ledger = load_ledger(req)
+    label = req["label"]
+    backups = state_path(req, "backups", label)
+    changes = []
+    for f in req["files"]:
+        path = safe_join(root, f["path"])
+        original = read_bytes(path)
+        if sha256_bytes(original) != f["before"]:
+            raise AgentError("drift", "%s changed on the host while fleetpatch was working (sha256 %s, expected %s); "
+                             "nothing was written; rerun" % (f["path"], sha256_bytes(original)[:12], f["before"][:12]))
+        data = base64.b64decode(f["content"])
+        if sha256_bytes(data) != f["after"]:
+            raise AgentError("error", "the new content of %s was damaged in transit; nothing was written" % f["path"])
+        changes.append({"path": f["path"], "data": data, "original": original})
+    # Backups first, and durable, so the originals survive whatever follows.
+    for ch in changes:
+        dest = os.path.join(backups, ch["path"])
+        if os.path.exists(dest) and sha256_bytes(read_bytes(dest)) == sha256_bytes(ch["original"]):
+            continue
+        ensure_dir(os.path.dirname(dest))
+        atomic_write(dest, ch["original"], like=None)
+    ledger["restart_pending"] = True
+    entry = {"rev": req["rev"], "label": label, "diff_sha256": req["diff_sha256"], "applied_at": now_iso(),
+             "files": dict((f["path"], {"before": f["before"], "after": f["after"],
+                                        "backup": os.path.join("backups", label, f["path"])}) for f in req["files"]),
+             "verification": None}
+    ledger.setdefault("patches", {})[req["name"]] = entry
+    # The ledger says "restart pending" before any engine file changes: a run that
+    # dies between the write and the restart is finished by the next run.
+    save_ledger(req, ledger)
+    write_all_or_nothing(root, changes)
+    out = {"written": [c["path"] for c in changes]}
+    if req.get("restart"):
+        out["restart"] = restart_server(req, ledger, "deploy " + label)
+        save_ledger(req, ledger)
+    return out
+
+
+def op_restart(req):
+    check_lock(req)
+    ledger = load_ledger(req)
+    out = {"restart": restart_server(req, ledger, req.get("reason", "restart"))}
+    save_ledger(req, ledger)
+    return out
+
+
+def op_rollback(req):
+    """Restore the originals of one patch (sha256-checked) and restart."""
+    check_lock(req)
+    root = req["package_dir"]
+    ledger = load_ledger(req)
+    entry = ledger.get("patches", {}).get(req["name"])
+    if not entry:
+        raise AgentError("error", "%s is not recorded as applied on this host; nothing to roll back" % req["name"])
+    changes = []
+    for rel, rec in sorted(entry["files"].items()):
+        path = safe_join(root, rel)
+        current = read_bytes(path)
+        backup = read_bytes(state_path(req, rec["backup"]))
+        if sha256_bytes(backup) != rec["before"]:
+            raise AgentError("error", "the backup of %s (%s) does not match its recorded sha256 %s; nothing was "
+                             "restored" % (rel, state_path(req, rec["backup"]), rec["before"][:12]))
+        cur_sha = sha256_bytes(current)
+        if cur_sha == rec["before"]:
+            continue
+        if cur_sha != rec["after"] and not req.get("force"):
+            raise AgentError("drift", "%s changed since fleetpatch wrote it (sha256 %s, wrote %s); nothing was restored; "
+                             "inspect it, then rerun with --force to restore the original anyway"
+                             % (rel, cur_sha[:12], rec["after"][:12]))
+        changes.append({"path": rel, "data": backup, "original": current})
+    ledger["restart_pending"] = True
+    save_ledger(req, ledger)
+    write_all_or_nothing(root, changes)
+    del ledger["patches"][req["name"]]
+    ledger.setdefault("rolled_back", {})[req["name"]] = {"label": entry["label"], "at": now_iso()}
+    out = {"restored": [c["path"] for c in changes],
+           "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
+    if req.get("restart"):
+        out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])
+    save_ledger(req, ledger)
+    return out
+
+
+def op_unlock(req):
+    if req.get("ledger_update"):
+        apply_ledger_update(req, req["ledger_update"])
+    release_lock(req)
+    return {"unlocked": True}
+
+
+def apply_ledger_update(req, update):
+    ledger = load_ledger(req)
+    for name, verification in (update.get("verification") or {}).items():
+        if name in ledger.get("patches", {}):
+            ledger["patches"][name]["verification"] = verification
+    if "last_verification" in update:
+        ledger["last_verification"] = update["last_verification"]
+    save_ledger(req, ledger)
+
+
+# ------------------------------------------------------------------- follow
+
+class LogFollower(object):
+    """Reads a log from a recorded (inode, offset), following rotation and truncation."""
+
+    def __init__(self, path, inode, offset):
+        self.path = expand(path)
+        self.fh = None
+        self.line_no = 1       # line number (in the current file) of the next full line
+        self.partial = b""
+        self.files = []
+        cur = self._stat(self.path)
+        if inode is not None and cur is not None and cur.st_ino != inode:
+            old = self._find_inode(inode)
+            if old is not None:
+                self._open(old, offset)
+                return
+            offset = 0  # the old file is gone: the new one holds all there is
+        if cur is not None and cur.st_size < offset:
+            offset = 0  # truncated since the restart
+        if cur is not None:
+            self._open(self.path, offset)
+
+    @staticmethod
+    def _stat(path):
+        try:
+            return os.stat(path)
+        except OSError:
+            return None
+
+    def _find_inode(self, inode):
+        directory = os.path.dirname(self.path) or "."
+        base = os.path.basename(self.path)
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return None
+        for name in sorted(names):
+            if name.startswith(base):
+                st = self._stat(os.path.join(directory, name))
+                if st is not None and st.st_ino == inode:
+                    return os.path.join(directory, name)
+        return None
+
+    def _open(self, path, offset):
+        self.fh = open(path, "rb")
+        self.ino = os.fstat(self.fh.fileno()).st_ino
+        self.line_no = 1 + self._count_lines(offset)
+        self.fh.seek(offset)
+        self.partial = b""
+        self.files.append(path)
+
+    def _count_lines(self, offset):
+        n, left = 0, offset
+        self.fh.seek(0)
+        while left > 0:
+            chunk = self.fh.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            left -= len(chunk)
+        return n
+
+    def read(self):
+        """New complete lines: list of (file, first_line_no, [lines])."""
+        batches = []
+        if self.fh is None:
+            if self._stat(self.path) is not None:
+                self._open(self.path, 0)
+            else:
+                return batches
+        self._drain(batches)
+        cur = self._stat(self.path)
+        if cur is not None and cur.st_ino != self.ino:
+            self._drain(batches, final=True)   # the rest of the rotated file first
+            self.fh.close()
+            self._open(self.path, 0)
+            self._drain(batches)
+        elif cur is not None and cur.st_size < self.fh.tell():
+            self.fh.close()
+            self._open(self.path, 0)
+            self._drain(batches)
+        return batches
+
+    def _drain(self, batches, final=False):
+        data = self.fh.read()
+        if not data and not (final and self.partial):
+            return
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        if lines:
+            batches.append((self.files[-1], self.line_no, [l.decode("utf-8", "replace").rstrip("\r") for l in lines]))
+            self.line_no += len(lines)
+
+
+def op_follow(req):
+    """Stream the log since the restart, with liveness and health, until the
+    laptop says it has its verdict (a line on stdin) or the timeout passes."""
+    follower = LogFollower(req["log"], req.get("inode"), req.get("offset", 0))
+    pid = req.get("pid")
+    restart = req.get("restart") or {}
+    if restart.get("kind") in ("systemd", "supervisor") and not pid:
+        pid = server_pid(restart)
+    health_url = req.get("health_url")
+    info_url = req.get("server_info_url")
+    ready_text = req.get("ready_line")
+    deadline = time.time() + float(req.get("timeout", 60)) + 5
+    started = time.time()
+    ready = False
+    info_sent = False
+    last_state = None
+    last_emit = started
+    next_health = 0.0
+    stdin_fd = sys.stdin.fileno()
+    stdin_buf = b""
+    while True:
+        for path, first, lines in follower.read():
+            emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines})
+            last_emit = time.time()
+            if ready_text and not ready and any(ready_text in l for l in lines):
+                ready = True
+                next_health = 0.0
+        now = time.time()
+        alive = pid_alive(pid) if pid else None
+        healthy = None
+        if health_url and now >= next_health and alive is not False:
+            status, _ = http_get(health_url, timeout=2.0)
+            healthy = status == 200
+            next_health = now + (0.25 if ready else 1.0)
+            if healthy and info_url and not info_sent:
+                status, body = http_get(info_url, timeout=3.0)
+                if status == 200:
+                    try:
+                        emit({"t": "server_info", "data": json.loads(body.decode("utf-8", "replace"))})
+                    except ValueError:
+                        pass
+                    info_sent = True
+        state = (alive, healthy)
+        if healthy is not None or alive is False:
+            if state != last_state:
+                emit({"t": "state", "alive": alive, "healthy": healthy, "elapsed": round(now - started, 3)})
+                last_state = state
+                last_emit = now
+        elif now - last_emit >= 0.5:
+            emit({"t": "tick", "elapsed": round(now - started, 3)})
+        if now > deadline:
+            emit({"t": "deadline"})
+            return {"ended": "deadline"}
+        r, _, _ = select.select([stdin_fd], [], [], 0.05)
+        if r:
+            chunk = os.read(stdin_fd, 65536)
+            if not chunk:
+                return {"ended": "stdin closed"}
+            stdin_buf += chunk
+            if b"\n" in stdin_buf:
+                line = stdin_buf.split(b"\n", 1)[0]
+                cmd = json.loads(line.decode() or "{}")
+                if cmd.get("ledger_update"):
+                    apply_ledger_update(req, cmd["ledger_update"])
+                if cmd.get("unlock"):
+                    release_lock(req)
+                return {"ended": "finished"}
+
+
+OPS = {"probe": op_probe, "apply": op_apply, "restart": op_restart, "rollback": op_rollback,
+       "unlock": op_unlock, "follow": op_follow}
+
+
+def main(req):
+    op = OPS.get(req.get("op"))
+    try:
+        if op is None:
+            raise AgentError("error", "unknown agent operation %r" % req.get("op"))
+        result = op(req)
+        if req.get("unlock_after"):
+            release_lock(req)
+        emit({"t": "result", "ok": True, "result": result})
+    except AgentError as e:
+        if req.get("unlock_after") or req.get("unlock_on_error"):
+            release_lock(req)
+        emit({"t": "result", "ok": False, "code": e.code, "message": e.message})
+    except Exception as e:  # a bug or an OS error: report it, don't hang the laptop
+        if req.get("unlock_after") or req.get("unlock_on_error"):
+            release_lock(req)
+        emit({"t": "result", "ok": False, "code": "error",
+              "message": "%s: %s" % (type(e).__name__, e), "traceback": traceback.format_exc()})
+
+
+if __name__ == "__main__" or __name__ == "__fleetpatch_agent__":
+    main(json.loads(sys.stdin.buffer.readline().decode("utf-8")))

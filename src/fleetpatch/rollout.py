@@ -1,0 +1,129 @@
+"""Fleet orchestration: a bounded pool, canary first, batches, a failure budget,
+and an interrupt that starts nothing new but lets hosts in flight finish.
+
+Fabric's ThreadingGroup starts one thread per host with no bound; here at most
+`parallel` hosts work at once, and a host that was never started is reported
+as `skipped`, not left to guess."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .inventory import Host
+from .steps import HostResult
+
+MAX_PARALLEL = 32
+
+HostFn = Callable[[Host], HostResult]
+
+
+@dataclass
+class Stop:
+    """Why the fleet stopped starting hosts (None while it goes on)."""
+
+    reason: str | None = None
+    interrupted: bool = False
+    event: threading.Event = field(default_factory=threading.Event)
+
+    def set(self, reason: str, interrupted: bool = False) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.interrupted = self.interrupted or interrupted
+        self.event.set()
+
+
+def default_parallel(n_hosts: int, parallel: int | None) -> int:
+    if parallel is None or parallel <= 0:
+        return max(1, min(n_hosts, MAX_PARALLEL))
+    return parallel
+
+
+def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop: Stop,
+              budget: int | None = None, on_result: Callable[[HostResult], None] | None = None) -> None:
+    """Run `fn` on hosts, at most `parallel` at once. With a `budget`, stop
+    starting hosts once more than `budget` have failed (counted over `results`)."""
+    pending = list(hosts)
+    in_flight: dict[Future, Host] = {}
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="fleetpatch") as pool:
+        try:
+            while pending or in_flight:
+                while pending and len(in_flight) < parallel and stop.reason is None:
+                    host = pending.pop(0)
+                    in_flight[pool.submit(fn, host)] = host
+                if not in_flight:
+                    break
+                done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    host = in_flight.pop(fut)
+                    result = fut.result()
+                    results[host.name] = result
+                    if on_result:
+                        on_result(result)
+                    failures = sum(1 for r in results.values() if not r.ok and r.status != "skipped")
+                    if budget is not None and failures > budget:
+                        stop.set(f"{failures} hosts failed (more than --max-failures {budget})")
+        except KeyboardInterrupt:
+            stop.set("interrupted (Ctrl-C): no new host was started; hosts in flight were let finish",
+                     interrupted=True)
+            # Let each host in flight finish or undo its step; a second Ctrl-C is ignored here.
+            while in_flight:
+                try:
+                    done, _ = wait(list(in_flight), timeout=0.5)
+                except KeyboardInterrupt:
+                    continue
+                for fut in done:
+                    host = in_flight.pop(fut)
+                    results[host.name] = fut.result()
+    for host in pending:
+        results.setdefault(host.name, HostResult(host.name, False, "skipped",
+                                                 f"{host.name}: not started: {stop.reason}; untouched"))
+
+
+def run_all(hosts: list[Host], fn: HostFn, parallel: int | None) -> tuple[dict, Stop]:
+    results: dict = {}
+    stop = Stop()
+    run_stage(hosts, fn, default_parallel(len(hosts), parallel), results, stop)
+    return {h.name: results[h.name] for h in hosts}, stop
+
+
+def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int | None,
+                batch: int | None) -> list[list[Host]]:
+    """The canary stage, then batches, in inventory order."""
+    if canary_group and canary != 0:
+        first = [h for h in hosts if h.name in canary_group]
+    else:
+        n = 1 if canary is None else max(0, canary)
+        first = hosts[:n]
+    rest = [h for h in hosts if h not in first]
+    stages = [first] if first else []
+    size = batch if batch and batch > 0 else max(1, len(rest))
+    for i in range(0, len(rest), size):
+        stages.append(rest[i:i + size])
+    return stages
+
+
+def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, canary: int | None,
+            batch: int | None, parallel: int | None, max_failures: int,
+            on_stage: Callable[[int, list[Host]], None] | None = None) -> tuple[dict, Stop, list[list[str]]]:
+    stages = plan_stages(hosts, canary_group, canary, batch)
+    results: dict = {}
+    stop = Stop()
+    has_canary = bool(stages) and (bool(canary_group) and canary != 0 or (canary is None or canary > 0))
+    for i, stage in enumerate(stages):
+        if stop.reason is not None:
+            break
+        if on_stage:
+            on_stage(i, stage)
+        is_canary = has_canary and i == 0
+        run_stage(stage, fn, default_parallel(len(stage), parallel), results, stop,
+                  budget=0 if is_canary else max_failures)
+        if is_canary and any(not results[h.name].ok for h in stage) and stop.reason is None:
+            stop.set("the canary failed")
+        elif is_canary and stop.reason and not stop.interrupted:
+            stop.reason = "the canary failed"
+    for h in hosts:
+        results.setdefault(h.name, HostResult(h.name, False, "skipped",
+                                              f"{h.name}: not started: {stop.reason}; untouched"))
+    return {h.name: results[h.name] for h in hosts}, stop, [[h.name for h in s] for s in stages]
