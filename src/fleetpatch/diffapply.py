@@ -1,0 +1,442 @@
+"""Pure unified-diff handling: parse (with unidiff), then classify and apply on bytes.
+
+Nothing here touches a host, the clock or the file system. `parse_diff` turns
+the text of a ``.diff`` file into `FileDiff` records (paths normalized to
+``sglang/...``, every refusal a `DiffError`); `apply_file` takes the original
+bytes of one file and says ``applies`` (with the new bytes and any line
+offsets), ``already-applied`` or ``conflict`` (with the first differing line).
+
+Rules (see the contract's "Applying"):
+
+- A hunk matches its context exactly: no fuzz, no whitespace folding, line
+  endings included. A hunk may sit at another line than its header says
+  (an *offset*); the match nearest to the expected position wins, where the
+  expected position is the header's line shifted by the previous hunk's offset.
+- Hunks apply in order and never overlap.
+- ``already-applied`` when every hunk's post-image is found (same search) and
+  the pre-images are not all found. When both the complete pre-image and the
+  complete post-image are present, the file is ambiguous and reported as a
+  conflict rather than risking a second application.
+- Bytes are decoded as UTF-8 with ``surrogateescape`` and re-encoded the same
+  way, so any file (CRLF, invalid UTF-8, no final newline) round-trips byte for
+  byte. Lines are split on ``\\n`` only; a ``\\r`` stays part of its line.
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from .errors import UsageError
+
+__all__ = [
+    "DiffError",
+    "Hunk",
+    "FileDiff",
+    "FileResult",
+    "parse_diff",
+    "apply_file",
+    "split_lines",
+    "describe_offsets",
+]
+
+_DEV_NULL = "/dev/null"
+_NO_NEWLINE = "\\ No newline at end of file"
+_RE_HEADER_CORE = re.compile(r"^(@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@)")
+_ENCODING = "utf-8"
+_ERRORS = "surrogateescape"
+
+
+class DiffError(UsageError):
+    """A diff fleetpatch refuses (exit 2). str() names the origin file, the diff line and what to do."""
+
+    def __init__(self, origin: str, line: Optional[int], reason: str, path: Optional[str] = None):
+        self.origin = origin
+        self.line = line
+        self.reason = reason
+        self.path = path
+        where = f"{origin}: line {line}" if line else origin
+        super().__init__(f"{where}: {reason}")
+
+
+@dataclass
+class Hunk:
+    source_start: int          # 1-based line in the original, as the header says
+    source_lines: List[str]    # context + removed lines, each WITH its line ending
+    target_lines: List[str]    # context + added lines, each WITH its line ending
+    header: str                # "@@ -a,b +c,d @@ section"
+    diff_line: int             # line number of the @@ header inside the .diff file
+    target_start: int = 0      # 1-based line in the patched file, as the header says
+
+    @property
+    def short_header(self) -> str:
+        """The header without its section text: "@@ -120,7 +120,9 @@"."""
+        m = _RE_HEADER_CORE.match(self.header)
+        return m.group(1) if m else self.header
+
+    @property
+    def touches_eof(self) -> bool:
+        """True when either side ends without a final newline (the hunk must end at EOF)."""
+        return any(block and not block[-1].endswith("\n") for block in (self.source_lines, self.target_lines))
+
+
+@dataclass
+class FileDiff:
+    path: str                  # normalized: "sglang/srt/..." (a/ b/ and python/ prefixes stripped)
+    raw_path: str              # as written in the diff
+    hunks: List[Hunk]
+    diff_line: int = 0         # line of the diff where this file's entry starts
+
+
+@dataclass
+class FileResult:
+    path: str
+    state: str                 # "applies" | "already-applied" | "conflict"
+    new: Optional[bytes]       # the patched bytes when state == "applies"
+    offsets: List[int]         # per hunk: actual start - header start (0 = exact)
+    detail: str                # conflict: which hunk, expected vs found (first differing line)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def split_lines(text: str) -> List[str]:
+    """Split on "\\n" only, keeping it; "".join(split_lines(t)) == t for every t."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+class _Counter:
+    """Feeds lines to unidiff and remembers how far it got (for error line numbers)."""
+
+    def __init__(self, lines: Sequence[str]):
+        self.lines = lines
+        self.n = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.lines:
+            self.n += 1
+            yield line
+
+
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(path: str) -> str:
+    """Undo git's C-style quoting of unusual paths ("a/caf\\303\\251.py")."""
+    if not (len(path) >= 2 and path.startswith('"') and path.endswith('"')):
+        return path
+    body = path[1:-1]
+    out = bytearray()
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            if nxt in "01234567" and re.match(r"[0-7]{3}", body[i + 1:i + 4]):
+                out.append(int(body[i + 1:i + 4], 8) & 0xFF)
+                i += 4
+                continue
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+        out.extend(c.encode(_ENCODING, _ERRORS))
+        i += 1
+    return out.decode(_ENCODING, _ERRORS)
+
+
+def _normalize_path(raw: str, package: str, origin: str, line: int) -> str:
+    """'a/python/sglang/srt/x.py' -> 'sglang/srt/x.py'; refuse anything that could leave the package."""
+    path = _unquote(raw)
+    fix = (f"paths must name a file inside the {package} package, e.g. "
+           f"'a/{package}/srt/server_args.py' or 'python/{package}/srt/server_args.py'")
+    if not path.strip():
+        raise DiffError(origin, line, f"a file header names no path; {fix}", raw)
+    if "\\" in path or "\x00" in path:
+        raise DiffError(origin, line, f"path {raw!r} contains a backslash or NUL; {fix}", raw)
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path) or path.startswith("~"):
+        raise DiffError(origin, line, f"path {raw!r} is absolute; {fix}", raw)
+    parts = path.split("/")
+    if ".." in parts:
+        raise DiffError(origin, line, f"path {raw!r} contains '..'; {fix}", raw)
+    parts = [p for p in parts if p not in ("", ".")]
+
+    def rooted(ps: List[str]) -> bool:
+        return (len(ps) >= 2 and ps[0] == package) or (len(ps) >= 3 and ps[0] == "python" and ps[1] == package)
+
+    if len(parts) >= 3 and parts[0] in ("a", "b") and rooted(parts[1:]):
+        parts = parts[1:]
+    if len(parts) >= 3 and parts[0] == "python" and parts[1] == package:
+        parts = parts[1:]
+    if not (len(parts) >= 2 and parts[0] == package):
+        raise DiffError(origin, line, f"path {raw!r} is outside the {package}/ package; {fix}", raw)
+    return posixpath.join(*parts)
+
+
+def _build_hunk(uhunk, lines: Sequence[str], origin: str, path: str, number: int) -> Hunk:
+    body = [ln for ln in uhunk if ln.line_type in ("+", "-", " ", "\\")]
+    numbered = [ln.diff_line_no for ln in body if ln.diff_line_no]
+    header_line = (numbered[0] - 1) if numbered else 0
+    header = lines[header_line - 1].rstrip("\r\n") if header_line >= 1 else str(uhunk).split("\n", 1)[0]
+    items: List[List[str]] = []
+    for ln in body:
+        if ln.line_type == "\\":
+            if not items:
+                raise DiffError(origin, ln.diff_line_no or header_line,
+                                f"'{_NO_NEWLINE}' before any line in hunk {number} of {path}", path)
+            prev = items[-1]
+            if prev[1].endswith("\n"):
+                prev[1] = prev[1][:-1]
+            continue
+        items.append([ln.line_type, ln.value])
+    source = [v for t, v in items if t in (" ", "-")]
+    target = [v for t, v in items if t in (" ", "+")]
+    if not any(t == " " for t, _ in items):
+        raise DiffError(
+            origin, header_line,
+            f"hunk {number} of {path} has no context lines; fleetpatch matches context exactly and "
+            "needs it: regenerate the diff with context (git diff, or diff -u)", path)
+    for side, block in (("original", source), ("patched", target)):
+        if any(not v.endswith("\n") for v in block[:-1]):
+            raise DiffError(origin, header_line,
+                            f"hunk {number} of {path}: '{_NO_NEWLINE}' on a line that is not the last "
+                            f"of the {side} side; the diff is damaged", path)
+    return Hunk(
+        source_start=uhunk.source_start,
+        source_lines=source,
+        target_lines=target,
+        header=header,
+        diff_line=header_line,
+        target_start=uhunk.target_start,
+    )
+
+
+def parse_diff(text: str, origin: str, package: str = "sglang") -> List[FileDiff]:
+    """Parse a unified diff (git or plain) into per-file hunks; refuse what fleetpatch cannot apply safely."""
+    if not text.strip():
+        raise DiffError(origin, None, "the diff is empty; expected a unified diff (git diff, or diff -u)")
+    if not text.endswith("\n"):
+        text += "\n"  # a missing final newline of the .diff file itself means nothing
+    lines = split_lines(text)
+    # Any "\ ..." line is a no-newline marker in a unified diff, whatever language diff spoke.
+    lines = [(_NO_NEWLINE + "\n") if ln.startswith("\\ ") else ln for ln in lines]
+    counter = _Counter(lines)
+    try:
+        patch = PatchSet(counter)
+    except UnidiffParseError as exc:
+        raise DiffError(origin, counter.n, f"not a valid unified diff: {exc}".rstrip()) from exc
+    except UnicodeError as exc:  # pragma: no cover - text is already str
+        raise DiffError(origin, counter.n, f"cannot decode the diff: {exc}") from exc
+    if not len(patch):
+        raise DiffError(origin, None,
+                        "no file changes found: not a unified diff (expected '--- a/<path>', "
+                        "'+++ b/<path>' and '@@ -l,n +l,n @@' hunks)")
+
+    result: List[FileDiff] = []
+    seen: Dict[str, int] = {}
+    for pf in patch:
+        at = pf.diff_line_no or 0
+        src_raw = pf.source_file or ""
+        tgt_raw = pf.target_file or ""
+        shown = tgt_raw if tgt_raw and tgt_raw != _DEV_NULL else src_raw
+        if pf.is_binary_file:
+            raise DiffError(origin, at, f"binary diff for {shown!r}; fleetpatch patches text files only", shown)
+        if src_raw == _DEV_NULL or (pf and pf.is_added_file):
+            raise DiffError(origin, at,
+                            f"the diff creates {shown!r}; fleetpatch only changes existing engine files "
+                            "(creating or deleting files is not supported)", shown)
+        if tgt_raw == _DEV_NULL or (pf and pf.is_removed_file):
+            raise DiffError(origin, at,
+                            f"the diff deletes {shown!r}; fleetpatch only changes existing engine files "
+                            "(creating or deleting files is not supported)", shown)
+        if pf.is_symlink or pf.is_submodule:
+            raise DiffError(origin, at, f"{shown!r} is a symlink or submodule; fleetpatch patches regular files only",
+                            shown)
+        src = _normalize_path(src_raw, package, origin, at)
+        tgt = _normalize_path(tgt_raw, package, origin, at)
+        if src != tgt:
+            raise DiffError(origin, at,
+                            f"the diff renames or copies {src_raw!r} to {tgt_raw!r}; not supported: "
+                            "both headers must name the same file", shown)
+        if pf.source_mode and pf.target_mode and pf.source_mode != pf.target_mode:
+            raise DiffError(origin, at,
+                            f"the diff changes the mode of {shown!r} ({pf.source_mode} -> {pf.target_mode}); "
+                            "fleetpatch keeps file modes: drop the mode change", shown)
+        if not len(pf):
+            raise DiffError(origin, at, f"no hunks for {shown!r}; nothing to apply", shown)
+        if tgt in seen:
+            raise DiffError(origin, at,
+                            f"{tgt} appears twice in the diff (first at line {seen[tgt]}); "
+                            "make one entry with all its hunks", shown)
+        seen[tgt] = at
+        hunks = [_build_hunk(h, lines, origin, tgt, i + 1) for i, h in enumerate(pf)]
+        for i in range(1, len(hunks)):
+            prev, cur = hunks[i - 1], hunks[i]
+            if cur.source_start < prev.source_start + len(prev.source_lines):
+                raise DiffError(origin, cur.diff_line,
+                                f"hunk {i + 1} of {tgt} ({cur.short_header}) starts before hunk {i} ends "
+                                f"({prev.short_header}); hunks must be in order and must not overlap", tgt)
+        result.append(FileDiff(path=tgt, raw_path=tgt_raw, hunks=hunks, diff_line=at))
+    return result
+
+
+# --------------------------------------------------------------------------- applying
+
+
+class _Text:
+    """The original file as lines, with an index from line text to positions."""
+
+    def __init__(self, lines: List[str]):
+        self.lines = lines
+        self._index: Optional[Dict[str, List[int]]] = None
+
+    def positions(self, line: str) -> List[int]:
+        if self._index is None:
+            index: Dict[str, List[int]] = {}
+            for i, ln in enumerate(self.lines):
+                index.setdefault(ln, []).append(i)
+            self._index = index
+        return self._index.get(line, [])
+
+    def matches_at(self, block: Sequence[str], pos: int) -> bool:
+        return 0 <= pos and pos + len(block) <= len(self.lines) and self.lines[pos:pos + len(block)] == list(block)
+
+    def find(self, block: Sequence[str], expected: int, floor: int = 0, at_eof: bool = False) -> Optional[int]:
+        """The start of `block` nearest to `expected` (ties: the later one), at or after `floor`."""
+        if not block:
+            return None
+        n = len(block)
+        best: Optional[int] = None
+        for pos in self.positions(block[0]):
+            if pos < floor or pos + n > len(self.lines):
+                continue
+            if at_eof and pos + n != len(self.lines):
+                continue
+            if not self.matches_at(block, pos):
+                continue
+            if best is None or (abs(pos - expected), pos < expected) < (abs(best - expected), best < expected):
+                best = pos
+        return best
+
+
+def _search(text: _Text, hunks: Sequence[Hunk], post: bool) -> Tuple[List[int], Optional[int]]:
+    """Place each hunk's pre-image (post=False) or post-image (post=True) in order.
+
+    Returns (offsets of the placed hunks, index of the first hunk that could not be placed or None)."""
+    offsets: List[int] = []
+    drift = 0
+    floor = 0
+    for k, h in enumerate(hunks):
+        block = h.target_lines if post else h.source_lines
+        start = max((h.target_start if post else h.source_start) - 1, 0)
+        pos = text.find(block, start + drift, floor, at_eof=h.touches_eof)
+        if pos is None:
+            return offsets, k
+        drift = pos - start
+        offsets.append(drift)
+        floor = pos + len(block)
+    return offsets, None
+
+
+def _show(line: Optional[str], other: Optional[str]) -> str:
+    if line is None:
+        return "end of file"
+    # Show line endings only when they are what differs.
+    if other is not None and line.rstrip("\r\n") == other.rstrip("\r\n") and line != other:
+        s = repr(line)
+    else:
+        s = repr(line.rstrip("\n").rstrip("\r") if line.endswith("\n") else line)
+    return s if len(s) <= 160 else s[:150] + "...'"
+
+
+def _conflict_detail(text: _Text, hunks: Sequence[Hunk], k: int, offsets: Sequence[int]) -> str:
+    h = hunks[k]
+    drift = offsets[-1] if offsets else 0
+    exp = max(h.source_start - 1, 0) + drift
+    label = f"hunk {k + 1} ({h.short_header})"
+    lines = text.lines
+    detail = None
+    for j, want in enumerate(h.source_lines):
+        i = exp + j
+        got = lines[i] if i < len(lines) else None
+        if got != want:
+            detail = f"{label}: line {i + 1} expected {_show(want, got)} found {_show(got, want)}"
+            if got is not None and got.rstrip("\r\n") == want.rstrip("\r\n"):
+                detail += " (only the line endings differ)"
+            break
+    if detail is None:
+        # The pre-image is at the expected place but could not be used there.
+        if h.touches_eof and exp + len(h.source_lines) != len(lines):
+            detail = (f"{label}: the hunk changes the end of the file, but line {exp + len(h.source_lines) + 1} "
+                      "follows it")
+        else:
+            detail = f"{label}: its context at line {exp + 1} overlaps hunk {k}"
+    notes = []
+    if k:
+        prev = hunks[k - 1]
+        floor = max(prev.source_start - 1, 0) + drift + len(prev.source_lines)
+        if text.find(h.source_lines, exp, floor, at_eof=h.touches_eof) is None:
+            earlier = text.find(h.source_lines, exp, 0, at_eof=h.touches_eof)
+            if earlier is not None:
+                notes.append(f"its context appears only at line {earlier + 1}, before hunk {k} ends")
+    applied = [i + 1 for i, hk in enumerate(hunks)
+               if text.find(hk.target_lines, max(hk.target_start - 1, 0), 0, at_eof=hk.touches_eof) is not None
+               and text.find(hk.source_lines, max(hk.source_start - 1, 0), 0, at_eof=hk.touches_eof) is None]
+    if applied:
+        which = ", ".join(str(i) for i in applied)
+        notes.append(f"hunk{'s' if len(applied) > 1 else ''} {which} of {len(hunks)} already applied: "
+                     "the file is partly patched or was changed by hand")
+    if notes:
+        detail += " (" + "; ".join(notes) + ")"
+    return detail
+
+
+def describe_offsets(offsets: Sequence[int]) -> str:
+    """'' when every hunk is exact, else 'hunk 1 offset +3 lines, hunk 2 offset +3 lines'."""
+    if not any(offsets):
+        return ""
+    parts = []
+    for i, off in enumerate(offsets):
+        if off:
+            parts.append(f"hunk {i + 1} offset {off:+d} line{'s' if abs(off) != 1 else ''}")
+    return ", ".join(parts)
+
+
+def apply_file(fd: FileDiff, original: bytes) -> FileResult:
+    """Classify `original` against the diff of one file and, when it applies, build the new bytes."""
+    lines = split_lines(original.decode(_ENCODING, _ERRORS))
+    text = _Text(lines)
+    offsets, failed = _search(text, fd.hunks, post=False)
+    if failed is None:
+        post_offsets, post_failed = _search(text, fd.hunks, post=True)
+        if post_failed is None:
+            return FileResult(
+                path=fd.path, state="conflict", new=None, offsets=offsets,
+                detail=("ambiguous: both the original and the patched form of every hunk are present, "
+                        "so the file may already be patched; regenerate the diff with more context "
+                        "(git diff -U6)"))
+        out: List[str] = []
+        cursor = 0
+        for h, off in zip(fd.hunks, offsets):
+            pos = max(h.source_start - 1, 0) + off
+            out.extend(lines[cursor:pos])
+            out.extend(h.target_lines)
+            cursor = pos + len(h.source_lines)
+        out.extend(lines[cursor:])
+        new = "".join(out).encode(_ENCODING, _ERRORS)
+        return FileResult(path=fd.path, state="applies", new=new, offsets=offsets,
+                          detail=describe_offsets(offsets))
+    post_offsets, post_failed = _search(text, fd.hunks, post=True)
+    if post_failed is None:
+        return FileResult(path=fd.path, state="already-applied", new=None, offsets=post_offsets,
+                          detail=describe_offsets(post_offsets))
+    return FileResult(path=fd.path, state="conflict", new=None, offsets=offsets,
+                      detail=_conflict_detail(text, fd.hunks, failed, offsets))
