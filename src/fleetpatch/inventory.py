@@ -1,0 +1,592 @@
+"""hosts.yaml -> validated, frozen `Host` records.
+
+`defaults` is deep-merged under every host (mappings merge key by key, the host
+wins; lists and scalars are replaced). Every key and type is checked; every
+error is an `InventoryError` (exit 2) whose str() names the file, the dotted
+key and the reason, e.g.::
+
+    hosts.yaml: hosts.gpu-a02.port: expected an integer, got 'abc'
+
+A wrong type or unknown key is reported where it was written (``defaults.…``
+or ``hosts.<name>.…``); a missing required key is reported for the host that
+lacks it, saying where it may be set.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import yaml
+
+from .errors import UsageError
+
+__all__ = [
+    "InventoryError",
+    "RestartConf",
+    "EngineConf",
+    "ServerConf",
+    "Jump",
+    "Host",
+    "Inventory",
+    "load_inventory",
+    "parse_inventory",
+    "resolve_inventory_path",
+    "load_yaml",
+    "ENV_VAR",
+    "DEFAULT_STATE_DIR_ROOT",
+    "DEFAULT_STATE_DIR_USER",
+]
+
+ENV_VAR = "FLEETPATCH_INVENTORY"
+DEFAULT_STATE_DIR_ROOT = "/var/lib/fleetpatch"
+DEFAULT_STATE_DIR_USER = "~/.local/state/fleetpatch"
+RESTART_KINDS = ("command", "systemd", "supervisor")
+
+
+class InventoryError(UsageError):
+    """The inventory cannot be used (exit 2). str() names the file, the key and the reason."""
+
+    def __init__(self, file: str, key: Optional[str], reason: str):
+        self.file = file
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{file}: {key}: {reason}" if key else f"{file}: {reason}")
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class RestartConf:
+    kind: str                          # command | systemd | supervisor
+    start: Optional[str] = None        # command: the launch command line ({python} is engine.python)
+    env: Dict[str, str] = field(default_factory=dict, hash=False)  # hash=False keeps Host hashable
+    workdir: Optional[str] = None
+    pidfile: Optional[str] = None
+    stop_grace: float = 10
+    unit: Optional[str] = None         # systemd
+    program: Optional[str] = None      # supervisor
+    config: Optional[str] = None       # supervisor: supervisord.conf
+
+
+@dataclass(frozen=True)
+class EngineConf:
+    kind: str
+    python: str
+    state_dir: str
+
+
+@dataclass(frozen=True)
+class ServerConf:
+    log: str
+    restart: RestartConf
+    health_url: Optional[str] = None
+    ready_timeout: float = 1800
+
+
+@dataclass(frozen=True)
+class Jump:
+    """A resolved SSH gateway (ProxyJump): from "user@host:port" or another inventory host."""
+    address: str
+    user: Optional[str] = None
+    port: int = 22
+    host: Optional[str] = None         # the inventory host name, when the gateway names one
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    engine: EngineConf
+    server: ServerConf
+    user: Optional[str] = None
+    port: int = 22
+    identity_file: Optional[str] = None    # "~" expanded locally
+    known_hosts: Optional[str] = None      # "~" expanded locally
+    connect_timeout: float = 10
+    gateway: Optional[str] = None          # as written: "user@host:port" or an inventory host name
+    jump: Optional[Jump] = None            # the gateway, resolved
+    groups: Tuple[str, ...] = ()           # the inventory groups naming this host (not "all")
+
+    @property
+    def target(self) -> str:
+        """user@address:port, for messages."""
+        return f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
+
+
+@dataclass
+class Inventory:
+    path: Path
+    hosts: Dict[str, Host]                 # in file order
+    groups: Dict[str, List[str]]           # in file order; "all" is implicit
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "Inventory":
+        return load_inventory(path)
+
+    def group(self, name: str) -> List[Host]:
+        if name == "all":
+            return list(self.hosts.values())
+        if name not in self.groups:
+            raise UsageError(f"unknown group {name!r}{_did_you_mean(name, self.groups)}; "
+                             f"groups in {self.path}: {_names(['all', *self.groups])}")
+        members = set(self.groups[name])
+        return [h for n, h in self.hosts.items() if n in members]
+
+    def select(self, hosts: Union[str, Sequence[str], None], group: Optional[str], *,
+               changes_hosts: bool) -> List[Host]:
+        """The hosts named by exactly one of `hosts` ("a,b") / `group`, in inventory order."""
+        if hosts is not None and not isinstance(hosts, str):
+            hosts = ",".join(hosts)
+        if hosts is not None and not hosts.strip():
+            hosts = None if hosts == "" else hosts
+        if hosts is not None and group is not None:
+            raise UsageError("give either --hosts or --group, not both")
+        if hosts is None and group is None:
+            if changes_hosts:
+                raise UsageError("say which hosts to change: --hosts a,b or --group G "
+                                 f"(--group all for every host; groups: {_names(['all', *self.groups])})")
+            return list(self.hosts.values())
+        if group is not None:
+            chosen = self.group(group)
+            if not chosen:
+                raise UsageError(f"group {group!r} in {self.path} has no hosts")
+            return chosen
+        names = [n.strip() for n in hosts.split(",") if n.strip()]
+        if not names:
+            raise UsageError(f"--hosts {hosts!r} names no host; known hosts: {_names(self.hosts)}")
+        unknown = [n for n in names if n not in self.hosts]
+        if unknown:
+            hint = _did_you_mean(unknown[0], self.hosts)
+            raise UsageError(
+                f"unknown host{'s' if len(unknown) > 1 else ''} {', '.join(repr(n) for n in unknown)}{hint}; "
+                f"known hosts in {self.path}: {_names(self.hosts)}")
+        wanted = set(names)
+        return [h for n, h in self.hosts.items() if n in wanted]
+
+
+def _names(names) -> str:
+    names = list(names)
+    shown = ", ".join(names[:20])
+    return shown + (f", … ({len(names)} in all)" if len(names) > 20 else "")
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (safe_load silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {seen[key].line + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        except TypeError:
+            pass  # unhashable key: the base constructor reports it
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(text: str, origin: str, error: Callable[[str, Optional[str], str], Exception]):
+    """yaml safe-load `text` (duplicate keys refused); a YAML error becomes error(origin, None, reason)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        ctx = getattr(exc, "context", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = f"not valid YAML{where}: {problem}"
+        if ctx and ctx not in problem:
+            reason += f" ({ctx})"
+        raise error(origin, None, reason) from None
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _got(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return repr(value)
+
+
+class _V:
+    """Validation context: the file name for messages."""
+
+    def __init__(self, file: str):
+        self.file = file
+
+    def fail(self, key: Optional[str], reason: str) -> InventoryError:
+        return InventoryError(self.file, key, reason)
+
+    # scalar checks; each returns the normalized value
+    def string(self, key: str, v: Any, *, empty_ok: bool = False) -> str:
+        if not isinstance(v, str):
+            hint = " (quote it)" if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
+            raise self.fail(key, f"expected a string, got {_got(v)}{hint}")
+        if not empty_ok and not v.strip():
+            raise self.fail(key, "must not be empty")
+        return v
+
+    def integer(self, key: str, v: Any, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(key, f"expected an integer, got {_got(v)}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise self.fail(key, f"expected an integer from {lo} to {hi}, got {v}")
+        return v
+
+    def number(self, key: str, v: Any, *, positive: bool = True) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(key, f"expected a number of seconds, got {_got(v)}")
+        if v != v or v in (float("inf"), float("-inf")):
+            raise self.fail(key, f"expected a finite number of seconds, got {v}")
+        if positive and v <= 0:
+            raise self.fail(key, f"must be more than 0 seconds, got {v}")
+        if not positive and v < 0:
+            raise self.fail(key, f"must not be negative, got {v}")
+        return v
+
+    def mapping(self, key: str, v: Any) -> dict:
+        if not isinstance(v, dict):
+            raise self.fail(key, f"expected a mapping, got {_got(v)}")
+        for k in v:
+            if not isinstance(k, str):
+                hint = (" (YAML reads yes/no/on/off/true/false as booleans: quote the key)"
+                        if isinstance(k, bool) else " (quote the key)")
+                raise self.fail(f"{key}.{_got(k)}" if key else _got(k), f"keys must be strings, got {_got(k)}{hint}")
+        return v
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_GATEWAY = re.compile(r"^(?:(?P<user>[^@\s:/\[\]]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<port>\d+))?$")
+
+
+def _env(v: _V, key: str, value: Any) -> Dict[str, str]:
+    value = v.mapping(key, value)
+    out = {}
+    for name, val in value.items():
+        k = f"{key}.{name}"
+        if not _ENV_NAME.match(name):
+            raise v.fail(k, "not a valid environment variable name (letters, digits and _, not starting with a digit)")
+        if isinstance(val, bool):
+            out[name] = "True" if val else "False"
+        elif isinstance(val, (int, float, str)):
+            out[name] = str(val)
+        else:
+            raise v.fail(k, f"expected a string, got {_got(val)}")
+    return out
+
+
+# The schema: key -> ("str" | "int" | "port" | "num" | "num0" | "env" | dict (nested)), used for the
+# structural pass over defaults and every host section (types and unknown keys; nothing is required).
+_RESTART_SCHEMA = {
+    "kind": "restart_kind", "start": "str", "env": "env", "workdir": "str", "pidfile": "str",
+    "stop_grace": "num0", "unit": "str", "program": "str", "config": "str",
+}
+_SERVER_SCHEMA = {"log": "str", "health_url": "url", "ready_timeout": "num", "restart": _RESTART_SCHEMA}
+_ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str"}
+_HOST_SCHEMA = {
+    "address": "str", "user": "str", "port": "port", "identity_file": "str", "known_hosts": "str",
+    "connect_timeout": "num", "gateway": "gateway", "engine": _ENGINE_SCHEMA, "server": _SERVER_SCHEMA,
+}
+
+
+def _check_engine_kind(v: _V, key: str, value: Any) -> str:
+    value = v.string(key, value)
+    try:
+        from .engines import KINDS as kinds  # the registry's names; importing no profile
+    except ImportError:  # pragma: no cover - no registry to ask
+        return value
+    if value not in kinds:
+        raise v.fail(key, f"unknown engine kind {value!r}; fleetpatch has profiles for {', '.join(kinds)}")
+    return value
+
+
+def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
+    if kind == "str":
+        return v.string(key, value)
+    if kind == "port":
+        return v.integer(key, value, 1, 65535)
+    if kind == "num":
+        return v.number(key, value)
+    if kind == "num0":
+        return v.number(key, value, positive=False)
+    if kind == "env":
+        return _env(v, key, value)
+    if kind == "restart_kind":
+        value = v.string(key, value)
+        if value not in RESTART_KINDS:
+            raise v.fail(key, f"expected one of {', '.join(RESTART_KINDS)}, got {value!r}")
+        return value
+    if kind == "engine_kind":
+        return _check_engine_kind(v, key, value)
+    if kind == "url":
+        value = v.string(key, value)
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise v.fail(key, f"expected an http:// or https:// URL, got {value!r}")
+        return value
+    if kind == "gateway":
+        return v.string(key, value)
+    raise AssertionError(kind)  # pragma: no cover
+
+
+def _check_section(v: _V, prefix: str, node: Any, schema: dict) -> dict:
+    """Types and unknown keys of one section as written; None for a key means "not set" (dropped)."""
+    node = v.mapping(prefix, node)
+    out = {}
+    for k, value in node.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in schema:
+            hint = _did_you_mean(k, schema)
+            raise v.fail(key, f"unknown key{hint}; known keys here: {', '.join(schema)}")
+        kind = schema[k]
+        if value is None:
+            if not isinstance(kind, dict):
+                out[k] = None  # "not set": overrides a default
+            continue
+        if isinstance(kind, dict):
+            out[k] = _check_section(v, key, value, kind)
+        else:
+            out[k] = _check_scalar(v, key, kind, value)
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], value)
+        else:
+            out[k] = value
+    return out
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _expand(path: Optional[str]) -> Optional[str]:
+    return os.path.expanduser(path) if path else path
+
+
+def _build_host(v: _V, name: str, d: dict) -> Host:
+    pre = f"hosts.{name}"
+
+    def need(section: dict, key: str, where: str) -> Any:
+        if section.get(key) is not None:
+            return section[key]
+        parent = where.rsplit(".", 1)[0] if "." in where else None
+        if where == "address":
+            hint = f"set it under hosts.{name}"
+        elif parent:
+            hint = f"set it under hosts.{name}.{parent} or under defaults.{parent}"
+        else:
+            hint = f"set it under hosts.{name} or under defaults"
+        raise v.fail(f"{pre}.{where}", f"required but missing ({hint})")
+
+    address = need(d, "address", "address")
+    user = d.get("user")
+    engine_d = d.get("engine", {})
+    python = need(engine_d, "python", "engine.python")
+    state_dir = engine_d.get("state_dir") or (DEFAULT_STATE_DIR_ROOT if user == "root" else DEFAULT_STATE_DIR_USER)
+    engine = EngineConf(kind=_or(engine_d.get("kind"), "sglang"), python=python, state_dir=state_dir)
+
+    server_d = need(d, "server", "server")
+    log = need(server_d, "log", "server.log")
+    restart_d = need(server_d, "restart", "server.restart")
+    kind = need(restart_d, "kind", "server.restart.kind")
+    rpre = f"{pre}.server.restart"
+    required = {"command": ("start", "pidfile"), "systemd": ("unit",), "supervisor": ("program",)}[kind]
+    for key in required:
+        if restart_d.get(key) is None:
+            raise v.fail(f"{rpre}.{key}", f"required when server.restart.kind is {kind} (set it under "
+                                          f"hosts.{name}.server.restart or under defaults.server.restart)")
+    restart = RestartConf(
+        kind=kind,
+        start=restart_d.get("start"),
+        env=dict(restart_d.get("env") or {}),
+        workdir=restart_d.get("workdir"),
+        pidfile=restart_d.get("pidfile"),
+        stop_grace=_or(restart_d.get("stop_grace"), 10),
+        unit=restart_d.get("unit"),
+        program=restart_d.get("program"),
+        config=restart_d.get("config"),
+    )
+    server = ServerConf(log=log, restart=restart, health_url=server_d.get("health_url"),
+                        ready_timeout=_or(server_d.get("ready_timeout"), 1800))
+    return Host(
+        name=name,
+        address=address,
+        engine=engine,
+        server=server,
+        user=user,
+        port=_or(d.get("port"), 22),
+        identity_file=_expand(d.get("identity_file")),
+        known_hosts=_expand(d.get("known_hosts")),
+        connect_timeout=_or(d.get("connect_timeout"), 10),
+        gateway=d.get("gateway"),
+    )
+
+
+def _resolve_gateway(v: _V, host: Host, hosts: Dict[str, Host], written_at: str) -> Optional[Jump]:
+    gw = host.gateway
+    if not gw:
+        return None
+    key = f"{written_at}.gateway"
+    if gw in hosts:
+        if gw == host.name:
+            raise v.fail(key, f"hosts.{host.name} names itself as its gateway "
+                              f"(set gateway: null under hosts.{host.name})")
+        other = hosts[gw]
+        if other.gateway:
+            raise v.fail(key, f"the gateway host {gw!r} has a gateway of its own ({other.gateway!r}); "
+                              "chained gateways are not supported")
+        return Jump(address=other.address, user=other.user, port=other.port, host=gw)
+    m = _GATEWAY.match(gw)
+    if not m:
+        raise v.fail(key, f"expected 'user@host:port' (user and port optional) or the name of an inventory host, "
+                          f"got {gw!r}")
+    port = int(m.group("port")) if m.group("port") else 22
+    if not 1 <= port <= 65535:
+        raise v.fail(key, f"port {port} out of range in {gw!r}")
+    address = m.group("host")
+    if address.startswith("["):
+        address = address[1:-1]
+    return Jump(address=address, user=m.group("user"), port=port)
+
+
+def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = None) -> Inventory:
+    """Validate the text of a hosts.yaml; `file` is how messages name it."""
+    v = _V(file)
+    doc = load_yaml(text, file, InventoryError)
+    if doc is None:
+        raise v.fail(None, "the inventory is empty; expected a mapping with 'hosts:' (and optionally "
+                           "'defaults:' and 'groups:')")
+    if not isinstance(doc, dict):
+        raise v.fail(None, f"expected a mapping with 'hosts:' at the top, got {_got(doc)}")
+    for k in doc:
+        if k not in ("defaults", "groups", "hosts"):
+            hint = _did_you_mean(str(k), ("defaults", "groups", "hosts"))
+            raise v.fail(str(k), f"unknown key{hint}; the top level has defaults, groups and hosts")
+
+    defaults = _check_section(v, "defaults", doc.get("defaults") or {}, _HOST_SCHEMA)
+
+    hosts_node = doc.get("hosts")
+    if hosts_node is None:
+        raise v.fail("hosts", "required but missing: the hosts, by name")
+    hosts_node = v.mapping("hosts", hosts_node)
+    if not hosts_node:
+        raise v.fail("hosts", "no hosts listed")
+
+    hosts: Dict[str, Host] = {}
+    written: Dict[str, str] = {}
+    for name, section in hosts_node.items():
+        key = f"hosts.{name}"
+        if not _HOST_NAME.match(name) or name == "all":
+            raise v.fail(key, "not a usable host name (letters, digits, '.', '-', '_'; not 'all')")
+        raw = _check_section(v, key, section if section is not None else {}, _HOST_SCHEMA)
+        merged = _merge(defaults, raw)
+        hosts[name] = _build_host(v, name, merged)
+        written[name] = key if "gateway" in raw else "defaults"
+
+    for name, host in list(hosts.items()):
+        jump = _resolve_gateway(v, host, hosts, written[name])
+        if jump is not None:
+            hosts[name] = _replace(host, jump=jump)
+
+    groups: Dict[str, List[str]] = {}
+    groups_node = doc.get("groups")
+    if groups_node is not None:
+        groups_node = v.mapping("groups", groups_node)
+        for gname, members in groups_node.items():
+            key = f"groups.{gname}"
+            if gname == "all":
+                raise v.fail(key, "'all' is every host and cannot be defined; choose another group name")
+            if not _HOST_NAME.match(gname):
+                raise v.fail(key, "not a usable group name (letters, digits, '.', '-', '_')")
+            if members is None:
+                members = []
+            if not isinstance(members, list):
+                raise v.fail(key, f"expected a list of host names, got {_got(members)}")
+            names: List[str] = []
+            for i, m in enumerate(members):
+                if not isinstance(m, str):
+                    raise v.fail(f"{key}[{i}]", f"expected a host name, got {_got(m)}")
+                if m not in hosts:
+                    raise v.fail(f"{key}[{i}]", f"unknown host {m!r}{_did_you_mean(m, hosts)}; "
+                                                f"hosts: {_names(hosts)}")
+                if m not in names:
+                    names.append(m)
+            groups[gname] = names
+
+    member_of: Dict[str, List[str]] = {n: [] for n in hosts}
+    for gname, names in groups.items():
+        for n in names:
+            member_of[n].append(gname)
+    hosts = {n: _replace(h, groups=tuple(member_of[n])) for n, h in hosts.items()}
+    return Inventory(path=path if path is not None else Path(file), hosts=hosts, groups=groups)
+
+
+def _replace(host: Host, **changes) -> Host:
+    import dataclasses
+    return dataclasses.replace(host, **changes)
+
+
+def load_inventory(path: Union[str, Path]) -> Inventory:
+    """Read and validate an inventory file."""
+    p = Path(path)
+    file = str(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise InventoryError(file, None, "no such file (pass --inventory PATH or set "
+                                         f"${ENV_VAR}; the default is ./hosts.yaml)") from None
+    except IsADirectoryError:
+        raise InventoryError(file, None, "is a directory, not an inventory file") from None
+    except OSError as exc:
+        raise InventoryError(file, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(file, None, f"not UTF-8 text (byte {exc.start})") from None
+    return parse_inventory(text, file, p)
+
+
+def resolve_inventory_path(opt: Optional[str]) -> Path:
+    """--inventory PATH, else $FLEETPATCH_INVENTORY, else ./hosts.yaml."""
+    if opt:
+        return Path(os.path.expanduser(opt))
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(os.path.expanduser(env))
+    return Path("hosts.yaml")
