@@ -1,0 +1,1055 @@
+"""A local fleet of real OpenSSH ``sshd`` "hosts", for the tests and ``fleetpatch demo``.
+
+Every host is a real ``/usr/sbin/sshd`` on ``127.0.0.1:<port>`` with its own
+ed25519 host key and key-only authentication, running in its own mount
+namespace in which the host's directory is bind-mounted at ``mount_point``.
+So every host has its own SGLang tree at the same absolute path, as a real
+fleet would, and everything started over SSH inherits that view.
+
+Layout of a host, as the host sees it (``mount_point``, default
+``/srv/fleetpatch-host``)::
+
+    sglang env/bin/python                      # wrapper around this Python, PYTHONPATH=site-packages
+    sglang env/lib/pythonX.Y/site-packages/    # sglang/ + dist-info (copied from the real wheel)
+                                   sglang_standin.py   # copy of fleetpatch/demo/standin.py
+    logs/sglang.log   run/sglang.pid   state/   home/   models/demo/
+
+On this machine it lives under ``<root>/hosts/<name>/fs`` (``FleetHost.host_dir``);
+sshd's own files (config, host key, ``commands.log``) under
+``<root>/hosts/<name>/sshd``.  Each SSH command is appended to
+``commands.log`` by a ``ForceCommand`` wrapper, so the benchmark can count
+remote round trips on the sshd side.
+
+Typical use::
+
+    with Fleet(tmp_path, [HostSpec("a"), HostSpec("b", spec_v2=True)]) as fleet:
+        fleet.write_inventory(tmp_path / "hosts.yaml")
+        ...
+
+Needs root (mount namespaces, bind mounts), ``unshare``, ``nsenter``,
+``ssh-keygen`` and ``/usr/sbin/sshd``.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .wheels import sglang_tree
+
+SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+DEFAULT_MOUNT_POINT = "/srv/fleetpatch-host"
+STANDIN_SOURCE = Path(__file__).with_name("standin.py")
+SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TOKEN_FILE = ".fleetpatch-fleet-host"
+STATE_FILE = "fleet.json"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class FleetError(RuntimeError):
+    """The local fleet could not be started or driven."""
+
+
+@dataclass
+class HostSpec:
+    """What one demo host is."""
+
+    name: str
+    version: str = "0.5.9"            # SGLang version of its tree
+    spec_v2: bool = False             # True: SGLANG_ENABLE_SPEC_V2=True and --speculative-eagle-topk 1
+    startup_delay: float = 0.2        # FLEETPATCH_STANDIN_STARTUP_DELAY for its stand-in server
+    env: dict = field(default_factory=dict)   # extra server environment
+    start_server: bool = True         # start its stand-in server in start() / reset()
+
+    @property
+    def topk(self) -> int:
+        return 1 if self.spec_v2 else 4
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return 4 if self.spec_v2 else 8   # topk 1 needs num_steps + 1
+
+
+@dataclass
+class FleetHost:
+    """One running host.  Paths are real paths on this machine unless named remote_*."""
+
+    name: str
+    spec: HostSpec
+    ssh_port: int
+    http_port: int
+    dir: Path                 # <root>/hosts/<name>
+    host_dir: Path            # the real directory the host sees at mount_point
+    sshd_dir: Path            # sshd_config, host key, sshd.log, commands.log, force-command
+    mount_point: str
+    python_dir: str           # "pythonX.Y"
+    token: str = ""
+    sshd_pid: int | None = None
+    ns_ino: int | None = None  # inode of its mount namespace
+
+    # -- real paths on this machine
+    @property
+    def env_dir(self) -> Path:
+        return self.host_dir / "sglang env"
+
+    @property
+    def python(self) -> Path:
+        return self.env_dir / "bin" / "python"
+
+    @property
+    def site_packages(self) -> Path:
+        return self.env_dir / "lib" / self.python_dir / "site-packages"
+
+    @property
+    def log_path(self) -> Path:
+        return self.host_dir / "logs" / "sglang.log"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.host_dir / "run" / "sglang.pid"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.host_dir / "state"
+
+    @property
+    def home(self) -> Path:
+        return self.host_dir / "home"
+
+    @property
+    def commands_log(self) -> Path:
+        return self.sshd_dir / "commands.log"
+
+    @property
+    def sshd_config(self) -> Path:
+        return self.sshd_dir / "sshd_config"
+
+    @property
+    def sshd_log(self) -> Path:
+        return self.sshd_dir / "sshd.log"
+
+    @property
+    def host_key(self) -> Path:
+        return self.sshd_dir / "ssh_host_ed25519_key"
+
+    @property
+    def force_command(self) -> Path:
+        return self.sshd_dir / "force-command.sh"
+
+    # -- paths as the host sees them
+    @property
+    def remote_python(self) -> str:
+        return f"{self.mount_point}/sglang env/bin/python"
+
+    @property
+    def remote_site_packages(self) -> str:
+        return f"{self.mount_point}/sglang env/lib/{self.python_dir}/site-packages"
+
+    @property
+    def remote_log(self) -> str:
+        return f"{self.mount_point}/logs/sglang.log"
+
+    @property
+    def remote_pidfile(self) -> str:
+        return f"{self.mount_point}/run/sglang.pid"
+
+    @property
+    def remote_state_dir(self) -> str:
+        return f"{self.mount_point}/state"
+
+    @property
+    def remote_home(self) -> str:
+        return f"{self.mount_point}/home"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/health"
+
+    @property
+    def start_command(self) -> str:
+        """The inventory's ``server.restart.start`` for this host (``{python}`` unexpanded)."""
+        return (
+            "{python} -m sglang_standin"
+            f" --model-path {shlex.quote(self.mount_point + '/models/demo')}"
+            " --speculative-algorithm EAGLE3"
+            # SGLang asserts that num-steps / eagle-topk / num-draft-tokens are given together
+            f" --speculative-num-steps 3 --speculative-eagle-topk {self.spec.topk}"
+            f" --speculative-num-draft-tokens {self.spec.num_draft_tokens}"
+            f" --port {self.http_port}"
+        )
+
+    @property
+    def server_env(self) -> dict:
+        """The inventory's ``server.restart.env`` for this host."""
+        env = {"FLEETPATCH_STANDIN_STARTUP_DELAY": str(self.spec.startup_delay)}
+        env.update({str(k): str(v) for k, v in self.spec.env.items()})
+        if self.spec.spec_v2:
+            env["SGLANG_ENABLE_SPEC_V2"] = "True"
+        return env
+
+
+# ---------------------------------------------------------------------------
+# small helpers
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _listening_ports() -> dict[int, str]:
+    """{port: socket inode} of TCP sockets listening on 127.0.0.1 or 0.0.0.0 (from
+    /proc/net/tcp: no probe connection, which sshd would log)."""
+    ports = {}
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f, None)
+            for line in f:
+                parts = line.split()
+                if len(parts) > 3 and parts[3] == "0A":
+                    addr, _, port = parts[1].partition(":")
+                    if addr in ("0100007F", "00000000"):
+                        ports[int(port, 16)] = parts[9]
+    except OSError:
+        pass
+    return ports
+
+
+def _owns_socket(pid: int, inode: str) -> bool:
+    target = f"socket:[{inode}]"
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return True
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return False
+
+
+def _ns_ino(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/mnt").st_ino
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    try:
+        state = data[data.rindex(b")") + 2:][:1]
+    except ValueError:
+        return False
+    return state not in (b"Z", b"X", b"")
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _sshd_config_quote(value: str) -> str:
+    if any(c in value for c in '"\n\r'):
+        raise FleetError(f"path not usable in sshd_config: {value!r}")
+    return f'"{value}"'
+
+
+def _make_writable(path: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(path):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            if not stat.S_ISLNK(st.st_mode) and not st.st_mode & stat.S_IWUSR:
+                os.chmod(p, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+
+
+def _empty_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:]) or "(empty log)"
+
+
+_ESCAPES = {"\\": "\\", "n": "\n", "r": "\r"}
+
+
+def _unescape(s: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), "\\" + m.group(1)), s)
+
+
+# The ForceCommand wrapper.  sshd runs it as `<root's shell> -c <path>`; it logs the
+# command (timestamp, then the command with \ -> \\, newline -> \n, CR -> \r) under an
+# flock so concurrent sessions never interleave, then execs it unchanged: stdin,
+# stdout, stderr and the exit status are the command's own.
+FORCE_COMMAND = r"""#!/bin/sh
+# fleetpatch demo fleet: record each SSH command, then run it unchanged.
+if [ "${SSH_ORIGINAL_COMMAND+set}" = set ]; then
+    { /usr/bin/flock -x 9 && /usr/bin/awk -v ts="$(date +%s.%N)" 'BEGIN {
+        s = ENVIRON["SSH_ORIGINAL_COMMAND"]
+        gsub(/\\/, "\\\\\\\\", s); gsub(/\n/, "\\n", s); gsub(/\r/, "\\r", s)
+        printf "%s %s\n", ts, s
+      }' >&9; } 9>>@LOG@ </dev/null 2>/dev/null
+    exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"
+fi
+exec /bin/sh
+"""
+
+PYTHON_WRAPPER = """#!/bin/sh
+PYTHONPATH=@SITE@${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH
+exec @PYTHON@ "$@"
+"""
+
+
+_live_fleets: "set[Fleet]" = set()  # strong refs: a dropped Fleet is still stopped at exit
+
+
+@atexit.register
+def _stop_live_fleets() -> None:
+    for fleet in list(_live_fleets):
+        if fleet._owner_pid != os.getpid():
+            continue  # a forked child exiting: the fleet is its parent's
+        try:
+            fleet.stop()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+# ---------------------------------------------------------------------------
+
+
+class Fleet:
+    """A local fleet of sshd hosts.  See the module docstring.
+
+    ``detach=True`` (for ``fleetpatch demo``): the fleet outlives this process (no
+    atexit cleanup); ``Fleet.attach(root).stop()`` stops it later.
+    """
+
+    def __init__(self, root, specs: list[HostSpec], mount_point: str = DEFAULT_MOUNT_POINT,
+                 *, detach: bool = False):
+        self.root = Path(root).absolute()
+        self.specs = list(specs)
+        self.mount_point = str(mount_point).rstrip("/") or "/"
+        self.detach = detach
+        if not self.mount_point.startswith("/"):
+            raise FleetError(f"mount_point must be absolute: {mount_point!r}")
+        names = [s.name for s in self.specs]
+        for n in names:
+            if not _NAME_RE.match(n):
+                raise FleetError(f"bad host name {n!r} (letters, digits, . _ - only)")
+        if len(set(names)) != len(names):
+            raise FleetError(f"duplicate host names in {names}")
+        self.keys_dir = self.root / "keys"
+        self.identity = self.keys_dir / "id_ed25519"
+        self.known_hosts = self.keys_dir / "known_hosts"
+        self.authorized_keys = self.keys_dir / "authorized_keys"
+        self.hosts: dict[str, FleetHost] = {}
+        self._sshd: dict[str, subprocess.Popen] = {}
+        self._servers: dict[str, subprocess.Popen] = {}
+        self._ns_fds: dict[str, int] = {}
+        self._lock = threading.RLock()
+        self._started = False
+        self._stopped = False
+        self._owner_pid = os.getpid()
+        pyver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        for spec in self.specs:
+            d = self.root / "hosts" / spec.name
+            self.hosts[spec.name] = FleetHost(
+                name=spec.name, spec=spec, ssh_port=0, http_port=0, dir=d,
+                host_dir=d / "fs", sshd_dir=d / "sshd", mount_point=self.mount_point,
+                python_dir=pyver, token=uuid.uuid4().hex)
+
+    # -- context manager ----------------------------------------------------
+
+    def __enter__(self) -> "Fleet":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.hosts)
+
+    @property
+    def standin_available(self) -> bool:
+        return STANDIN_SOURCE.is_file()
+
+    # -- start --------------------------------------------------------------
+
+    def start(self, wait: bool = True, timeout: float = 30.0) -> "Fleet":
+        """Build every host, start its sshd, then (start_server=True) its stand-in server;
+        with ``wait`` wait until each server's /health answers 200."""
+        if self._started and not self._stopped:
+            return self
+        if os.geteuid() != 0:
+            raise FleetError("the demo fleet needs root (mount namespaces)")
+        for tool in ("unshare", "nsenter", "ssh-keygen"):
+            if not shutil.which(tool):
+                raise FleetError(f"{tool} not found")
+        if not os.path.exists(SSHD):
+            raise FleetError(f"{SSHD} not found (install openssh-server)")
+        if any(s.start_server for s in self.specs) and not self.standin_available:
+            raise FleetError(f"{STANDIN_SOURCE} is missing; use start_server=False")
+        if (self.root / STATE_FILE).exists():
+            # a fleet started earlier under this root (e.g. a detached demo) goes first
+            try:
+                Fleet.attach(self.root).stop()
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        self._started = True
+        self._stopped = False
+        if not self.detach:
+            _live_fleets.add(self)
+        try:
+            self._build()
+            self._start_sshds()
+            self._save_state()
+            to_start = [n for n, h in self.hosts.items() if h.spec.start_server]
+            self._start_servers(to_start, wait=wait, timeout=timeout)
+            self._save_state()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _build(self) -> None:
+        self.keys_dir.mkdir(parents=True, exist_ok=True)
+        trees = {v: sglang_tree(v) for v in sorted({s.version for s in self.specs})}
+        # keys: one client key + one host key per host, generated concurrently
+        jobs = []
+        for path, comment in [(self.identity, "fleetpatch-demo-client")] + [
+                (h.host_key, f"fleetpatch-demo-host-{h.name}") for h in self.hosts.values()]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for p in (path, path.with_name(path.name + ".pub")):
+                if p.exists():
+                    p.unlink()
+            jobs.append((path, subprocess.Popen(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+        for path, proc in jobs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise FleetError(f"ssh-keygen for {path} failed: {err.decode(errors='replace')}")
+        self.authorized_keys.write_text(
+            Path(str(self.identity) + ".pub").read_text())
+        # trees
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda h: self._build_tree(h, trees[h.spec.version]),
+                          self.hosts.values()))
+        # ports (ssh + http per host)
+        ports = _free_ports(2 * len(self.hosts))
+        for i, h in enumerate(self.hosts.values()):
+            h.ssh_port, h.http_port = ports[2 * i], ports[2 * i + 1]
+            self._write_sshd_files(h)
+        os.makedirs(self.mount_point, exist_ok=True)
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privsep directory
+
+    def _build_tree(self, h: FleetHost, tree: Path) -> None:
+        if h.host_dir.exists():
+            shutil.rmtree(h.host_dir)
+        for sub in ("logs", "run", "state", "home", "models/demo"):
+            (h.host_dir / sub).mkdir(parents=True, exist_ok=True)
+        (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
+        self._build_env(h, tree)
+
+    def _build_env(self, h: FleetHost, tree: Path) -> None:
+        if h.env_dir.exists():
+            shutil.rmtree(h.env_dir)
+        (h.env_dir / "bin").mkdir(parents=True)
+        shutil.copytree(tree, h.site_packages, symlinks=True,
+                        ignore=shutil.ignore_patterns(".complete", "__pycache__"))
+        _make_writable(h.site_packages)
+        if STANDIN_SOURCE.is_file():
+            shutil.copy2(STANDIN_SOURCE, h.site_packages / "sglang_standin.py")
+            _make_writable(h.site_packages / "sglang_standin.py")
+        h.python.write_text(PYTHON_WRAPPER
+                            .replace("@SITE@", shlex.quote(h.remote_site_packages))
+                            .replace("@PYTHON@", shlex.quote(sys.executable)))
+        h.python.chmod(0o755)
+
+    def _write_sshd_files(self, h: FleetHost) -> None:
+        h.sshd_dir.mkdir(parents=True, exist_ok=True)
+        h.force_command.write_text(FORCE_COMMAND.replace("@LOG@", shlex.quote(str(h.commands_log))))
+        h.force_command.chmod(0o755)
+        h.commands_log.touch()
+        q = _sshd_config_quote
+        lines = [
+            f"# fleetpatch demo fleet host {h.name}",
+            f"ListenAddress 127.0.0.1:{h.ssh_port}",
+            "AddressFamily inet",
+            f"HostKey {q(str(h.host_key))}",
+            f"PidFile {q(str(h.sshd_dir / 'sshd.pid'))}",
+            f"AuthorizedKeysFile {q(str(self.authorized_keys).replace('%', '%%'))}",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password",
+            "UsePAM no",
+            "StrictModes no",
+            "LogLevel ERROR",
+            "MaxSessions 64",
+            "MaxStartups 200",
+            "UseDNS no",
+            "PrintMotd no",
+            "PrintLastLog no",
+            "X11Forwarding no",
+            "PermitUserEnvironment no",
+            "AcceptEnv LANG LC_*",
+            f"SetEnv {q('HOME=' + h.remote_home)}",
+            f"Subsystem sftp {SFTP_SERVER}",
+            f"ForceCommand {shlex.quote(str(h.force_command))}",
+        ]
+        if _openssh_version() >= (9, 8):
+            lines.append("PerSourcePenalties no")  # many refused logins from 127.0.0.1 in tests
+        h.sshd_config.write_text("\n".join(lines) + "\n")
+
+    def _spawn_sshd(self, h: FleetHost) -> subprocess.Popen:
+        script = ('mount --bind "$1" "$2" && exec "$3" -D -e -f "$4"')
+        with open(h.sshd_log, "ab") as log:
+            return subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                 str(h.host_dir), self.mount_point, SSHD, str(h.sshd_config)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                close_fds=True)
+
+    def _start_sshds(self) -> None:
+        own_ns = _ns_ino(os.getpid())
+        pending = {}
+        for h in self.hosts.values():
+            self._sshd[h.name] = self._spawn_sshd(h)
+            pending[h.name] = 0
+        deadline = time.monotonic() + 15
+        while pending:
+            listening = _listening_ports()
+            for name in list(pending):
+                h, proc = self.hosts[name], self._sshd[name]
+                if proc.poll() is not None:
+                    log = _tail(h.sshd_log)
+                    if "Address already in use" in log and pending[name] < 3:
+                        pending[name] += 1
+                        h.ssh_port = _free_ports(1)[0]
+                        self._write_sshd_files(h)
+                        self._sshd[name] = self._spawn_sshd(h)
+                        continue
+                    raise FleetError(f"sshd of {name} exited ({proc.returncode}):\n{log}")
+                ns = _ns_ino(proc.pid)
+                if (ns is not None and ns != own_ns and h.ssh_port in listening
+                        and _owns_socket(proc.pid, listening[h.ssh_port])):
+                    h.sshd_pid = proc.pid
+                    try:
+                        self._ns_fds[name] = os.open(f"/proc/{proc.pid}/ns/mnt", os.O_RDONLY)
+                    except OSError as e:
+                        raise FleetError(f"cannot hold the namespace of {name}: {e}")
+                    h.ns_ino = os.fstat(self._ns_fds[name]).st_ino
+                    del pending[name]
+            if pending:
+                if time.monotonic() > deadline:
+                    raise FleetError(f"sshd did not come up for {sorted(pending)}")
+                time.sleep(0.01)
+        self._write_known_hosts()
+
+    def _write_known_hosts(self) -> None:
+        lines = []
+        for h in self.hosts.values():
+            kind, b64 = Path(str(h.host_key) + ".pub").read_text().split()[:2]
+            lines.append(f"[127.0.0.1]:{h.ssh_port} {kind} {b64}\n")
+        tmp = self.known_hosts.with_name(self.known_hosts.name + ".tmp")
+        tmp.write_text("".join(lines))
+        tmp.replace(self.known_hosts)
+
+    # -- inventory ----------------------------------------------------------
+
+    def inventory(self, canary: bool = False) -> dict:
+        """The fleet as a hosts.yaml document (contract shape)."""
+        mp = self.mount_point
+        inv = {
+            "defaults": {
+                "user": "root",
+                "identity_file": str(self.identity),
+                "known_hosts": str(self.known_hosts),
+                "connect_timeout": 5,
+                "engine": {
+                    "kind": "sglang",
+                    "python": f"{mp}/sglang env/bin/python",
+                    "state_dir": f"{mp}/state",
+                },
+                "server": {
+                    "log": f"{mp}/logs/sglang.log",
+                    "ready_timeout": 60,
+                    "restart": {
+                        "kind": "command",
+                        "workdir": mp,
+                        "pidfile": f"{mp}/run/sglang.pid",
+                    },
+                },
+            },
+            "groups": {},
+            "hosts": {},
+        }
+        for h in self.hosts.values():
+            inv["hosts"][h.name] = {
+                "address": "127.0.0.1",
+                "port": h.ssh_port,
+                "server": {
+                    "health_url": h.health_url,
+                    "restart": {"start": h.start_command, "env": h.server_env},
+                },
+            }
+        if canary and self.hosts:
+            inv["groups"]["canary"] = [next(iter(self.hosts))]
+        return inv
+
+    def write_inventory(self, path, **kw) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.inventory(**kw), sort_keys=False))
+        return path
+
+    # -- ssh helpers --------------------------------------------------------
+
+    def ssh_argv(self, name: str, *command: str) -> list[str]:
+        """argv for the OpenSSH client, strict host key checking, this fleet's key."""
+        h = self.hosts[name]
+        return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                "-o", f'UserKnownHostsFile="{self.known_hosts}"',  # quoted: the option is a list
+                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
+                "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
+                "-i", str(self.identity), "-p", str(h.ssh_port), "root@127.0.0.1", *command]
+
+    def ssh(self, name: str, command: str, input: str | bytes | None = None,
+            timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+        """Run one shell command on a host over real ssh; text output."""
+        if isinstance(input, bytes):
+            input = input.decode()
+        return subprocess.run(self.ssh_argv(name, command), input=input, capture_output=True,
+                              text=True, timeout=timeout, check=check,
+                              stdin=subprocess.DEVNULL if input is None else None)
+
+    # -- servers ------------------------------------------------------------
+
+    def _nsenter_prefix(self, h: FleetHost) -> tuple[list[str], tuple[int, ...]]:
+        fd = self._ns_fds.get(h.name)
+        if fd is not None:
+            return [f"--mount=/proc/self/fd/{fd}"], (fd,)
+        if h.sshd_pid and _ns_ino(h.sshd_pid) == h.ns_ino:
+            return [f"--mount=/proc/{h.sshd_pid}/ns/mnt"], ()
+        raise FleetError(f"host {h.name} is not running")
+
+    def nsenter_argv(self, name: str, *argv: str) -> tuple[list[str], tuple[int, ...]]:
+        """(argv, pass_fds) running `argv` inside the host's mount namespace, cwd
+        mount_point, without SSH: ``subprocess.run(a, pass_fds=fds, ...)``."""
+        h = self.hosts[name]
+        ns_opts, fds = self._nsenter_prefix(h)
+        return ["nsenter", *ns_opts, f"--wd={self.mount_point}", "--", *argv], fds
+
+    def run_in_host(self, name: str, *argv: str, **kw) -> subprocess.CompletedProcess:
+        """subprocess.run of `argv` inside the host's namespace (no SSH, not logged in
+        commands.log), with the host's session environment unless env= is given."""
+        full, fds = self.nsenter_argv(name, *argv)
+        kw.setdefault("env", self.session_env(name))
+        return subprocess.run(full, pass_fds=fds, **kw)
+
+    def session_env(self, name: str) -> dict:
+        """The environment an SSH session on the host gets (before restart.env)."""
+        return {"PATH": SESSION_PATH, "HOME": self.hosts[name].remote_home, "USER": "root",
+                "LOGNAME": "root", "SHELL": "/bin/bash"}
+
+    def start_server(self, name: str) -> int:
+        """Start the host's stand-in server as the inventory's command restart would:
+        in the host's namespace, own session, restart env, workdir mount_point, stdout and
+        stderr appended to logs/sglang.log, pid written to run/sglang.pid.  Returns the pid
+        (the running one if it is already up)."""
+        with self._lock:
+            h = self.hosts[name]
+            pid = self.server_pid(name)
+            if pid:
+                return pid
+            if not (h.site_packages / "sglang_standin.py").is_file():
+                raise FleetError(f"{name}: sglang_standin.py is missing from its site-packages")
+            argv = [tok.replace("{python}", h.remote_python) for tok in shlex.split(h.start_command)]
+            full, fds = self.nsenter_argv(name, *argv)
+            env = self.session_env(name)
+            env.update(h.server_env)
+            h.log_path.parent.mkdir(parents=True, exist_ok=True)
+            h.pidfile.parent.mkdir(parents=True, exist_ok=True)
+            with open(h.log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    full,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                    start_new_session=True, close_fds=True, pass_fds=fds)
+            self._servers[name] = proc
+            tmp = h.pidfile.with_name(h.pidfile.name + ".tmp")
+            tmp.write_text(f"{proc.pid}\n")
+            tmp.replace(h.pidfile)
+            return proc.pid
+
+    def _reap(self, name: str | None = None) -> None:
+        with self._lock:
+            for n, proc in list(self._servers.items()):
+                if (name is None or n == name) and proc.poll() is not None:
+                    if self._servers.get(n) is proc:
+                        del self._servers[n]
+
+    def server_pid(self, name: str) -> int | None:
+        """pid of the host's server per its pidfile, if that process is alive."""
+        h = self.hosts[name]
+        self._reap(name)
+        try:
+            pid = int(h.pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid <= 0 or not _alive(pid):
+            return None
+        ours = self._servers.get(name)
+        if ours is not None and ours.pid == pid:
+            return pid  # ours, maybe still entering the namespace
+        if h.ns_ino is not None and _ns_ino(pid) != h.ns_ino:
+            return None
+        return pid
+
+    def healthy(self, name: str, timeout: float = 1.0) -> bool:
+        try:
+            with urllib.request.urlopen(self.hosts[name].health_url, timeout=timeout) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def wait_healthy(self, names=None, timeout: float = 30.0) -> None:
+        """Wait until each host's /health answers 200; FleetError (with log tails) if a
+        server exits or the timeout passes."""
+        names = list(self.hosts) if names is None else list(names)
+        deadline = time.monotonic() + timeout
+
+        def one(name):
+            while True:
+                if self.healthy(name, timeout=1.0):
+                    return None
+                if self.server_pid(name) is None:
+                    return f"{name}: server exited:\n{_tail(self.hosts[name].log_path)}"
+                if time.monotonic() > deadline:
+                    return (f"{name}: no 200 from {self.hosts[name].health_url} within "
+                            f"{timeout:.0f}s:\n{_tail(self.hosts[name].log_path)}")
+                time.sleep(0.05)
+
+        if not names:
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(names))) as pool:
+            errors = [e for e in pool.map(one, names) if e]
+        if errors:
+            raise FleetError("\n".join(errors))
+
+    def _start_servers(self, names, wait: bool = True, timeout: float = 30.0) -> None:
+        for n in names:
+            self.start_server(n)
+        if wait:
+            self.wait_healthy(names, timeout=timeout)
+
+    def stop_server(self, name: str, grace: float = 10.0) -> bool:
+        """TERM the pid in the pidfile, wait, KILL after `grace`; remove the pidfile.
+        True if a server was running."""
+        h = self.hosts[name]
+        pid = self.server_pid(name)
+        if pid:
+            self._terminate([pid], grace)
+        self._reap(name)
+        try:
+            h.pidfile.unlink()
+        except FileNotFoundError:
+            pass
+        return bool(pid)
+
+    def _terminate(self, pids, grace: float) -> None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            live = [p for p in pids if _alive(p)]
+            for p in live:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            while live and time.monotonic() < deadline:
+                self._reap()
+                for n, proc in list(self._sshd.items()):
+                    proc.poll()
+                live = [p for p in live if _alive(p)]
+                if live:
+                    time.sleep(0.02)
+            if not live:
+                return
+
+    # -- namespace scan -----------------------------------------------------
+
+    def _ns_members(self, names=None) -> dict[str, list[int]]:
+        """{host: [pids in its mount namespace]} (one /proc scan)."""
+        want = {}
+        for n in (self.hosts if names is None else names):
+            h = self.hosts[n]
+            if h.ns_ino is not None:
+                want[h.ns_ino] = n
+        own = _ns_ino(os.getpid())
+        want.pop(own, None)
+        found: dict[str, list[int]] = {n: [] for n in want.values()}
+        verified: dict[str, bool] = {}
+        me = os.getpid()
+        for pid in _pids():
+            if pid == me:
+                continue
+            ino = _ns_ino(pid)
+            name = want.get(ino)
+            if name is None:
+                continue
+            if name not in verified:
+                verified[name] = self._verify_ns(self.hosts[name], pid)
+            if verified[name]:
+                found[name].append(pid)
+        return found
+
+    def _verify_ns(self, h: FleetHost, pid: int) -> bool:
+        """The namespace really is this host's (the token file at mount_point matches),
+        guarding against a reused namespace inode when we hold no fd on it."""
+        if h.name in self._ns_fds:
+            return True
+        try:
+            return (Path(f"/proc/{pid}/root") / self.mount_point.lstrip("/") / TOKEN_FILE
+                    ).read_text().strip() == h.token
+        except OSError:
+            return False
+
+    def processes(self, name: str) -> list[int]:
+        """pids of every process in the host's mount namespace (sshd included)."""
+        return self._ns_members([name]).get(name, [])
+
+    def kill_processes(self, name: str, keep_sshd: bool = True, grace: float = 5.0) -> None:
+        """TERM then KILL every process in the host's namespace; with keep_sshd, not sshd
+        itself nor its per-connection processes (open SSH connections survive, the
+        commands they run do not)."""
+        def is_sshd(pid):
+            try:
+                return os.readlink(f"/proc/{pid}/exe") == SSHD
+            except OSError:
+                return False
+
+        for _ in range(5):
+            pids = [p for p in self.processes(name) if not (keep_sshd and is_sshd(p))]
+            if not pids:
+                return
+            self._terminate(pids, grace)
+
+    # -- reset --------------------------------------------------------------
+
+    def reset(self, name: str, start_server: bool | None = None, wait: bool = True) -> None:
+        """Stop the host's server (and every other process in its namespace but sshd),
+        restore the pristine tree (byte for byte from sglang_tree, no __pycache__, a fresh
+        python wrapper and stand-in), empty state/, logs/, run/ and home/, and restart the
+        server if the host's spec says start_server.  commands.log is kept."""
+        self._reset_tree(name)
+        want = self.hosts[name].spec.start_server if start_server is None else start_server
+        if want:
+            self._start_servers([name], wait=wait)
+
+    def _reset_tree(self, name: str) -> None:
+        h = self.hosts[name]
+        self.stop_server(name)
+        self.kill_processes(name)
+        self._build_env(h, sglang_tree(h.spec.version))
+        for sub in ("state", "logs", "run", "home"):
+            _empty_dir(h.host_dir / sub)
+        (h.host_dir / "models" / "demo").mkdir(parents=True, exist_ok=True)
+        (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
+
+    def reset_all(self, wait: bool = True) -> None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(self._reset_tree, self.hosts))
+        self._start_servers([n for n, h in self.hosts.items() if h.spec.start_server], wait=wait)
+
+    # -- commands log -------------------------------------------------------
+
+    def command_records(self, name: str) -> list[tuple[float, str]]:
+        """[(unix time, command)] for every SSH command the host ran, in order."""
+        out = []
+        try:
+            text = self.hosts[name].commands_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return out
+        for line in text.splitlines():
+            ts, _, cmd = line.partition(" ")
+            try:
+                t = float(ts)
+            except ValueError:
+                continue
+            out.append((t, _unescape(cmd)))
+        return out
+
+    def commands(self, name: str) -> list[str]:
+        return [c for _, c in self.command_records(name)]
+
+    def clear_commands(self, name: str | None = None) -> None:
+        for n in ([name] if name else list(self.hosts)):
+            with open(self.hosts[n].commands_log, "w"):
+                pass
+
+    # -- state file (for detached fleets) -----------------------------------
+
+    def _save_state(self) -> None:
+        state = {
+            "mount_point": self.mount_point,
+            "running": self._started and not self._stopped,
+            "hosts": {
+                n: {"spec": asdict(h.spec), "ssh_port": h.ssh_port, "http_port": h.http_port,
+                    "sshd_pid": h.sshd_pid, "ns_ino": h.ns_ino, "token": h.token}
+                for n, h in self.hosts.items()
+            },
+        }
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.root / STATE_FILE)
+
+    @classmethod
+    def attach(cls, root) -> "Fleet":
+        """The fleet started (detached) under `root`, e.g. to stop it:
+        ``Fleet.attach(root).stop()``.  FileNotFoundError if there is none."""
+        root = Path(root).absolute()
+        state = json.loads((root / STATE_FILE).read_text())
+        specs = [HostSpec(**h["spec"]) for h in state["hosts"].values()]
+        fleet = cls(root, specs, state["mount_point"], detach=True)
+        for n, hs in state["hosts"].items():
+            h = fleet.hosts[n]
+            h.ssh_port, h.http_port = hs["ssh_port"], hs["http_port"]
+            h.sshd_pid, h.ns_ino, h.token = hs["sshd_pid"], hs["ns_ino"], hs["token"]
+        fleet._started = True  # let stop() scan even if a previous stop was cut short
+        return fleet
+
+    def is_running(self) -> bool:
+        return any(h.sshd_pid and _alive(h.sshd_pid) and _ns_ino(h.sshd_pid) == h.ns_ino
+                   for h in self.hosts.values())
+
+    # -- stop ---------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Kill every process in every host's namespace (TERM, then KILL), sshd included;
+        the bind mounts die with the namespaces.  Idempotent."""
+        with self._lock:
+            if self._stopped or not self._started:
+                self._stopped = True
+                return
+            try:
+                for _ in range(5):
+                    members = self._ns_members()
+                    pids = [p for ps in members.values() for p in ps]
+                    # sshd pids too, in case the namespace check could not see them
+                    pids += [h.sshd_pid for h in self.hosts.values()
+                             if h.sshd_pid and h.name in self._sshd]
+                    pids = sorted(set(p for p in pids if _alive(p)))
+                    if not pids:
+                        break
+                    self._terminate(pids, grace=3.0)
+                for proc in list(self._sshd.values()) + list(self._servers.values()):
+                    try:
+                        proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:  # pragma: no cover
+                        proc.kill()
+            finally:
+                for fd in self._ns_fds.values():
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                self._ns_fds.clear()
+                self._sshd.clear()
+                self._servers.clear()
+                self._stopped = True
+                _live_fleets.discard(self)
+                try:
+                    self._save_state()
+                except OSError:
+                    pass
+
+    def __repr__(self) -> str:
+        return f"Fleet({str(self.root)!r}, {len(self.hosts)} hosts, mount_point={self.mount_point!r})"
+
+
+_OPENSSH_VERSION: tuple[int, int] | None = None
+
+
+def _openssh_version() -> tuple[int, int]:
+    global _OPENSSH_VERSION
+    if _OPENSSH_VERSION is None:
+        try:
+            out = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr
+            m = re.search(r"OpenSSH_(\d+)\.(\d+)", out)
+            _OPENSSH_VERSION = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+        except OSError:
+            _OPENSSH_VERSION = (0, 0)
+    return _OPENSSH_VERSION
+
+
+def main(argv=None) -> int:  # python -m fleetpatch.demo.fleet ROOT N  (manual poking)
+    import argparse
+    ap = argparse.ArgumentParser(description="start a local sshd fleet and wait")
+    ap.add_argument("root")
+    ap.add_argument("n", type=int, nargs="?", default=4)
+    ap.add_argument("--no-server", action="store_true")
+    a = ap.parse_args(argv)
+    t = time.monotonic()
+    specs = [HostSpec(f"host{i:02d}", spec_v2=bool(i % 2), start_server=not a.no_server)
+             for i in range(a.n)]
+    with Fleet(a.root, specs) as fleet:
+        print(f"started {a.n} hosts in {time.monotonic() - t:.2f}s; inventory:",
+              fleet.write_inventory(Path(a.root) / "hosts.yaml"))
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
