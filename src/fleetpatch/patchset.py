@@ -1,0 +1,471 @@
+"""patches/ directories: manifests, revision choice by engine version, path safety, the sibling rule.
+
+A patch is a folder ``<dir>/<name>/`` holding ``patch.yaml`` and one unified
+diff per revision. `load_patch` validates everything that can be checked
+without a host -- the manifest (keys and types), every revision's diff
+(parsed by `diffapply.parse_diff`, which refuses unsafe paths), and the two
+rules that keep a patch from silently never running:
+
+- the sibling rule: a revision that changes one file of a sibling pair of the
+  engine profile (for SGLang ``eagle_worker.py`` / ``eagle_worker_v2.py``) and
+  not the other is refused;
+- the marker rule: a revision that changes a file bearing a code path must
+  have a marker for (at least one of) that file's paths;
+
+both unless the manifest says ``allow_single_path: "<reason>"``. Every
+problem is a `PatchError` (exit 2) naming the file, the key or line, and the fix.
+
+`Patch.choose` picks the revision for one host's engine version; a host with
+no fitting revision is a per-host failure (`NoRevisionFits`), not exit 2.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+import fleetpatch
+
+from .diffapply import DiffError, FileDiff, parse_diff
+from .errors import FleetpatchError, UsageError
+from .inventory import load_yaml
+
+__all__ = [
+    "PatchError",
+    "NoRevisionFits",
+    "Marker",
+    "Revision",
+    "Patch",
+    "search_dirs",
+    "parse_ref",
+    "load_patch",
+    "available_patches",
+    "shipped_dir",
+    "MANIFEST",
+]
+
+MANIFEST = "patch.yaml"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TOP_KEYS = ("name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path")
+_REV_KEYS = ("rev", "diff", "engine_versions")
+
+
+class PatchError(UsageError):
+    """A patch that cannot be used (exit 2): names the file (patch.yaml / .diff), the key or line, and the fix."""
+
+    def __init__(self, message: str, *, file: Optional[str] = None, key: Optional[str] = None):
+        self.file = file
+        self.key = key
+        super().__init__(message)
+
+
+def _perr(file: str, key: Optional[str], reason: str) -> PatchError:
+    return PatchError(f"{file}: {key}: {reason}" if key else f"{file}: {reason}", file=file, key=key)
+
+
+class NoRevisionFits(FleetpatchError):
+    """No revision of the patch admits this host's engine version (a per-host failure, not exit 2)."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    path: str                  # code path name, e.g. "EAGLEWorker"
+    literal: Optional[str] = None
+    regex: Optional[str] = None
+
+    def matches(self, line: str) -> bool:
+        if self.literal is not None:
+            return self.literal in line
+        if self.regex is not None:
+            return re.search(self.regex, line) is not None
+        return False
+
+    def describe(self) -> str:
+        if self.literal is not None:
+            return f'"{self.literal}"'
+        return f"regex /{self.regex}/"
+
+
+@dataclass
+class Revision:
+    rev: int
+    diff_file: Path
+    diff_text: str
+    diff_sha256: str           # of the .diff file's bytes
+    engine_versions: SpecifierSet
+    files: List[FileDiff]
+    spec_text: str = ""        # engine_versions as written in patch.yaml
+
+    @property
+    def paths(self) -> List[str]:
+        return [f.path for f in self.files]
+
+    def admits(self, engine_version: str) -> bool:
+        try:
+            v = Version(engine_version)
+        except (InvalidVersion, TypeError):
+            return False
+        return self.engine_versions.contains(v, prereleases=True)
+
+
+@dataclass
+class Patch:
+    name: str
+    summary: str
+    engine: str
+    revisions: List[Revision]          # ascending rev
+    markers: Dict[str, Marker]         # code path name -> Marker
+    expect: List[str]
+    forbid: List[str]
+    allow_single_path: Optional[str]
+    source_dir: Path
+
+    @property
+    def manifest(self) -> Path:
+        return self.source_dir / MANIFEST
+
+    def revision(self, rev: int) -> Optional[Revision]:
+        for r in self.revisions:
+            if r.rev == rev:
+                return r
+        return None
+
+    def support(self) -> str:
+        """'r1 ==0.5.9, r2 ==0.5.8': what each revision supports."""
+        return ", ".join(f"r{r.rev} {r.spec_text or str(r.engine_versions) or '(any version)'}"
+                         for r in self.revisions)
+
+    def choose(self, rev: Optional[int], engine_version: str) -> Revision:
+        """The revision for a host running `engine_version`: `rev` if given (and it fits), else the newest that fits."""
+        try:
+            Version(str(engine_version))
+        except InvalidVersion:
+            raise NoRevisionFits(f"{self.name}: the host's {self.engine} version {engine_version!r} is not a "
+                                 f"PEP 440 version, so no revision can be chosen; revisions support: "
+                                 f"{self.support()}") from None
+        if rev is not None:
+            r = self.revision(rev)
+            if r is None:
+                raise NoRevisionFits(f"{self.name} has no revision {rev}; revisions: "
+                                     f"{', '.join(str(x.rev) for x in self.revisions)}")
+            if not r.admits(engine_version):
+                fitting = [x.rev for x in self.revisions if x.admits(engine_version)]
+                hint = (f"; r{fitting[-1]} does: use {self.name}@{fitting[-1]}, or {self.name} to choose by version"
+                        if fitting else "")
+                raise NoRevisionFits(f"{self.name}@{rev} does not support {self.engine} {engine_version}: "
+                                     f"r{rev} supports {r.spec_text or r.engine_versions}{hint}")
+            return r
+        for r in sorted(self.revisions, key=lambda x: x.rev, reverse=True):
+            if r.admits(engine_version):
+                return r
+        raise NoRevisionFits(f"{self.name} has no revision for {self.engine} {engine_version}; "
+                             f"revisions support: {self.support()}")
+
+    def label(self, rev: Union[int, Revision, None]) -> str:
+        """'name@rev'."""
+        if isinstance(rev, Revision):
+            rev = rev.rev
+        return f"{self.name}@{rev}" if rev is not None else self.name
+
+
+# --------------------------------------------------------------------------- lookup
+
+
+def shipped_dir() -> Path:
+    """The patches shipped inside the fleetpatch package."""
+    return Path(fleetpatch.__file__).parent / "patches"
+
+
+def search_dirs(patches_opt: Optional[str], cwd: Path) -> List[Path]:
+    """[DIR] if given, then cwd/"patches" if it exists, then the shipped fleetpatch/patches."""
+    dirs: List[Path] = []
+    if patches_opt:
+        d = Path(os.path.expanduser(str(patches_opt)))
+        if not d.is_absolute():
+            d = Path(cwd) / d
+        if not d.is_dir():
+            raise PatchError(f"--patches {patches_opt}: not a directory (it should hold <name>/patch.yaml folders)")
+        dirs.append(d)
+    local = Path(cwd) / "patches"
+    if local.is_dir():
+        dirs.append(local)
+    dirs.append(shipped_dir())
+    out: List[Path] = []
+    seen = set()
+    for d in dirs:
+        key = os.path.realpath(d)
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def parse_ref(ref: str) -> Tuple[str, Optional[int]]:
+    """'name' -> ('name', None); 'name@3' (or 'name@r3') -> ('name', 3)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise PatchError("--patch: give a patch as NAME or NAME@REV")
+    ref = ref.strip()
+    name, sep, rev_s = ref.partition("@")
+    if not _NAME.match(name):
+        raise PatchError(f"--patch {ref}: {name!r} is not a patch name (letters, digits, '.', '-', '_'; "
+                         "give NAME or NAME@REV)")
+    if not sep:
+        return name, None
+    m = re.match(r"^[rR]?(\d+)$", rev_s)
+    if not m or int(m.group(1)) < 1:
+        raise PatchError(f"--patch {ref}: {rev_s!r} is not a revision number (give NAME@REV, e.g. {name}@1)")
+    return name, int(m.group(1))
+
+
+def available_patches(dirs: Sequence[Path]) -> List[str]:
+    names = set()
+    for d in dirs:
+        try:
+            for child in Path(d).iterdir():
+                if (child / MANIFEST).is_file():
+                    names.add(child.name)
+        except OSError:
+            continue
+    return sorted(names)
+
+
+def _display(path: Path) -> str:
+    """A path as the user would write it: relative to the current folder when inside it."""
+    try:
+        cwd = Path.cwd()
+        p = Path(os.path.abspath(path))
+        return str(p.relative_to(cwd))
+    except (ValueError, OSError):
+        return str(path)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _got(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def _str(file: str, key: str, value: Any, *, empty_ok: bool = False) -> str:
+    if not isinstance(value, str):
+        raise _perr(file, key, f"expected a string, got {_got(value)}")
+    if not empty_ok and not value.strip():
+        raise _perr(file, key, "must not be empty")
+    return value
+
+
+def _str_list(file: str, key: str, value: Any) -> List[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _perr(file, key, f"expected a list of strings, got {_got(value)}")
+    return [_str(file, f"{key}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _marker(file: str, name: Any, value: Any) -> Marker:
+    if not isinstance(name, str) or not name.strip():
+        raise _perr(file, f"markers.{_got(name)}", "a marker's key must be a code path name, e.g. EAGLEWorker")
+    key = f"markers.{name}"
+    if isinstance(value, str):
+        if not value.strip():
+            raise _perr(file, key, "must not be empty: an empty marker would match every line")
+        return Marker(path=name, literal=value)
+    if isinstance(value, dict):
+        extra = [k for k in value if k != "regex"]
+        if extra:
+            raise _perr(file, f"{key}.{extra[0]}",
+                        'unknown key; a marker is a literal string or {regex: "..."}')
+        if "regex" not in value:
+            raise _perr(file, f"{key}.regex", 'required: a marker is a literal string or {regex: "..."}')
+        rx = _str(file, f"{key}.regex", value["regex"])
+        try:
+            compiled = re.compile(rx)
+        except re.error as exc:
+            raise _perr(file, f"{key}.regex", f"invalid regular expression {rx!r}: {exc}") from None
+        if compiled.search("") is not None:
+            raise _perr(file, f"{key}.regex", f"{rx!r} matches an empty line, so it would match every line; "
+                                              "make it match only the patched code's log line")
+        return Marker(path=name, regex=rx)
+    raise _perr(file, key, f'expected a literal string or {{regex: "..."}}, got {_got(value)}')
+
+
+def _read_diff(folder: Path, file: str, key: str, name: Any, package: str) -> Tuple[Path, str, str, List[FileDiff]]:
+    diff_name = _str(file, key, name)
+    if "/" in diff_name or "\\" in diff_name or diff_name in (".", "..") or diff_name == MANIFEST:
+        raise _perr(file, key, f"{diff_name!r} must be the name of a .diff file in {_display(folder)}/ "
+                               "(no directories)")
+    path = folder / diff_name
+    shown = _display(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        have = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
+        raise _perr(file, key, f"{diff_name!r}: no such file in {_display(folder)}/"
+                               + (f" (files there: {', '.join(have)})" if have else "")) from None
+    except IsADirectoryError:
+        raise _perr(file, key, f"{diff_name!r} is a directory, not a diff file") from None
+    except OSError as exc:
+        raise _perr(file, key, f"cannot read {shown}: {exc.strerror or exc}") from None
+    text = data.decode("utf-8", "surrogateescape")
+    try:
+        files = parse_diff(text, shown, package=package)
+    except DiffError as exc:
+        err = PatchError(str(exc), file=shown, key=None)
+        err.diff_error = exc  # type: ignore[attr-defined]
+        raise err from exc
+    return path, text, hashlib.sha256(data).hexdigest(), files
+
+
+def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDiff], markers: Dict[str, Marker],
+                 allow_single_path: Optional[str], profile) -> None:
+    if allow_single_path:
+        return
+    changed = [f.path for f in files]
+    fix = ('or, if the patch really concerns one path only, set allow_single_path: "<reason>" in '
+           f"{patch_file}")
+    for a, b in getattr(profile, "sibling_pairs", []) or []:
+        if (a in changed) != (b in changed):
+            have, miss = (a, b) if a in changed else (b, a)
+            raise PatchError(
+                f"{diff_shown}: revision {rev} changes {have} but not its sibling {miss}: a server on the "
+                f"other code path would run the unpatched file and the patch would never execute. "
+                f"Patch both files, {fix}", file=diff_shown)
+    for path in changed:
+        paths = list(profile.paths_of_file(path) or [])
+        if paths and not any(p in markers for p in paths):
+            want = " or ".join(paths)
+            raise PatchError(
+                f"{diff_shown}: revision {rev} changes {path} (code path {want}) but {patch_file} has no marker "
+                f"for {want}: nothing would prove the patched code ran. Add markers: {{{paths[0]}: "
+                f'"<a line only the patched code logs>"}}, {fix}', file=diff_shown)
+
+
+def load_patch(ref: str, dirs: List[Path], profile) -> Tuple[Patch, Optional[int]]:
+    """Find and validate the patch named by `ref` ("name" or "name@rev"); returns (patch, rev or None)."""
+    name, want_rev = parse_ref(ref)
+    folder: Optional[Path] = None
+    for d in dirs:
+        cand = Path(d) / name / MANIFEST
+        if cand.is_file():
+            folder = cand.parent
+            break
+    if folder is None:
+        avail = available_patches(dirs)
+        looked = ", ".join(_display(Path(d)) for d in dirs)
+        raise PatchError(f"unknown patch {name!r}; available: {', '.join(avail) if avail else '(none)'} "
+                         f"(looked in {looked})")
+    patch = _load_folder(folder, name, profile)
+    if want_rev is not None and patch.revision(want_rev) is None:
+        raise PatchError(f"{_display(patch.manifest)}: {name} has no revision {want_rev}; revisions: "
+                         f"{', '.join(str(r.rev) for r in patch.revisions)} ({patch.support()})",
+                         file=_display(patch.manifest), key="revisions")
+    return patch, want_rev
+
+
+def _load_folder(folder: Path, name: str, profile) -> Patch:
+    manifest = folder / MANIFEST
+    file = _display(manifest)
+    try:
+        data = manifest.read_bytes()
+    except OSError as exc:
+        raise _perr(file, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _perr(file, None, f"not UTF-8 text (byte {exc.start})") from None
+    doc = load_yaml(text, file, _perr)
+    if doc is None:
+        raise _perr(file, None, "empty; expected name, engine, revisions, markers")
+    if not isinstance(doc, dict):
+        raise _perr(file, None, f"expected a mapping at the top, got {_got(doc)}")
+    for k in doc:
+        if k not in _TOP_KEYS:
+            raise _perr(file, str(k), f"unknown key; known keys: {', '.join(_TOP_KEYS)}")
+    for k in ("name", "engine", "revisions"):
+        if doc.get(k) is None:
+            raise _perr(file, k, "required but missing")
+
+    pname = _str(file, "name", doc["name"])
+    if pname != name:
+        raise _perr(file, "name", f"{pname!r} must equal the folder name {name!r}")
+    summary = _str(file, "summary", doc.get("summary") or "", empty_ok=True)
+    engine = _str(file, "engine", doc["engine"])
+    kind = getattr(profile, "kind", None)
+    if kind and engine != kind:
+        raise _perr(file, "engine", f"this patch is for {engine!r}, but the engine profile is {kind!r}")
+    package = getattr(profile, "package", None) or engine
+
+    markers_node = doc.get("markers")
+    if markers_node is None:
+        markers_node = {}
+    if not isinstance(markers_node, dict):
+        raise _perr(file, "markers", f"expected a mapping of code path -> marker, got {_got(markers_node)}")
+    markers = {m.path: m for m in (_marker(file, k, v) for k, v in markers_node.items())}
+
+    expect = _str_list(file, "expect", doc.get("expect"))
+    forbid = _str_list(file, "forbid", doc.get("forbid"))
+    asp = doc.get("allow_single_path")
+    if asp is not None:
+        if not isinstance(asp, str) or not asp.strip():
+            raise _perr(file, "allow_single_path",
+                        f"expected a non-empty reason (a string), got {_got(asp)}")
+
+    revs_node = doc["revisions"]
+    if not isinstance(revs_node, list):
+        raise _perr(file, "revisions", f"expected a list of {{rev, diff, engine_versions}}, got {_got(revs_node)}")
+    if not revs_node:
+        raise _perr(file, "revisions", "no revisions listed")
+    revisions: List[Revision] = []
+    seen: Dict[int, str] = {}
+    for i, node in enumerate(revs_node):
+        key = f"revisions[{i}]"
+        if not isinstance(node, dict):
+            raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
+        for k in node:
+            if k not in _REV_KEYS:
+                raise _perr(file, f"{key}.{k}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
+        for k in _REV_KEYS:
+            if node.get(k) is None:
+                raise _perr(file, f"{key}.{k}", "required but missing")
+        rev = node["rev"]
+        if isinstance(rev, bool) or not isinstance(rev, int) or rev < 1:
+            raise _perr(file, f"{key}.rev", f"expected a positive integer, got {_got(rev)}")
+        if rev in seen:
+            raise _perr(file, f"{key}.rev", f"revision {rev} is listed twice (also {seen[rev]})")
+        seen[rev] = key
+        spec_text = node["engine_versions"]
+        if not isinstance(spec_text, str):
+            raise _perr(file, f"{key}.engine_versions",
+                        f"expected a PEP 440 specifier string such as \"==0.5.9\", got {_got(spec_text)} (quote it)")
+        try:
+            spec = SpecifierSet(spec_text)
+        except InvalidSpecifier:
+            raise _perr(file, f"{key}.engine_versions",
+                        f"{spec_text!r} is not a PEP 440 version specifier (e.g. \"==0.5.9\", \">=0.5.8,<0.5.10\")"
+                        ) from None
+        if not spec_text.strip():
+            raise _perr(file, f"{key}.engine_versions",
+                        'must not be empty: say which engine versions the diff is for, e.g. "==0.5.9"')
+        path, diff_text, sha, files = _read_diff(folder, file, f"{key}.diff", node["diff"], package)
+        _check_rules(file, _display(path), rev, files, markers, asp, profile)
+        revisions.append(Revision(rev=rev, diff_file=path, diff_text=diff_text, diff_sha256=sha,
+                                  engine_versions=spec, files=files, spec_text=spec_text.strip()))
+    revisions.sort(key=lambda r: r.rev)
+    return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
+                 expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder)
