@@ -503,6 +503,9 @@ def test_refuse_malformed_hunks_with_line_numbers():
            "not a valid unified diff", line=6)
     # hunk without file header
     refuse("@@ -1,2 +1,3 @@\n a\n+x\n b\n", "not a valid unified diff", line=1)
+    # malformed hunk header
+    refuse("--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ -eighty-nine +ninety @@\n a\n+x\n", "malformed hunk header",
+           line=3)
     # file header without hunks
     refuse("--- a/sglang/x.py\n+++ b/sglang/x.py\n", "no hunks", line=2)
 
@@ -528,3 +531,41 @@ def test_refuse_localized_no_newline_marker_is_understood():
     d = "--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n\\ Kein Zeilenumbruch am Dateiende.\n"
     fd = parse_diff(d, "p.diff")[0]
     assert fd.hunks[0].target_lines == ["a\n", "c"]
+
+
+def test_real_git_diff_output(tmp_path, v1_bytes):
+    """`git diff` in an SGLang-repo layout (python/sglang/...), CRLF + no-EOL file included."""
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if not git:
+        pytest.skip("git not installed")
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_SYSTEM": "/dev/null", "HOME": str(tmp_path),
+           "PATH": "/usr/bin:/bin", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def run(*args):
+        return subprocess.run([git, *args], cwd=tmp_path, env=env, check=True, capture_output=True).stdout
+
+    run("init", "-q")
+    f1 = tmp_path / "python" / V1
+    f2 = tmp_path / "python" / "sglang" / "crlf.py"
+    f1.parent.mkdir(parents=True)
+    f1.write_bytes(v1_bytes)
+    crlf = b"a = 1\r\nb = 2\r\nc = 3\r\nd = 4"  # CRLF and no final newline
+    f2.write_bytes(crlf)
+    run("add", "-A")
+    run("commit", "-q", "-m", "base")
+    new1 = joined(modify_v1(lines_of(v1_bytes)))
+    new2 = b"a = 1\r\nb = 2\r\nc = 30\r\nd = 4\r\n"
+    f1.write_bytes(new1)
+    f2.write_bytes(new2)
+    diff = run("diff").decode("utf-8", "surrogateescape")
+    assert "\\ No newline at end of file" in diff
+    fds = {f.path: f for f in parse_diff(diff, "git.diff")}
+    assert set(fds) == {V1, "sglang/crlf.py"}
+    assert apply_file(fds[V1], v1_bytes).new == new1
+    r = apply_file(fds["sglang/crlf.py"], crlf)
+    assert r.state == "applies" and r.new == new2
+    assert apply_file(fds["sglang/crlf.py"], new2).state == "already-applied"

@@ -46,6 +46,7 @@ __all__ = [
 
 _DEV_NULL = "/dev/null"
 _NO_NEWLINE = "\\ No newline at end of file"
+_RE_HUNK_HEADER = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
 _RE_HEADER_CORE = re.compile(r"^(@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@)")
 _ENCODING = "utf-8"
 _ERRORS = "surrogateescape"
@@ -228,6 +229,9 @@ def parse_diff(text: str, origin: str, package: str = "sglang") -> List[FileDiff
     lines = split_lines(text)
     # Any "\ ..." line is a no-newline marker in a unified diff, whatever language diff spoke.
     lines = [(_NO_NEWLINE + "\n") if ln.startswith("\\ ") else ln for ln in lines]
+    for no, ln in enumerate(lines, 1):
+        if ln.startswith("@@") and not _RE_HUNK_HEADER.match(ln):
+            raise DiffError(origin, no, f"malformed hunk header {ln.rstrip()!r}; expected '@@ -l,n +l,n @@'")
     counter = _Counter(lines)
     try:
         patch = PatchSet(counter)
