@@ -95,7 +95,7 @@ def _run_hosts(task_name: str, step, *, inventory, hosts, group, report_path, pa
     _finish(console, task_name, results, started, report_path, stop)
 
 
-@task(help=_help(*COMMON, "break_lock") | {"dest": "where to put the files (default .fleetpatch/sources)"})
+@task(help=_help(*COMMON) | {"dest": "where to put the files (default .fleetpatch/sources)"})
 def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=0, patches=None, dest=".fleetpatch/sources",
           accept_new_host_keys=False):
     """Copy the engine files of the profile from each host to DEST/<host>/<path>, with fetch.json."""

@@ -26,7 +26,7 @@ class View:
 
     def __init__(self, task: str, hosts: list[str], console: Console | None = None, live: bool | None = None):
         self.task = task
-        self.console = console or Console(stderr=True)
+        self.console = console or Console()
         self.live_enabled = self.console.is_terminal if live is None else live
         self.rows = {h: {"phase": "queued", "detail": "", "since": None} for h in hosts}
         self.lock = threading.Lock()
