@@ -710,7 +710,12 @@ def op_follow(req):
     next_health = 0.0
     stdin_fd = sys.stdin.fileno()
     stdin_buf = b""
+    launch_sent = False
     while True:
+        if pid and not launch_sent and pid_alive(pid):
+            # How the server that is running now was launched: it, not the inventory, decides the path.
+            emit(dict(proc_launch(pid), t="launch", pid=pid))
+            launch_sent = True
         for path, first, lines in follower.read():
             emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines})
             last_emit = time.time()

@@ -356,6 +356,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
     first_line_no = [None]
     state = {"alive": None, "healthy": None, "server_info": None, "ready_at": None}
     t0 = time.monotonic()
+    launch_now = [launch]
     verdicts: list[evidence.Verdict] = []
     timings = {}
 
@@ -365,7 +366,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
             lines=list(lines), first_line_no=first_line_no[0] or 1, server_info=state["server_info"],
             alive=state["alive"], healthy=state["healthy"],
             since_ready_s=None if state["ready_at"] is None else now - state["ready_at"], timed_out=timed_out)
-        return [evidence.judge(obs, profile, version, launch, p.markers, p.expect, p.forbid, label, host.name,
+        return [evidence.judge(obs, profile, version, launch_now[0], p.markers, p.expect, p.forbid, label, host.name,
                                want_markers=want_markers, settle_s=job.settle_s)
                 for p, label in zip(patches, labels)]
 
@@ -381,6 +382,8 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
             state["alive"], state["healthy"] = ev.get("alive"), ev.get("healthy")
         elif kind == "server_info":
             state["server_info"] = ev.get("data")
+        elif kind == "launch" and ev.get("argv"):
+            launch_now[0] = LaunchConfig(argv=ev["argv"], env=ev.get("env") or {}, source="process")
         elapsed = time.monotonic() - t0
         timed_out = elapsed >= timeout or kind == "deadline"
         vs = judge_all(timed_out)
@@ -463,7 +466,8 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, reply: dict) -> HostRes
                            already=True)
         job.progress(host.name, "restart", "restart pending from an earlier run")
         out = remote.call("restart", dict(req, reason=f"pending restart for {label}"))
-        return _verify(job, host, remote, version, plan.launch, [job.patch], [label], restart_start(out))
+        return _verify(job, host, remote, version, launch_after_restart(host, plan), [job.patch], [label],
+                       restart_start(out))
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
     files = [{"path": r.path, "before": sha256(file_bytes(reply, r.path)), "after": sha256(r.new),
               "content": base64.b64encode(r.new).decode("ascii")} for r in plan.changes]
@@ -478,10 +482,18 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, reply: dict) -> HostRes
                           "`fleetpatch verify-logs` after a restart proves it", engine_version=version, patch=label)
     job.progress(host.name, "restart", "")
     out = remote.call("apply", apply_req)
-    result = _verify(job, host, remote, version, plan.launch, [job.patch], [label], restart_start(out))
+    result = _verify(job, host, remote, version, launch_after_restart(host, plan), [job.patch], [label],
+                     restart_start(out))
     if not result.ok and job.on_failure == "rollback":
         result = _rollback_after_failure(job, host, remote, result)
     return result
+
+
+def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
+    """Until the new process can be read from /proc (it may die first), the best
+    account of it is what fleetpatch started: the inventory's command, or for
+    systemd/supervisor the unit, which the old process reflects."""
+    return inventory_launch(host) if host.server.restart.kind == "command" else plan.launch
 
 
 def restart_start(reply: dict) -> dict:
