@@ -149,7 +149,8 @@ def test_state_dir_default_depends_on_user():
     assert inv.hosts["n"].engine.state_dir == "~/.local/state/fleetpatch"
     assert inv.hosts["n"].user is None
     assert inv.hosts["s"].engine.state_dir == "/srv/fp"
-    assert inv.hosts["r"].port == 22 and inv.hosts["r"].connect_timeout == 10
+    # no port in the inventory: ~/.ssh/config's Port applies, else 22
+    assert inv.hosts["r"].port is None and inv.hosts["r"].connect_timeout == 10
     assert inv.hosts["r"].server.ready_timeout == 1800
     assert inv.hosts["r"].engine.kind == "sglang"
 

@@ -103,8 +103,8 @@ class Host:
     address: str
     engine: EngineConf
     server: ServerConf
-    user: Optional[str] = None
-    port: int = 22
+    user: Optional[str] = None             # None: ~/.ssh/config's User, else the local user
+    port: Optional[int] = None             # None: ~/.ssh/config's Port, else 22
     identity_file: Optional[str] = None    # "~" expanded locally
     known_hosts: Optional[str] = None      # "~" expanded locally
     connect_timeout: float = 10
@@ -115,7 +115,7 @@ class Host:
     @property
     def target(self) -> str:
         """user@address:port, for messages."""
-        return f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
+        return f"{self.user + '@' if self.user else ''}{self.address}:{self.port or 22}"
 
 
 @dataclass
@@ -450,7 +450,7 @@ def _build_host(v: _V, name: str, d: dict) -> Host:
         engine=engine,
         server=server,
         user=user,
-        port=_or(d.get("port"), 22),
+        port=d.get("port"),
         identity_file=_expand(d.get("identity_file")),
         known_hosts=_expand(d.get("known_hosts")),
         connect_timeout=_or(d.get("connect_timeout"), 10),

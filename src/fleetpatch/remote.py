@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import paramiko
-from fabric import Config, Connection
+from fabric import Connection
 
 from . import hostagent
 from .inventory import Host
@@ -92,27 +92,25 @@ def _connect_kwargs(host: Host) -> dict:
 
 def connection_for(host: Host, hosts_by_name: dict[str, Host] | None = None,
                    accept_new_host_keys: bool = False) -> Connection:
+    """A Fabric Connection; ~/.ssh/config (aliases, User, Port, IdentityFile,
+    ProxyJump) and the ssh-agent are honoured, inventory values win."""
     gateway = None
-    if host.gateway:
-        other = (hosts_by_name or {}).get(host.gateway)
-        if other is not None:
-            gateway = connection_for(other, hosts_by_name, accept_new_host_keys)
-        else:
-            user, _, rest = host.gateway.rpartition("@")
-            name, _, port = rest.partition(":")
-            gateway = Connection(name, user=user or host.user, port=int(port) if port else 22,
-                                 connect_timeout=host.connect_timeout, connect_kwargs=_connect_kwargs(host))
+    jump = host.jump
+    if jump is not None:
+        via = (hosts_by_name or {}).get(jump.host) if jump.host else None
+        gateway = Connection(jump.address, user=jump.user or host.user, port=jump.port,
+                             connect_timeout=host.connect_timeout,
+                             connect_kwargs=_connect_kwargs(via or host))
     conn = Connection(
         host.address, user=host.user, port=host.port, gateway=gateway,
         connect_timeout=host.connect_timeout, connect_kwargs=_connect_kwargs(host),
-        config=Config(overrides={"load_ssh_configs": True}),
     )
     _harden(conn, host, accept_new_host_keys)
     return conn
 
 
 def classify_connect_error(host: Host, exc: BaseException) -> HostFailure:
-    where = f"{host.name} ({host.user}@{host.address}:{host.port})"
+    where = f"{host.name} ({host.target})"
     if isinstance(exc, paramiko.BadHostKeyException):
         return HostFailure("host-key-rejected",
                            f"{where}: the host key CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
