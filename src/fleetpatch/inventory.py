@@ -115,7 +115,8 @@ class Host:
     @property
     def target(self) -> str:
         """user@address:port, for messages."""
-        return f"{self.user + '@' if self.user else ''}{self.address}:{self.port or 22}"
+        port = f":{self.port}" if self.port else ""  # none: ~/.ssh/config decides
+        return f"{self.user + '@' if self.user else ''}{self.address}{port}"
 
 
 @dataclass
@@ -431,6 +432,9 @@ def _build_host(v: _V, name: str, d: dict) -> Host:
         if restart_d.get(key) is None:
             raise v.fail(f"{rpre}.{key}", f"required when server.restart.kind is {kind} (set it under "
                                           f"hosts.{name}.server.restart or under defaults.server.restart)")
+    if log == "journal" and kind != "systemd":
+        raise v.fail(f"{pre}.server.log", f"\"journal\" (read the systemd journal) needs server.restart.kind "
+                                          f"systemd, not {kind}; give the path of the server's log file")
     restart = RestartConf(
         kind=kind,
         start=restart_d.get("start"),

@@ -115,7 +115,7 @@ def classify_connect_error(host: Host, exc: BaseException) -> HostFailure:
         return HostFailure("host-key-rejected",
                            f"{where}: the host key CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
                            "refusing to connect. If the host was really reinstalled, remove its old line from known_hosts.")
-    if isinstance(exc, paramiko.AuthenticationException):
+    if isinstance(exc, paramiko.AuthenticationException) or "No authentication methods" in str(exc):
         return HostFailure("auth-failed", f"{where}: authentication failed ({exc}); check user and identity_file "
                                           "in the inventory, or your ssh-agent")
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
