@@ -1,0 +1,1774 @@
+"""Stand-in SGLang server: SGLang's real startup path, without torch or a GPU.
+
+This module is copied onto demo/test hosts as ``sglang_standin.py`` in the
+host's site-packages (next to a real ``sglang/`` source tree taken from the PyPI
+wheel) and started exactly like SGLang::
+
+    <python> -m sglang_standin --model-path /models/x --speculative-algorithm EAGLE3 \\
+        --speculative-num-steps 3 --speculative-eagle-topk 4 \\
+        --speculative-num-draft-tokens 8 --port 30000 [--tp-size 2] [--host 127.0.0.1]
+
+It accepts the same flags as ``python -m sglang.launch_server`` of the installed
+version because it builds the parser with the tree's REAL
+``sglang.srt.server_args.ServerArgs.add_cli_args``: a flag that a patch adds to
+``server_args.py`` is accepted, an unknown flag is an argparse error (exit 2).
+
+What runs for real (from the host's tree) and what is simulated:
+
+* A ``sys.meta_path`` finder serves permissive stub modules for everything the
+  tree does not contain (torch, triton, sgl_kernel, numpy, transformers, and
+  every ``sglang.*`` module outside ``server_args.py`` / ``speculative/``).
+  GPU/ML libraries (FORCE_STUB) are always stubbed, even if installed. Files
+  that exist in the tree are always imported for real; a module missing from
+  ``sglang/srt/speculative/`` (which the tree holds completely) is a genuine
+  ImportError. A handful of names whose values matter (``envs`` of
+  sglang.srt.environ, is_cuda/is_hip/..., get_bool_env_var, nullable_str,
+  TpModelWorker, ModelConfig, ...) get concrete stand-ins below.
+* ``ServerArgs`` is built from the parsed flags with the tree's own
+  ``from_cli_args`` while ``__post_init__`` (hardware probing) is skipped.
+  Then the tree's real handlers that the routing depends on run, in
+  ``__post_init__`` order (_POST_INIT_STEPS: missing defaults, GPU memory
+  settings for an 80 GB GPU, attention backend, page size, pipeline
+  parallelism, ``_handle_speculative_decoding``), then the real
+  ``check_server_args``. Through 0.5.12 that is where the routing happens:
+  NEXTN -> EAGLE, ``SGLANG_ENABLE_SPEC_V2`` -> overlap on/off, the "Overlap
+  scheduler is disabled ..." / "Spec v2 is enabled ..." warnings (printed bare
+  to stderr because logging is not configured yet, as in SGLang), the
+  topk > 1 ValueError, the pp AssertionError. 0.5.13+ moved the speculative
+  handling into sglang/srt/arg_groups/ (not in the tree); for those versions
+  _handle_speculative_decoding_v2_only replicates it.
+* Logging is configured like SGLang (``[%Y-%m-%d %H:%M:%S] message``) and
+  ``server_args=ServerArgs(...)`` (the dataclass repr) is logged.
+* For each TP rank (``--tp-size``) the draft worker class is chosen by the
+  tree's real ``SpeculativeAlgorithm.create_worker`` (0.5.8+) or its registry
+  (``create_draft_worker``, 0.5.7), imported from the tree and CONSTRUCTED with
+  the scheduler's arguments, so every line of its real ``__init__`` runs
+  (including ``logger.info`` calls a patch adds, and any genuine error, which
+  is logged as "Scheduler hit an exception: Traceback ..." and exits 1).
+  The target ``TpModelWorker`` / ``ModelRunner`` are simulated objects; the
+  real draft cuda-graph runners of the tree run (their capture is a stub).
+  With tp_size > 1 the log prefix is ``[ts TP<rank>] `` like SGLang's scheduler.
+* An HTTP server answers ``GET /health``, ``/health_generate`` (503 until
+  ready, then 200), ``/server_info`` (every ServerArgs field, ``version``,
+  ``internal_states``) and ``/get_server_info`` (same, logs the deprecation
+  warning), with uvicorn-style access log lines. SIGTERM / SIGINT stop it
+  with exit code 0.
+
+Faithful consequences worth knowing: like real SGLang, EAGLE launches that
+give ``--speculative-eagle-topk`` without ``--speculative-num-steps`` fail with
+a bare AssertionError in _handle_speculative_decoding; and
+``--enable-multi-layer-eagle`` on the v1 path of 0.5.9 - 0.5.12 fails with
+``NameError: name 'ModelRunner' is not defined`` (an upstream bug in
+multi_layer_eagle_worker.py). Without a readable ``<model-path>/config.json``
+the model is taken to be a Llama checkpoint.
+
+The stand-in never reads patch markers and never prints a line a patch would
+print: only code from the tree can produce those.
+
+Test-control environment variables:
+
+``FLEETPATCH_STANDIN_STARTUP_DELAY``
+    seconds to sleep before the ready line (model load), default 0.2.
+``FLEETPATCH_STANDIN_CRASH_AFTER_INIT=1``
+    after the worker is constructed, log a scheduler failure (RuntimeError
+    traceback) and exit 1 before ready.
+``FLEETPATCH_STANDIN_NEVER_READY=1``
+    never print the ready line; /health stays 503; keeps running.
+``FLEETPATCH_STANDIN_ROTATE_LOG=<path>``
+    after the server_args line and before the worker is constructed, rotate the
+    log like logrotate: rename <path> to <path>.1, open a new <path> for append
+    and dup2 it onto fds 1 and 2.
+``FLEETPATCH_STANDIN_EXIT_AFTER_READY=<seconds>``
+    exit 1 with a traceback that many seconds after the ready line.
+
+Stdlib only; Python 3.8+.
+"""
+
+import argparse
+import dataclasses
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import types
+
+try:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+except ImportError:  # pragma: no cover - Python < 3.7
+    from http.server import BaseHTTPRequestHandler, HTTPServer as ThreadingHTTPServer
+
+logger = logging.getLogger("sglang.srt.entrypoints.engine")
+
+# ---------------------------------------------------------------------------
+# Permissive stubs
+# ---------------------------------------------------------------------------
+
+# Top-level packages that are always stubbed, even when installed: the
+# stand-in has no GPU, and it must behave the same on every host.
+FORCE_STUB = (
+    "torch", "triton", "sgl_kernel", "flashinfer", "numpy", "transformers",
+    "deep_gemm", "deep_ep", "vllm", "aiter", "tilelang", "cuda", "pynvml",
+    "safetensors", "huggingface_hub", "tokenizers", "xgrammar", "outlines",
+    "llguidance", "zmq", "uvloop", "uvicorn", "fastapi", "orjson", "psutil",
+    "setproctitle", "requests", "aiohttp", "PIL", "einops", "mooncake",
+    "nixl", "modelscope", "msgspec", "pybase64", "sentencepiece",
+    "compressed_tensors", "quack", "cutlass", "apache_tvm_ffi", "tvm_ffi",
+    "flash_attn", "sgl_fa", "mamba_ssm", "hip", "intel_extension_for_pytorch",
+    "torch_npu", "torchvision", "torchaudio", "kernels", "openai", "pydantic",
+    "partial_json_parser", "blobfile", "tiktoken", "interegular", "anthropic",
+    "litellm", "prometheus_client", "opentelemetry", "nvtx", "pycuda", "cupy",
+    "scipy", "soundfile", "decord", "av", "cv2", "timm", "datasets",
+    "setuptools_scm", "gguf", "bitsandbytes", "ray",
+)
+
+# Modules inside these packages are never stubbed: the tree holds them
+# completely, so a missing module there is a genuine ImportError.
+NEVER_STUB = ("sglang.srt.speculative",)
+
+# Calls of `is_*` helpers return False (not NPU, not HIP, not CPU, ...) except
+# these, so the CUDA code path is taken.
+TRUE_PREDICATES = {
+    "is_cuda", "is_cuda_alike", "is_available", "is_flashinfer_available",
+    "is_sm90_supported", "is_hopper_with_cuda_12_3",
+    "is_triton_kernels_available", "is_fa3_default_architecture",
+    "is_initialized",
+}
+
+_MISSING = object()
+
+
+def _is_dunder(name):
+    return name.startswith("__") and name.endswith("__")
+
+
+def _leaf(name):
+    return name.rsplit(".", 1)[-1].split("(")[0].split("[")[0]
+
+
+class _Stub(object):
+    """Anything a missing module provides: usable as value, callable,
+    decorator, base class, context manager, container, number, enum member."""
+
+    def __init__(self, name="stub"):
+        object.__setattr__(self, "_stub_name", name)
+
+    # attribute access -----------------------------------------------------
+    def __getattr__(self, attr):
+        if _is_dunder(attr):
+            raise AttributeError(attr)
+        value = _concrete(attr)
+        if value is _MISSING:
+            value = _Stub(self._stub_name + "." + attr)
+        object.__setattr__(self, attr, value)
+        return value
+
+    def __setattr__(self, attr, value):
+        object.__setattr__(self, attr, value)
+
+    def __delattr__(self, attr):
+        try:
+            object.__delattr__(self, attr)
+        except AttributeError:
+            pass
+
+    # calls, decorators ----------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        leaf = _leaf(self._stub_name)
+        if leaf in TRUE_PREDICATES:
+            return True
+        if leaf.startswith(("is_", "_is_")):
+            return False
+        if len(args) == 1 and not kwargs and (
+            inspect.isfunction(args[0]) or inspect.isclass(args[0])
+            or inspect.ismethod(args[0]) or isinstance(args[0], (staticmethod, classmethod, property))
+        ):
+            return args[0]  # used as a decorator: keep the real function/class
+        return _Stub(self._stub_name + "()")
+
+    # base class -----------------------------------------------------------
+    def __mro_entries__(self, bases):
+        cls = self.__dict__.get("_stub_class")
+        if cls is None:
+            cls = _make_stub_class(self._stub_name)
+            object.__setattr__(self, "_stub_class", cls)
+        return (cls,)
+
+    def __instancecheck__(self, obj):
+        cls = self.__dict__.get("_stub_class")
+        return cls is not None and isinstance(obj, cls)
+
+    def __subclasscheck__(self, sub):
+        cls = self.__dict__.get("_stub_class")
+        return cls is not None and isinstance(sub, type) and issubclass(sub, cls)
+
+    # containers -----------------------------------------------------------
+    def __getitem__(self, key):
+        return _Stub(self._stub_name + "[]")
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __delitem__(self, key):
+        pass
+
+    def __iter__(self):
+        return iter(())
+
+    def __reversed__(self):
+        return iter(())
+
+    def __len__(self):
+        return 0
+
+    def __contains__(self, item):
+        return False
+
+    def __bool__(self):
+        return True
+
+    # context managers -----------------------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    # comparisons ----------------------------------------------------------
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def __lt__(self, other):
+        return False
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __hash__(self):
+        return id(self)
+
+    # numbers --------------------------------------------------------------
+    def _same(self, *args):
+        return self
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _same
+    __mod__ = __rmod__ = __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _same
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _same
+    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _same
+    __neg__ = __pos__ = __abs__ = __invert__ = _same
+
+    def __int__(self):
+        return 0
+
+    def __index__(self):
+        return 0
+
+    def __float__(self):
+        return 0.0
+
+    def __complex__(self):
+        return 0j
+
+    def __round__(self, n=None):
+        return 0
+
+    __trunc__ = __floor__ = __ceil__ = __round__
+
+    def __format__(self, spec):
+        if not spec:
+            return str(self)
+        for zero in (0, 0.0):
+            try:
+                return format(zero, spec)
+            except (ValueError, TypeError):
+                pass
+        return str(self)
+
+    def __repr__(self):
+        return "<stub %s>" % self._stub_name
+
+    __str__ = __repr__
+
+    def __fspath__(self):
+        return "/nonexistent/" + self._stub_name
+
+
+class _StubMeta(type(__import__("abc").ABC)):
+    """Metaclass of classes derived from stubs: missing class attributes are stubs."""
+
+    def __getattr__(cls, attr):
+        if _is_dunder(attr) or attr.startswith("_abc"):
+            raise AttributeError(attr)
+        value = _concrete(attr)
+        if value is _MISSING:
+            value = _Stub(cls.__name__ + "." + attr)
+        type.__setattr__(cls, attr, value)
+        return value
+
+
+class _StubBase(object, metaclass=_StubMeta):
+    """Base of every class made from a stub: __init__ is a no-op and missing
+    attributes are stubs, so a subclass's own real __init__ runs unchanged."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __init_subclass__(cls, **kwargs):
+        pass
+
+    def __getattr__(self, attr):
+        if _is_dunder(attr):
+            raise AttributeError(attr)
+        value = _concrete(attr)
+        if value is _MISSING:
+            value = _Stub(type(self).__name__ + "." + attr)
+        try:
+            object.__setattr__(self, attr, value)
+        except Exception:
+            pass
+        return value
+
+    def __call__(self, *args, **kwargs):
+        return _Stub(type(self).__name__ + "()")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _make_stub_class(name):
+    leaf = _leaf(name) or "Stub"
+    if not leaf.isidentifier():
+        leaf = "Stub"
+    module = name.rsplit(".", 1)[0] if "." in name else name
+    return _StubMeta(leaf, (_StubBase,), {"__module__": module, "__qualname__": leaf})
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, attr):
+        if _is_dunder(attr):
+            raise AttributeError(attr)
+        value = _MODULE_ATTRS.get(self.__name__, {}).get(attr, _MISSING)
+        if value is _MISSING:
+            value = _concrete(attr)
+        if value is _MISSING:
+            value = _Stub(self.__name__ + "." + attr)
+        setattr(self, attr, value)
+        return value
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves a _StubModule for a module that is not on disk.
+
+    Appended to the end of sys.meta_path (so real files are found first); a
+    second instance in front serves the FORCE_STUB packages."""
+
+    def __init__(self, force):
+        self.force = force
+
+    def find_spec(self, fullname, path=None, target=None):
+        top = fullname.split(".", 1)[0]
+        if self.force:
+            if top not in FORCE_STUB:
+                return None
+        else:
+            if top.startswith("_"):
+                return None  # C accelerators etc.: keep stdlib's ImportError fallbacks
+            for prefix in NEVER_STUB:
+                if fullname.startswith(prefix + "."):
+                    return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+        module.__all__ = []
+        module.__file__ = None
+        for key, value in _MODULE_ATTRS.get(module.__name__, {}).items():
+            setattr(module, key, value)
+
+
+def install_stubs():
+    if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _StubFinder(force=True))
+        sys.meta_path.append(_StubFinder(force=False))
+
+
+# ---------------------------------------------------------------------------
+# Concrete replacements for the few names whose value matters
+# ---------------------------------------------------------------------------
+
+# --- sglang.srt.environ (the real file is not in the tree) -----------------
+# Types and defaults of the variables server_args.py and speculative/ read
+# (from SGLang's environ.py); other names are parsed leniently.
+_ENV_TABLE = {
+    "SGLANG_ENABLE_SPEC_V2": ("bool", False),
+    "SGLANG_ENABLE_OVERLAP_PLAN_STREAM": ("bool", False),
+    "SGLANG_SPEC_ENABLE_STRICT_FILTER_CHECK": ("bool", True),
+    "SGLANG_SIMULATE_ACC_LEN": ("float", -1.0),
+    "SGLANG_SIMULATE_ACC_METHOD": ("str", "match-expected"),
+    "SGLANG_SIMULATE_ACC_TOKEN_MODE": ("str", "fixed"),
+    "SGLANG_NGRAM_FORCE_GREEDY_VERIFY": ("bool", False),
+    "SGLANG_NVFP4_CKPT_FP8_NEXTN_MOE": ("bool", False),
+    "SGLANG_SPEC_NAN_DETECTION": ("bool", False),
+    "SGLANG_SPEC_OOB_DETECTION": ("bool", False),
+    "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": ("bool", False),
+    "SGLANG_SCHEDULER_DECREASE_PREFILL_IDLE": ("bool", False),
+    "SGLANG_PREFILL_DELAYER_MAX_DELAY_PASSES": ("int", None),
+    "SGLANG_PREFILL_DELAYER_TOKEN_USAGE_LOW_WATERMARK": ("float", None),
+    "SGLANG_SYMM_MEM_PREALLOC_GB_SIZE": ("int", -1),
+    "SGLANG_EMBEDDINGS_SPARSE_HEAD": ("str", None),
+    "SGLANG_MAMBA_SSM_DTYPE": ("str", None),
+    "SGLANG_TOOL_STRICT_LEVEL": ("int", 0),
+    "SGLANG_USE_MODELSCOPE": ("bool", False),
+    "SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": ("int", 2048),
+    "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": ("int", 2048),
+    "SGLANG_RETURN_ORIGINAL_LOGPROB": ("bool", False),
+    "SGLANG_DISAGG_STAGING_BUFFER": ("bool", False),
+    "SGLANG_ENABLE_DETERMINISTIC_INFERENCE": ("bool", False),
+    "SGLANG_ENABLE_TORCH_COMPILE": ("bool", False),
+    "SGLANG_DISABLE_OUTLINES_DISK_CACHE": ("bool", False),
+    "SGLANG_MOE_NVFP4_DISPATCH": ("bool", False),
+    "SGLANG_NSA_FORCE_MLA": ("bool", False),
+    "SGLANG_LOG_MS": ("bool", False),
+    "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": ("bool", True),
+    "SGLANG_ENABLE_GRPC": ("bool", False),
+    "SGLANG_GRPC_PORT": ("int", None),
+    "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": ("bool", False),
+    "SGLANG_ENABLE_UNIFIED_RADIX_TREE": ("bool", False),
+    "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK": ("int", 4096),
+    "SGLANG_NPU_FUSED_MOE_MODE": ("int", 1),
+    "SGLANG_VLM_CACHE_SIZE_MB": ("int", 100),
+    "SGLANG_USE_AITER": ("bool", False),
+    "SGLANG_CUTLASS_MOE": ("bool", False),
+    "SGLANG_HACK_FLASHMLA_BACKEND": ("str", "tilelang"),
+    "SGLANG_AITER_KV_CACHE_LAYOUT": ("str", "nhd"),
+}
+
+
+def _parse_env_bool(value):
+    # sglang.srt.environ.EnvBool.parse
+    value = value.lower()
+    if value in ["true", "1", "yes", "y"]:
+        return True
+    if value in ["false", "0", "no", "n"]:
+        return False
+    raise ValueError('"%s" is not a valid boolean value' % value)
+
+
+def _parse_env_lenient(value):
+    low = value.strip().lower()
+    if low in ("true", "yes", "y"):
+        return True
+    if low in ("false", "no", "n"):
+        return False
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value
+
+
+class EnvField(object):
+    """Mirror of sglang.srt.environ.EnvField (get/set/is_set/override/clear)."""
+
+    def __init__(self, name, kind, default):
+        self.name, self.kind, self.default = name, kind, default
+        self._set_to_none = False
+
+    def parse(self, value):
+        if self.kind == "bool":
+            return _parse_env_bool(value)
+        if self.kind == "int":
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError('"%s" is not a valid integer value' % value)
+        if self.kind == "float":
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError('"%s" is not a valid float value' % value)
+        if self.kind == "str":
+            return value
+        return _parse_env_lenient(value)
+
+    def get(self):
+        value = os.getenv(self.name)
+        if self._set_to_none:
+            return None
+        if value is None:
+            return self.default
+        try:
+            return self.parse(value)
+        except ValueError as e:
+            import warnings
+            warnings.warn('Invalid value for %s: %s, using default "%s"' % (self.name, e, self.default))
+            return self.default
+
+    def is_set(self):
+        return self.name in os.environ
+
+    def set(self, value):
+        self._set_to_none = value is None
+        os.environ[self.name] = str(value)
+
+    def clear(self):
+        os.environ.pop(self.name, None)
+        self._set_to_none = False
+
+    def override(self, value):
+        import contextlib
+
+        @contextlib.contextmanager
+        def _cm():
+            present, old, old_none = self.name in os.environ, os.environ.get(self.name), self._set_to_none
+            self.set(value)
+            try:
+                yield
+            finally:
+                if present:
+                    os.environ[self.name] = old
+                else:
+                    os.environ.pop(self.name, None)
+                self._set_to_none = old_none
+        return _cm()
+
+    def __bool__(self):
+        raise RuntimeError("Please use `envs.YOUR_FLAG.get()` instead of `envs.YOUR_FLAG`")
+
+
+class _Envs(object):
+    def __getattr__(self, name):
+        if _is_dunder(name):
+            raise AttributeError(name)
+        kind, default = _ENV_TABLE.get(name, ("any", False))
+        field = EnvField(name, kind, default)
+        object.__setattr__(self, name, field)
+        return field
+
+
+# --- sglang.srt.utils(.common) helpers --------------------------------------
+_warned_bool_env_var_keys = set()
+
+
+def get_bool_env_var(name, default="false"):
+    value = os.getenv(name, default).lower()
+    if value not in ("true", "1", "false", "0"):
+        if name not in _warned_bool_env_var_keys:
+            logging.getLogger("sglang.srt.utils.common").warning(
+                "get_bool_env_var(%s) see non-understandable value=%s and treat as false" % (name, value))
+            _warned_bool_env_var_keys.add(name)
+    return value in ("true", "1")
+
+
+def get_int_env_var(name, default=0):
+    value = os.getenv(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        return default
+
+
+def get_float_env_var(name, default=0.0):
+    value = os.getenv(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        return default
+
+
+def nullable_str(val):
+    if not val or val == "None":
+        return None
+    return val
+
+
+def json_list_type(value):
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("Invalid JSON list: %s. Please provide a valid JSON list." % value)
+
+
+def parse_connector_type(url):
+    import re
+    m = re.match(r"(.+)://(.*)", url)
+    return "" if m is None else m.group(1)
+
+
+def is_no_spec_infer_or_topk_one(server_args):
+    return server_args.speculative_eagle_topk is None or (
+        server_args.speculative_eagle_topk == 1
+        and (server_args.page_size == 1 or server_args.page_size is None))
+
+
+def human_readable_int(value):
+    """SI (k, M, G, T) and IEC (Ki, Mi, Gi, Ti) suffixes, as in SGLang."""
+    import re
+    from decimal import Decimal
+    value = value.strip()
+    si = {"k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12}
+    iec = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in iec:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    "Decimals are not allowed with IEC suffixes like '%s'." % suffix)
+            return int(number) * iec[suffix]
+        return int(Decimal(number) * si[suffix])
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "Invalid integer value: '%s'. Use a plain integer, SI suffixes (1k, 1M), or IEC "
+            "suffixes (1Ki, 1Mi). Suffixes are case-sensitive." % value)
+
+
+def next_power_of_2(n):
+    return 1 << (n - 1).bit_length() if n > 0 else 1
+
+
+def round_up(x, y):
+    return ((x - 1) // y + 1) * y
+
+
+def ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+class EmptyContextManager(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def empty_context(*args, **kwargs):
+    return EmptyContextManager()
+
+
+_GPU_MEM = {"avail": 78.52}
+
+
+def get_available_gpu_memory(*args, **kwargs):
+    """Simulated free memory of an 80 GB GPU, shrinking a little per call."""
+    _GPU_MEM["avail"] = max(1.0, round(_GPU_MEM["avail"] - random.uniform(0.01, 0.4), 2))
+    return _GPU_MEM["avail"]
+
+
+def get_device_memory_capacity(*args, **kwargs):
+    return 81559.0
+
+
+def get_device(*args, **kwargs):
+    return "cuda"
+
+
+def get_device_name(*args, **kwargs):
+    return "NVIDIA H100 80GB HBM3"
+
+
+def get_device_sm(*args, **kwargs):
+    return 90
+
+
+def get_device_capability(*args, **kwargs):
+    return (9, 0)
+
+
+def get_free_port(*args, **kwargs):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_release(*args, **kwargs):
+    return (2, 9)
+
+
+def get_exception_traceback():
+    return "".join(traceback.format_exception(*sys.exc_info()))
+
+
+def get_world_size(*args, **kwargs):
+    return _RANK["tp_size"]
+
+
+def get_rank(*args, **kwargs):
+    return _RANK["tp_rank"]
+
+
+_RANK = {"tp_rank": 0, "tp_size": 1}
+
+
+class _Group(_StubBase):
+    """Simulated process group (tp_group, attention tp group, ...)."""
+
+    def __init__(self, name="tp"):
+        self.group_name = name
+
+    @property
+    def world_size(self):
+        return _RANK["tp_size"]
+
+    @property
+    def rank_in_group(self):
+        return _RANK["tp_rank"]
+
+    @property
+    def rank(self):
+        return _RANK["tp_rank"]
+
+    @property
+    def ranks(self):
+        return list(range(_RANK["tp_size"]))
+
+    @property
+    def first_rank(self):
+        return 0
+
+    @property
+    def is_first_rank(self):
+        return _RANK["tp_rank"] == 0
+
+    @property
+    def last_rank(self):
+        return _RANK["tp_size"] - 1
+
+    @property
+    def is_last_rank(self):
+        return _RANK["tp_rank"] == _RANK["tp_size"] - 1
+
+
+def _group_getter(name):
+    def getter(*args, **kwargs):
+        return _Group(name)
+    getter.__name__ = "get_%s_group" % name
+    return getter
+
+
+def get_batch_sizes_to_capture(model_runner, *args, **kwargs):
+    """(capture_bs, compile_bs) like sglang.srt.model_executor.cuda_graph_runner."""
+    sa = model_runner.server_args
+    capture_bs = list(getattr(sa, "cuda_graph_bs", None) or [1, 2, 4, 8, 12, 16, 24, 32, 40, 48])
+    max_bs = getattr(sa, "cuda_graph_max_bs", None)
+    if isinstance(max_bs, int):
+        capture_bs = [bs for bs in capture_bs if bs <= max_bs] or [1]
+    capture_bs = sorted(set(capture_bs))
+    compile_bs = ([bs for bs in capture_bs if bs <= sa.torch_compile_max_bs]
+                  if getattr(sa, "enable_torch_compile", False) else [])
+    return capture_bs, compile_bs
+
+
+# Methods whose result is unpacked into a tuple.
+def _pair(*args, **kwargs):
+    return (_Stub("first"), _Stub("second"))
+
+
+# Names that have the same meaning wherever a stub module (or stub object)
+# provides them.
+_BY_NAME = {
+    "get_bool_env_var": get_bool_env_var,
+    "get_int_env_var": get_int_env_var,
+    "get_float_env_var": get_float_env_var,
+    "nullable_str": nullable_str,
+    "json_list_type": json_list_type,
+    "parse_connector_type": parse_connector_type,
+    "next_power_of_2": next_power_of_2,
+    "human_readable_int": human_readable_int,
+    "is_no_spec_infer_or_topk_one": is_no_spec_infer_or_topk_one,
+    "round_up": round_up,
+    "ceil_div": ceil_div,
+    "cdiv": ceil_div,
+    "empty_context": empty_context,
+    "EmptyContextManager": EmptyContextManager,
+    "get_available_gpu_memory": get_available_gpu_memory,
+    "get_device_memory_capacity": get_device_memory_capacity,
+    "get_device": get_device,
+    "get_device_name": get_device_name,
+    "get_device_sm": get_device_sm,
+    "get_device_capability": get_device_capability,
+    "get_free_port": get_free_port,
+    "torch_release": torch_release,
+    "get_exception_traceback": get_exception_traceback,
+    "get_tp_group": _group_getter("tp"),
+    "get_attention_tp_group": _group_getter("attention_tp"),
+    "get_attn_tp_group": _group_getter("attention_tp"),
+    "get_moe_ep_group": _group_getter("moe_ep"),
+    "get_moe_tp_group": _group_getter("moe_tp"),
+    "get_pp_group": _group_getter("pp"),
+    "get_world_group": _group_getter("world"),
+    "get_tensor_model_parallel_world_size": get_world_size,
+    "get_tensor_model_parallel_rank": get_rank,
+    "get_attention_tp_size": get_world_size,
+    "get_attention_tp_rank": get_rank,
+    "get_embed_and_head": _pair,
+    "get_batch_sizes_to_capture": get_batch_sizes_to_capture,
+    "get_memory_pool": _pair,
+    "LORA_TARGET_ALL_MODULES": "all",
+    "SUPPORTED_LORA_TARGET_MODULES": [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        "qkv_proj", "gate_up_proj", "embed_tokens", "lm_head"],
+}
+
+
+def _concrete(name):
+    return _BY_NAME.get(name, _MISSING)
+
+
+# --- simulated model config / target worker ---------------------------------
+
+def _read_hf_config(path):
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return json.load(f)
+    except Exception:
+        return {}
+
+
+class _HfConfig(object):
+    """A Hugging Face config: real attributes only (getattr(cfg, x, default)
+    must see the default, as with transformers.PretrainedConfig)."""
+
+    _LLAMA = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+        "vocab_size": 128256, "max_position_embeddings": 131072,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False, "hidden_act": "silu",
+    }
+
+    def __init__(self, values):
+        if not isinstance(values.get("architectures"), list) or not values.get("architectures"):
+            # No readable config.json (a stand-in host has no model weights):
+            # behave like a Llama checkpoint.
+            values = dict(self._LLAMA, **{k: v for k, v in values.items() if k != "architectures"})
+        for key, value in self._LLAMA.items():
+            values.setdefault(key, value)
+        self.__dict__.update(values)
+
+    def get(self, key, default=None):
+        return self.__dict__.get(key, default)
+
+    def to_dict(self):
+        return dict(self.__dict__)
+
+
+class ModelConfig(_StubBase):
+    """Simulated sglang.srt.configs.model_config.ModelConfig."""
+
+    def __init__(self, model_path="", context_length=None, is_draft_model=False, **kwargs):
+        self.model_path = model_path
+        self.is_draft_model = is_draft_model
+        self.hf_config = _HfConfig(_read_hf_config(model_path) if isinstance(model_path, str) else {})
+        self.hf_text_config = self.hf_config
+        self.context_len = int(context_length or self.hf_config.max_position_embeddings or 131072)
+        self.num_hidden_layers = self.hf_config.num_hidden_layers
+        self.num_attention_layers = self.num_hidden_layers
+        self.hidden_size = self.hf_config.hidden_size
+        self.vocab_size = self.hf_config.vocab_size
+        self.num_attention_heads = self.hf_config.num_attention_heads
+        self.num_key_value_heads = self.hf_config.num_key_value_heads
+        self.head_dim = self.hidden_size // max(1, self.num_attention_heads)
+        self.is_multimodal = False
+        self.is_generation = True
+        self.is_hybrid_swa = False
+        self.sliding_window_size = None
+
+    @classmethod
+    def from_server_args(cls, server_args, model_path=None, is_draft_model=False, **kwargs):
+        path = model_path or getattr(server_args, "model_path", "")
+        if is_draft_model and getattr(server_args, "speculative_draft_model_path", None):
+            path = server_args.speculative_draft_model_path
+        return cls(path, context_length=getattr(server_args, "context_length", None),
+                   is_draft_model=is_draft_model)
+
+    def get_num_kv_heads(self, tp_size=1):
+        return max(1, self.num_key_value_heads // max(1, tp_size))
+
+
+class _Model(_StubBase):
+    def __init__(self, draft=False):
+        self.hot_token_id = None
+        self.load_lm_head_from_target = False
+
+    def get_embed_and_head(self):
+        return (_Stub("embed_tokens.weight"), _Stub("lm_head.weight"))
+
+    def get_embed(self):
+        return _Stub("embed_tokens.weight")
+
+    def set_embed_and_head(self, embed, head):
+        pass
+
+    def set_embed(self, embed):
+        pass
+
+
+class _ModelRunner(_StubBase):
+    """Simulated sglang.srt.model_executor.model_runner.ModelRunner."""
+
+    def __init__(self, server_args, gpu_id, tp_rank, is_draft_worker, model_config,
+                 req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        self.server_args = server_args
+        self.model_config = model_config
+        self.device = server_args.device or "cuda"
+        self.gpu_id = gpu_id
+        self.tp_rank = tp_rank
+        self.tp_size = server_args.tp_size
+        self.pp_rank = 0
+        self.pp_size = server_args.pp_size
+        self.dp_size = server_args.dp_size
+        self.is_draft_worker = is_draft_worker
+        self.page_size = server_args.page_size
+        self.model = _Model(draft=is_draft_worker)
+        self.tp_group = _Group("tp")
+        self.attention_tp_group = _Group("attention_tp")
+        self.req_to_token_pool = req_to_token_pool or _Stub("req_to_token_pool")
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator or _Stub("token_to_kv_pool_allocator")
+        self.token_to_kv_pool = _Stub("token_to_kv_pool")
+        self.max_total_num_tokens = 400000
+        self.max_running_requests = server_args.max_running_requests or 48
+        self.sliding_window_size = None
+        self.is_hybrid_swa = False
+        self.is_hybrid_gdn = False
+        self.use_mla_backend = False
+        self.spec_algorithm = _Stub("spec_algorithm")
+        self.attn_backend = _Stub("attn_backend")
+        self.graph_runner = None
+        self.cuda_graph_runner = None
+        self.dtype = _Stub("torch.bfloat16")
+
+
+class _Tokenizer(object):
+    """One simulated tokenizer shared by target and draft (same vocabulary)."""
+
+    vocab_size = 128256
+    eos_token_id = 128001
+    pad_token_id = None
+
+    def get_vocab(self):
+        return {}
+
+    def __len__(self):
+        return self.vocab_size
+
+
+_TOKENIZER = _Tokenizer()
+
+
+class TpModelWorker(_StubBase):
+    """Simulated sglang.srt.managers.tp_worker.TpModelWorker (target and draft
+    base). Keeps the attributes the real one sets; logs its model loading."""
+
+    def __init__(self, server_args=None, gpu_id=0, tp_rank=0, moe_ep_rank=0, pp_rank=0,
+                 dp_rank=None, nccl_port=0, is_draft_worker=False, req_to_token_pool=None,
+                 token_to_kv_pool_allocator=None, attn_cp_rank=0, moe_dp_rank=0, **kwargs):
+        self.server_args = server_args
+        self.tp_size = server_args.tp_size
+        self.ep_size = server_args.ep_size
+        self.pp_size = server_args.pp_size
+        self.tp_rank, self.moe_ep_rank, self.pp_rank, self.dp_rank = tp_rank, moe_ep_rank, pp_rank, dp_rank
+        self.attn_cp_rank, self.moe_dp_rank = attn_cp_rank, moe_dp_rank
+        self.gpu_id, self.nccl_port = gpu_id, nccl_port
+        self.is_draft_worker = is_draft_worker
+        self.is_multi_layer_eagle = kwargs.get("is_multi_layer_eagle", False)
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.model_config = ModelConfig.from_server_args(server_args, is_draft_model=is_draft_worker)
+        self.tokenizer = self.processor = _TOKENIZER
+        log = logging.getLogger("sglang.srt.model_executor.model_runner")
+        before = get_available_gpu_memory()
+        log.info("Load weight begin. avail mem=%.2f GB" % before)
+        self._model_runner = _ModelRunner(server_args, gpu_id, tp_rank, is_draft_worker,
+                                          self.model_config, req_to_token_pool,
+                                          token_to_kv_pool_allocator)
+        after = get_available_gpu_memory()
+        log.info("Load weight end. type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB."
+                 % (self.model_config.hf_config.architectures[0], after, before - after))
+        if not is_draft_worker:
+            log.info("KV Cache is allocated. #tokens: %d, K size: 12.21 GB, V size: 12.21 GB"
+                     % self._model_runner.max_total_num_tokens)
+        self.device = self._model_runner.device
+        self.max_total_num_tokens = self._model_runner.max_total_num_tokens
+        self.max_prefill_tokens = server_args.max_prefill_tokens
+        self.max_running_requests = self._model_runner.max_running_requests
+        self.max_req_len = min(self.model_config.context_len - 1, self.max_total_num_tokens - 1)
+        self.max_req_input_len = self.max_req_len - 5
+        self.random_seed = server_args.random_seed
+        self.enable_overlap = not server_args.disable_overlap_schedule
+        self.enable_spec = server_args.speculative_algorithm is not None
+        self.hicache_layer_transfer_counter = None
+
+    @property
+    def model_runner(self):
+        return self._model_runner
+
+    def get_memory_pool(self):
+        return (self._model_runner.req_to_token_pool, self._model_runner.token_to_kv_pool_allocator)
+
+    def get_worker_info(self):
+        return (self.max_total_num_tokens, self.max_prefill_tokens, self.max_running_requests,
+                self.max_req_len, self.max_req_input_len, self.random_seed, self.device, None, None, None)
+
+
+# --- sglang.srt.arg_groups (0.5.15+; not part of the host tree) --------------
+# server_args.py of 0.5.15+ declares its flags as `A[type, Arg(...)]` field
+# annotations and registers them with add_cli_args_from_dataclass; these are
+# faithful copies of SGLang's arg_utils.py / argparse_actions.py logic so that
+# the tree's real ServerArgs builds the real parser.
+
+def _arg_utils_attrs():
+    import typing
+    Annotated = getattr(typing, "Annotated", None)
+    if Annotated is None:  # Python < 3.9: SGLang 0.5.15 needs >= 3.10 anyway
+        return {}
+    get_origin, get_args = typing.get_origin, typing.get_args
+
+    @dataclasses.dataclass(frozen=True)
+    class Arg(object):
+        help: str = ""
+        choices: object = None
+        aliases: object = None
+        cli_name: object = None
+        type_parser: object = None
+        nargs: object = None
+        required: object = None
+        action: object = None
+        action_kwargs: object = None
+        const: object = None
+        no_cli: bool = False
+        resolvable: bool = False
+
+    def _unwrap_annotated(tp):
+        if get_origin(tp) is Annotated:
+            args = get_args(tp)
+            for a in args[1:]:
+                if isinstance(a, Arg):
+                    return args[0], a
+                if isinstance(a, str):
+                    return args[0], Arg(help=a)
+            return args[0], None
+        return tp, None
+
+    def _unwrap_optional(tp):
+        origin = get_origin(tp)
+        if origin is typing.Union or (hasattr(types, "UnionType") and origin is types.UnionType):
+            non_none = [a for a in get_args(tp) if a is not type(None)]
+            if len(non_none) == 1:
+                return non_none[0], True
+        return tp, False
+
+    def _infer_type_func(tp):
+        return tp if tp in (str, int, float) else str
+
+    def _field_default(field):
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        if field.default_factory is not dataclasses.MISSING:
+            return field.default_factory()
+        return dataclasses.MISSING
+
+    def resolvable_fields(cls):
+        if not dataclasses.is_dataclass(cls):
+            return frozenset()
+        hints = typing.get_type_hints(cls, include_extras=True)
+        return frozenset(f.name for f in dataclasses.fields(cls)
+                         if (_unwrap_annotated(hints.get(f.name, f.type))[1] or Arg()).resolvable)
+
+    def add_cli_args_from_dataclass(parser, cls, fields=None):
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for field in dataclasses.fields(cls):
+            if fields is not None and field.name not in fields:
+                continue
+            hint = hints.get(field.name)
+            if hint is None:
+                continue
+            raw_type, meta = _unwrap_annotated(hint)
+            if meta is None or meta.no_cli:
+                continue
+            cli_name = meta.cli_name or "--" + field.name.replace("_", "-")
+            names = [cli_name] + list(meta.aliases or [])
+            default = _field_default(field)
+            auto_dest = cli_name.lstrip("-").replace("-", "_")
+            kwargs = {"dest": field.name} if field.name != auto_dest else {}
+            kwargs["help"] = meta.help
+            if default is not dataclasses.MISSING:
+                kwargs["default"] = default
+            if meta.action is not None:
+                kwargs["action"] = meta.action
+                kwargs.update(meta.action_kwargs or {})
+                parser.add_argument(*names, **kwargs)
+                continue
+            inner, _ = _unwrap_optional(raw_type)
+            if meta.const is not None:
+                kwargs["const"] = meta.const
+            if get_origin(inner) is typing.Literal:
+                vals = list(get_args(inner))
+                kwargs["type"] = meta.type_parser or _infer_type_func(type(vals[0]) if vals else str)
+                kwargs["choices"] = meta.choices or vals
+            elif get_origin(inner) in (list, typing.List) and meta.type_parser is None:
+                elem = get_args(inner)
+                kwargs["type"] = _infer_type_func(elem[0] if elem else str)
+                kwargs["nargs"] = meta.nargs or "+"
+                if meta.choices:
+                    kwargs["choices"] = meta.choices
+            elif inner is bool:
+                kwargs["action"] = "store_true"
+                kwargs.pop("const", None)
+            else:
+                kwargs["type"] = meta.type_parser or _infer_type_func(inner)
+                if meta.choices:
+                    kwargs["choices"] = meta.choices
+                if meta.nargs:
+                    kwargs["nargs"] = meta.nargs
+                if (meta.required is True or (meta.required is None and default is dataclasses.MISSING)) \
+                        and any(n.startswith("-") for n in names):
+                    kwargs["required"] = True
+            parser.add_argument(*names, **kwargs)
+
+    return {"A": Annotated, "Arg": Arg, "add_cli_args_from_dataclass": add_cli_args_from_dataclass,
+            "resolvable_fields": resolvable_fields}
+
+
+def print_deprecated_warning(message):
+    logging.getLogger("sglang.srt.arg_groups.argparse_actions").warning("\033[1;33m%s\033[0m" % message)
+
+
+class LoRAPathAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        paths = []
+        for path in values or []:
+            path = path.strip()
+            paths.append(json.loads(path) if path.startswith("{") and path.endswith("}") else path)
+        setattr(namespace, self.dest, paths)
+
+
+class DeprecatedAction(argparse.Action):
+    def __init__(self, option_strings, dest, nargs=0, **kwargs):
+        super(DeprecatedAction, self).__init__(option_strings, dest, nargs=nargs, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print_deprecated_warning("The command line argument '%s' is deprecated and will be removed in future versions." % option_string)
+
+
+class _DeprecatedWithReplacement(argparse.Action):
+    def _warn(self, option_string):
+        replacement = " Use '%s' instead." % self.new_flag if self.new_flag else ""
+        print_deprecated_warning("'%s' is deprecated and will be removed in a future release.%s" % (option_string, replacement))
+
+
+class DeprecatedStoreTrueAction(_DeprecatedWithReplacement):
+    def __init__(self, option_strings, dest, new_flag=None, nargs=0, const=True, default=False, **kwargs):
+        self.new_flag = new_flag
+        super(DeprecatedStoreTrueAction, self).__init__(option_strings, dest, nargs=nargs, const=const, default=default, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        self._warn(option_string)
+        setattr(namespace, self.dest, True)
+
+
+class DeprecatedStoreConstAction(_DeprecatedWithReplacement):
+    def __init__(self, option_strings, dest, new_flag=None, const_value=None, nargs=0, default=None, **kwargs):
+        self.new_flag, self.const_value = new_flag, const_value
+        super(DeprecatedStoreConstAction, self).__init__(option_strings, dest, nargs=nargs, default=default, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        self._warn(option_string)
+        setattr(namespace, self.dest, self.const_value)
+
+
+class DeprecatedAliasStoreAction(_DeprecatedWithReplacement):
+    def __init__(self, option_strings, dest, new_flag=None, **kwargs):
+        self.new_flag = new_flag
+        super(DeprecatedAliasStoreAction, self).__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        self._warn(option_string)
+        setattr(namespace, self.dest, values)
+
+
+_UTILS = {}  # filled below: same helpers in sglang.srt.utils and sglang.srt.utils.common
+
+_MODULE_ATTRS = {
+    "sglang.srt.environ": {"envs": _Envs(), "EnvField": EnvField},
+    "sglang.srt.managers.tp_worker": {"TpModelWorker": TpModelWorker},
+    "sglang.srt.configs.model_config": {"ModelConfig": ModelConfig},
+    "sglang.srt.configs": {"ModelConfig": ModelConfig},
+    "sglang.srt.arg_groups.arg_utils": _arg_utils_attrs(),
+    "sglang.srt.arg_groups.argparse_actions": {
+        "LoRAPathAction": LoRAPathAction, "DeprecatedAction": DeprecatedAction,
+        "DeprecatedStoreTrueAction": DeprecatedStoreTrueAction,
+        "DeprecatedStoreConstAction": DeprecatedStoreConstAction,
+        "DeprecatedAliasStoreAction": DeprecatedAliasStoreAction,
+        "print_deprecated_warning": print_deprecated_warning},
+    "sglang.srt.utils": _UTILS,
+    "sglang.srt.utils.common": _UTILS,
+}
+
+
+# ---------------------------------------------------------------------------
+# Output helpers
+# ---------------------------------------------------------------------------
+
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def configure_logging(server_args, prefix=""):
+    """Like sglang.srt.utils.common.configure_logger."""
+    level = getattr(logging, str(getattr(server_args, "log_level", "info") or "info").upper(), logging.INFO)
+    logging.basicConfig(level=level, format="[%(asctime)s" + prefix + "] %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S", force=True)
+
+
+def _rank_prefix(server_args, tp_rank, dp_rank):
+    # sglang.srt.managers.scheduler.run_scheduler_process
+    prefix = ""
+    if dp_rank is not None:
+        prefix += " DP%d" % dp_rank
+    if getattr(server_args, "pp_size", 1) > 1:
+        prefix += " PP0"
+    if getattr(server_args, "tp_size", 1) > 1:
+        prefix += " TP%d" % tp_rank
+    if getattr(server_args, "ep_size", 1) > 1:
+        prefix += " EP%d" % (tp_rank % server_args.ep_size)
+    return prefix
+
+
+# ---------------------------------------------------------------------------
+# Startup
+# ---------------------------------------------------------------------------
+
+def _env_true(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
+def _env_float(name, default):
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        return default
+
+
+def build_server_args(argv):
+    """Parse the launch flags with the tree's real parser and build ServerArgs
+    with the tree's from_cli_args, skipping __post_init__ (hardware probing)."""
+    server_args_mod = importlib.import_module("sglang.srt.server_args")
+    ServerArgs = server_args_mod.ServerArgs
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    _relax_stub_choices(parser)
+    raw_args = parser.parse_args(argv)
+
+    post_init = ServerArgs.__dict__.get("__post_init__")
+    ServerArgs.__post_init__ = lambda self: None
+    try:
+        server_args = ServerArgs.from_cli_args(raw_args)
+    finally:
+        if post_init is not None:
+            ServerArgs.__post_init__ = post_init
+        else:  # pragma: no cover
+            del ServerArgs.__post_init__
+    return server_args_mod, server_args
+
+
+def _relax_stub_choices(parser):
+    # A few choice lists come from registries in modules the tree lacks (e.g.
+    # ReasoningParser.DetectorMap): under stubs they are empty, which would
+    # reject every value. Real SGLang has real lists there; accept any value.
+    for action in parser._actions:
+        choices = action.choices
+        if choices is None or isinstance(choices, dict):
+            continue
+        try:
+            values = list(choices)
+        except TypeError:
+            continue
+        if not values or all(v in ("auto", "none", None) for v in values) and len(values) <= 1:
+            action.choices = None
+
+
+_POST_INIT_STEPS = (
+    "_handle_deprecated_args",
+    "_handle_prefill_delayer_env_compat",
+    "_handle_missing_default_values",
+    "_handle_gpu_memory_settings",
+    "_handle_sampling_backend",
+    "_handle_attention_backend_compatibility",
+    "_handle_page_size",
+    "_handle_pipeline_parallelism",
+    "_handle_speculative_decoding",
+)
+
+
+# 0.5.15+: the speculative handling lives outside server_args.py.
+_POST_INIT_STEPS_V2_ONLY = (
+    "_handle_deprecated_args",
+    "_handle_missing_default_values",
+)
+
+
+def apply_routing(server_args):
+    """Run the tree's own speculative-decoding handling (see module docstring)."""
+    cls = type(server_args)
+    if getattr(server_args, "device", None) is None:
+        server_args.device = "cuda"
+    # The handlers of ServerArgs.__post_init__ that the routing depends on, in
+    # their real order; the rest probe hardware and model files.
+    has_spec_handler = getattr(cls, "_handle_speculative_decoding", None) is not None
+    for name in (_POST_INIT_STEPS if has_spec_handler else _POST_INIT_STEPS_V2_ONLY):
+        method = getattr(cls, name, None)
+        if method is None:
+            continue
+        if name == "_handle_gpu_memory_settings":
+            method(server_args, get_device_memory_capacity(server_args.device))
+        else:
+            method(server_args)
+    if not has_spec_handler:
+        _handle_speculative_decoding_v2_only(server_args)
+
+
+def _version_tuple():
+    parts = []
+    for piece in _sglang_version().split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _handle_speculative_decoding_v2_only(server_args):
+    """SGLang 0.5.13+ moved the speculative handling out of server_args.py into
+    sglang/srt/arg_groups/speculative_hook.py, which is not part of the host
+    tree; this replicates its EAGLE/STANDALONE/NGRAM part. Only V2 workers
+    exist. 0.5.13: SGLANG_ENABLE_SPEC_V2 unset/false selects the non-overlap
+    (synchronous) V2 path; 0.5.14+: the variable is retired (a notice is
+    logged) and the overlap scheduler stays as the user chose."""
+    log = logging.getLogger("sglang.srt.arg_groups.speculative_hook")
+    env_v2_era = _version_tuple() < (0, 5, 14)
+    if server_args.speculative_draft_model_path is not None and server_args.speculative_draft_model_revision is None:
+        server_args.speculative_draft_model_revision = "main"
+    if server_args.speculative_algorithm is None:
+        return
+    server_args.speculative_algorithm = server_args.speculative_algorithm.upper()
+    if not env_v2_era and os.getenv("SGLANG_ENABLE_SPEC_V2") is not None:
+        log.warning(
+            "SGLANG_ENABLE_SPEC_V2 has been removed: speculative decoding "
+            "always runs the V2 worker. Use --disable-overlap-schedule to "
+            "select the non-overlap (synchronous) path.")
+    if server_args.speculative_algorithm == "NEXTN":
+        server_args.speculative_algorithm = "EAGLE"
+    if server_args.speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE"):
+        if server_args.max_running_requests is None:
+            server_args.max_running_requests = 48
+            log.warning(
+                "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly setting --max-running-requests.")
+        if env_v2_era and not _Envs().SGLANG_ENABLE_SPEC_V2.get() and not server_args.disable_overlap_schedule:
+            server_args.disable_overlap_schedule = True
+        if server_args.disable_overlap_schedule:
+            log.warning("Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone speculative decoding.")
+        elif env_v2_era:
+            log.warning("Overlap spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding.")
+        if server_args.enable_mixed_chunk:
+            server_args.enable_mixed_chunk = False
+            log.warning("Mixed chunked prefill is disabled because of using eagle speculative decoding.")
+        if server_args.speculative_num_steps is None:
+            server_args.speculative_num_steps, server_args.speculative_eagle_topk, server_args.speculative_num_draft_tokens = (
+                (3, 1, 4) if server_args.speculative_algorithm == "STANDALONE" else (5, 4, 8))
+        if (server_args.speculative_eagle_topk == 1
+                and server_args.speculative_num_draft_tokens != server_args.speculative_num_steps + 1):
+            log.warning("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
+            server_args.speculative_num_draft_tokens = server_args.speculative_num_steps + 1
+    elif server_args.speculative_algorithm == "NGRAM":
+        if server_args.max_running_requests is None:
+            server_args.max_running_requests = 48
+            log.warning(
+                "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly setting --max-running-requests.")
+        if env_v2_era:
+            server_args.disable_overlap_schedule = True
+        server_args.enable_mixed_chunk = False
+        server_args.speculative_eagle_topk = server_args.speculative_ngram_max_bfs_breadth
+        if server_args.speculative_num_draft_tokens is None:
+            server_args.speculative_num_draft_tokens = 12
+            log.warning(
+                "speculative_num_draft_tokens is set to 12 by default for ngram speculative decoding. "
+                "You can override this by explicitly setting --speculative-num-draft-tokens.")
+        if server_args.speculative_num_steps is None:
+            server_args.speculative_num_steps = (
+                server_args.speculative_num_draft_tokens // server_args.speculative_eagle_topk)
+        if env_v2_era:
+            log.warning("The overlap scheduler and mixed chunked prefill are disabled because of "
+                        "using ngram speculative decoding.")
+        else:
+            log.warning("The mixed chunked prefill are disabled because of using ngram speculative decoding.")
+    # The attention-backend auto-selection of these versions needs their
+    # resolution pipeline; pick what it picks for an MHA model on Hopper.
+    if getattr(server_args, "attention_backend", None) is None:
+        topk_one = server_args.speculative_eagle_topk in (None, 1) and (server_args.page_size or 1) == 1
+        server_args.attention_backend = "fa3" if topk_one else "flashinfer"
+
+
+def check_server_args(server_args):
+    """ServerArgs.check_server_args, run from the tree for 0.5.7 - 0.5.12. For
+    0.5.15+ the real one needs state of the arg_groups resolution pipeline
+    (not in the tree), so only its pipeline-parallel assertion runs."""
+    cls = type(server_args)
+    if getattr(cls, "_handle_speculative_decoding", None) is not None:
+        server_args.check_server_args()
+    elif server_args.pp_size > 1:
+        assert (
+            server_args.disable_overlap_schedule and server_args.speculative_algorithm is None
+        ), "Pipeline parallelism is not compatible with overlap schedule, speculative decoding"
+
+
+def pick_worker(server_args):
+    """The draft worker class (or a factory for 0.5.7's registry), chosen by the
+    tree's own spec_info.py."""
+    spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
+    algo = spec_info.SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
+    if hasattr(algo, "create_worker"):
+        return algo.create_worker(server_args), None
+    # 0.5.7: Scheduler.init_model_worker handles multi-layer EAGLE itself and
+    # asks the registry for everything else.
+    enable_overlap = not server_args.disable_overlap_schedule
+    if server_args.enable_multi_layer_eagle:
+        if enable_overlap:
+            mod = importlib.import_module("sglang.srt.speculative.multi_layer_eagle_worker_v2")
+            return mod.MultiLayerEagleWorkerV2, None
+        mod = importlib.import_module("sglang.srt.speculative.multi_layer_eagle_worker")
+        return mod.MultiLayerEagleWorker, None
+    extra = {"enable_overlap": enable_overlap} if algo.is_eagle() else {}
+    return None, (algo, extra)
+
+
+def construct_worker(server_args_mod, server_args, tp_rank, dp_rank):
+    """What Scheduler.init_model_worker does for one rank."""
+    set_global = getattr(server_args_mod, "set_global_server_args_for_scheduler", None)
+    if set_global is not None:
+        set_global(server_args)
+    nccl_port = 30000 + 1000 + random.randint(0, 999)
+    gpu_id = server_args.base_gpu_id + tp_rank * server_args.gpu_id_step
+    target = TpModelWorker(server_args=server_args, gpu_id=gpu_id, tp_rank=tp_rank, moe_ep_rank=0,
+                           pp_rank=0, dp_rank=dp_rank, nccl_port=nccl_port)
+    kwargs = dict(server_args=server_args, gpu_id=gpu_id, tp_rank=tp_rank, moe_ep_rank=0,
+                  nccl_port=nccl_port, target_worker=target, dp_rank=dp_rank,
+                  attn_cp_rank=0, moe_dp_rank=0)
+    # Modules the real scheduler imports whatever the path (scheduler.py,
+    # overlap_utils.py): a broken one fails every launch, as in SGLang.
+    for name in ("sglang.srt.speculative.spec_info", "sglang.srt.speculative.spec_utils"):
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    worker_cls, registry = pick_worker(server_args)
+    if worker_cls is not None:
+        return worker_cls(**_accepted(worker_cls, kwargs))
+    algo, extra = registry
+    kwargs07 = {k: kwargs[k] for k in ("server_args", "gpu_id", "tp_rank", "moe_ep_rank",
+                                       "nccl_port", "target_worker", "dp_rank")}
+    kwargs07.update(extra)
+    return algo.create_draft_worker(**kwargs07)
+
+
+def _accepted(cls, kwargs):
+    """The scheduler's draft-worker kwargs that this version's __init__ takes."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _sglang_version():
+    try:
+        from importlib import metadata
+        return metadata.version("sglang")
+    except Exception:
+        try:
+            return importlib.import_module("sglang.version").__version__
+        except Exception:
+            return "unknown"
+
+
+def rotate_log(path):
+    """logrotate-style: move the file away and continue in a fresh one."""
+    _flush()
+    try:
+        os.replace(path, path + ".1")
+    except OSError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# HTTP
+# ---------------------------------------------------------------------------
+
+class _State(object):
+    ready = False
+    server_args = None
+    scheduler_info = {}
+    version = "unknown"
+
+
+def _jsonable(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def server_info():
+    sa = _State.server_args
+    info = {f.name: _jsonable(getattr(sa, f.name, None)) for f in dataclasses.fields(sa)}
+    info.update(_State.scheduler_info)
+    info["internal_states"] = [{}]
+    info["version"] = _State.version
+    return info
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "uvicorn"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+
+    def _send(self, code, body=b"", ctype="application/json"):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate"):
+            self._send(200 if _State.ready else 503)
+        elif path in ("/server_info", "/get_server_info"):
+            if path == "/get_server_info":
+                logging.getLogger("sglang.srt.entrypoints.http_server").warning(
+                    "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+                    "Please use '/server_info' instead.")
+            self._send(200, json.dumps(server_info()).encode())
+        elif path in ("/model_info", "/get_model_info"):
+            sa = _State.server_args
+            self._send(200, json.dumps({"model_path": sa.model_path, "tokenizer_path": sa.tokenizer_path,
+                                        "is_generation": True}).encode())
+        else:
+            self._send(404, b'{"detail":"Not Found"}')
+
+    do_HEAD = do_GET
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self._send(503 if not _State.ready else 400, b'{"detail":"stand-in server does not generate"}')
+
+    def log_request(self, code="-", size="-"):
+        # uvicorn's access log line
+        try:
+            code = int(getattr(code, "value", code))
+        except (TypeError, ValueError):
+            pass
+        reason = self.responses.get(code, ("",))[0] if isinstance(code, int) else ""
+        logging.getLogger("uvicorn.access").info(
+            'INFO:     %s:%d - "%s" %s %s' % (self.client_address[0], self.client_address[1],
+                                              self.requestline, code, reason))
+
+    def log_message(self, fmt, *args):
+        pass
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def _make_http_server(host, port):
+    cls = _HTTPServer
+    if ":" in host:
+        cls = type("_HTTPServer6", (_HTTPServer,), {"address_family": socket.AF_INET6})
+    return cls((host, port), _Handler)
+
+
+# ---------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------
+
+class _Stop(BaseException):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise _Stop()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for stream in (sys.stdout, sys.stderr):  # the launcher appends both to a file
+        try:
+            stream.reconfigure(line_buffering=True)
+        except Exception:
+            pass
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    httpd = None
+    try:
+        install_stubs()
+        server_args_mod, server_args = build_server_args(argv)
+        # Warnings of the routing reach stderr bare: logging is not configured yet.
+        apply_routing(server_args)
+        _flush()
+
+        configure_logging(server_args)
+        check_server_args(server_args)
+        logger.info("server_args=%r" % (server_args,))
+
+        rotate = os.environ.get("FLEETPATCH_STANDIN_ROTATE_LOG")
+        if rotate:
+            rotate_log(rotate)
+
+        _State.server_args = server_args
+        _State.version = _sglang_version()
+        sched_log = logging.getLogger("sglang.srt.managers.scheduler")
+        tp_size = max(1, int(server_args.tp_size or 1))
+        dp_rank = 0 if (getattr(server_args, "dp_size", 1) or 1) > 1 else None
+        for tp_rank in range(tp_size):
+            _RANK.update(tp_rank=tp_rank, tp_size=tp_size)
+            configure_logging(server_args, _rank_prefix(server_args, tp_rank, dp_rank))
+            try:
+                if server_args.speculative_algorithm is not None:
+                    worker = construct_worker(server_args_mod, server_args, tp_rank, dp_rank)
+                    max_total = getattr(getattr(worker, "target_worker", None), "max_total_num_tokens", 400000)
+                else:
+                    target = TpModelWorker(server_args=server_args, gpu_id=tp_rank, tp_rank=tp_rank)
+                    max_total = target.max_total_num_tokens
+                if _env_true("FLEETPATCH_STANDIN_CRASH_AFTER_INIT"):
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered "
+                                       "(stand-in FLEETPATCH_STANDIN_CRASH_AFTER_INIT)")
+                sched_log.info(
+                    "max_total_num_tokens=%s, chunked_prefill_size=%s, max_prefill_tokens=%s, "
+                    "max_running_requests=%s, context_len=%s, available_gpu_mem=%.2f GB"
+                    % (max_total, server_args.chunked_prefill_size, server_args.max_prefill_tokens,
+                       server_args.max_running_requests or 48, server_args.context_length or 131072,
+                       get_available_gpu_memory()))
+                _State.scheduler_info = {"status": "ready", "max_total_num_tokens": max_total,
+                                         "max_req_input_len": max_total - 6}
+            except Exception:
+                sched_log.error("Scheduler hit an exception: %s" % get_exception_traceback())
+                configure_logging(server_args)
+                logging.getLogger("sglang.srt.entrypoints.engine").error(
+                    "Received sigquit from a child process. It usually means the child failed.")
+                _flush()
+                return 1
+        configure_logging(server_args)
+
+        host = server_args.host or "127.0.0.1"
+        httpd = _make_http_server(host, int(server_args.port))
+        threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+        # uvicorn's lines, with SGLang's set_uvicorn_logging_configs format
+        uv = logging.getLogger("uvicorn.error")
+        uv.info("INFO:     Started server process [%d]" % os.getpid())
+        uv.info("INFO:     Waiting for application startup.")
+        uv.info("INFO:     Application startup complete.")
+        uv.info("INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)"
+                % ("[%s]" % host if ":" in host else host, httpd.server_address[1]))
+
+        time.sleep(max(0.0, _env_float("FLEETPATCH_STANDIN_STARTUP_DELAY", 0.2)))
+        if _env_true("FLEETPATCH_STANDIN_NEVER_READY"):
+            while True:
+                time.sleep(0.2)
+        # _wait_and_warmup: one request through the server before "ready"
+        access = logging.getLogger("uvicorn.access")
+        access.info('INFO:     127.0.0.1:%d - "GET /model_info HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+        logging.getLogger("sglang.srt.managers.scheduler").info(
+            "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
+            "#running-req: 0, #queue-req: 0, ")
+        access.info('INFO:     127.0.0.1:%d - "POST /generate HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+        _State.ready = True
+        logging.getLogger("sglang.srt.entrypoints.http_server").info("The server is fired up and ready to roll!")
+        _flush()
+
+        exit_after = _env_float("FLEETPATCH_STANDIN_EXIT_AFTER_READY", None)
+        deadline = None if exit_after is None else time.time() + exit_after
+        while True:
+            time.sleep(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.time())))
+            if deadline is not None and time.time() >= deadline:
+                try:
+                    raise RuntimeError("stand-in scheduler died (FLEETPATCH_STANDIN_EXIT_AFTER_READY)")
+                except RuntimeError:
+                    logging.getLogger("sglang.srt.managers.scheduler").error(
+                        "Scheduler hit an exception: %s" % get_exception_traceback())
+                    logging.getLogger("sglang.srt.entrypoints.engine").error(
+                        "Received sigquit from a child process. It usually means the child failed.")
+                    _flush()
+                    return 1
+    except _Stop:
+        _flush()
+        return 0
+    finally:
+        if httpd is not None:
+            try:
+                httpd.server_close()
+            except Exception:
+                pass
+        _flush()
+
+
+for _name in ("get_bool_env_var", "get_int_env_var", "get_float_env_var", "nullable_str",
+              "json_list_type", "parse_connector_type", "next_power_of_2", "human_readable_int", "is_no_spec_infer_or_topk_one", "round_up", "ceil_div",
+              "empty_context", "EmptyContextManager", "get_available_gpu_memory",
+              "get_device_memory_capacity", "get_device", "get_device_name", "get_device_sm",
+              "get_free_port", "torch_release", "get_exception_traceback"):
+    _UTILS[_name] = globals()[_name]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
