@@ -1,0 +1,403 @@
+"""``fleetpatch demo``: a local fleet, the shipped patch rolled out, and the
+motivating failure caught twice (by the pre-flight check, and - forced - by the
+log verification).
+
+``up(root)`` builds 4 real sshd hosts with SGLang 0.5.9 files (see ``fleet.py``),
+two on the spec-v2 path and two not, leaves them running (detached), and runs
+the real ``fleetpatch`` commands against them as subprocesses, exactly as a user
+would type them.  It returns 0 when every step behaved as the demo expects
+(including the two steps that are *meant* to fail), else non-zero naming the
+step.  ``down(root)`` stops the fleet and checks that nothing is left.
+
+``FLEETPATCH_DEMO_STARTUP_DELAY`` (seconds, default 1) is how long each stand-in
+server takes to come up, so the live view is watchable; the tests lower it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.rule import Rule
+
+from . import fleet as fleetmod
+from .fleet import Fleet, FleetError, HostSpec
+from .wheels import cache_dir
+
+DEFAULT_ROOT = Path(".fleetpatch/demo")
+DEMO_PATCHES = Path(__file__).resolve().with_name("patches")
+SHIPPED_PATCH = "dynamic-spec-disable"
+ONE_PATH_PATCH = "v2-only-beacon"
+SGLANG_VERSION = "0.5.9"
+V2_HOSTS = ["gpu-a01", "gpu-a02"]      # SGLANG_ENABLE_SPEC_V2=True, --speculative-eagle-topk 1
+V1_HOSTS = ["gpu-a03", "gpu-a04"]      # no env, --speculative-eagle-topk 4: EAGLEWorker runs
+STARTUP_DELAY_ENV = "FLEETPATCH_DEMO_STARTUP_DELAY"
+DEPLOY_TIMEOUT = "20"
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+# ---------------------------------------------------------------- prerequisites
+
+
+def _find_sshd() -> str | None:
+    if os.path.exists(fleetmod.SSHD):
+        return fleetmod.SSHD
+    return shutil.which("sshd")
+
+
+def _prerequisites() -> list[str]:
+    """What this machine lacks for the demo fleet, as sentences for the user."""
+    problems = []
+    if not _find_sshd():
+        problems.append("OpenSSH's sshd is missing (neither /usr/sbin/sshd nor sshd on PATH): "
+                        "install it: apt-get install -y openssh-server")
+    if os.geteuid() != 0:
+        problems.append("the demo needs root: each demo host runs in its own mount namespace, "
+                        "which needs root. Rerun as root (e.g. sudo fleetpatch demo)")
+    for tool, pkg in (("unshare", "util-linux"), ("nsenter", "util-linux"),
+                      ("ssh-keygen", "openssh-client")):
+        if not shutil.which(tool):
+            problems.append(f"{tool} is missing: install it: apt-get install -y {pkg}")
+    return problems
+
+
+def _startup_delay() -> float:
+    raw = os.environ.get(STARTUP_DELAY_ENV, "")
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"${STARTUP_DELAY_ENV}: expected seconds, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"${STARTUP_DELAY_ENV}: must not be negative")
+    return value
+
+
+def _specs(delay: float) -> list[HostSpec]:
+    return ([HostSpec(n, version=SGLANG_VERSION, spec_v2=True, startup_delay=delay) for n in V2_HOSTS]
+            + [HostSpec(n, version=SGLANG_VERSION, spec_v2=False, startup_delay=delay) for n in V1_HOSTS])
+
+
+def _show_path(p: Path) -> str:
+    """p as the user would type it from here: relative when below the current folder."""
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+# ---------------------------------------------------------------- steps
+
+
+@dataclass
+class Step:
+    title: str
+    args: list[str]
+    expect_code: int
+    report: Path | None = None
+    code: int | None = None
+    seconds: float = 0.0
+    problem: str = ""
+
+
+def _run_step(console: Console, step: Step) -> Step:
+    shown = " ".join(shlex.quote(a) for a in ["fleetpatch", *step.args])
+    console.print(f"$ {shown}", style="bold", markup=False)
+    argv = [sys.executable, "-m", "fleetpatch", *step.args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    t = time.monotonic()
+    # The child writes to our stdout/stderr: on a terminal it shows its live table.
+    # Run where the user is, so the command shown is exactly the command run.
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL)
+    step.seconds = time.monotonic() - t
+    step.code = proc.returncode
+    if step.code != step.expect_code:
+        step.problem = f"exited {step.code}, expected {step.expect_code}"
+    return step
+
+
+def _report(step: Step) -> dict:
+    try:
+        return json.loads(step.report.read_text())
+    except (OSError, ValueError, AttributeError) as e:
+        raise _Misbehaved(f"no readable report at {step.report}: {e}") from None
+
+
+class _Misbehaved(Exception):
+    pass
+
+
+def _expect_hosts(doc: dict, names: list[str], status: str, paths: dict[str, str]) -> None:
+    hosts = doc.get("hosts", {})
+    if sorted(hosts) != sorted(names):
+        raise _Misbehaved(f"the report covers {sorted(hosts)}, expected {sorted(names)}")
+    for n in names:
+        h = hosts[n]
+        if h.get("status") != status:
+            raise _Misbehaved(f"{n} is {h.get('status')!r}, expected {status!r}: {h.get('message', '')}")
+        if h.get("executed_path") != paths[n]:
+            raise _Misbehaved(f"{n}: the report says the server runs {h.get('executed_path')!r}, "
+                              f"expected {paths[n]!r}")
+
+
+def _tree_hashes(fleet: Fleet, names: list[str]) -> dict:
+    """sha256 of every SGLang file of each host (what a write would change)."""
+    out = {}
+    for n in names:
+        base = fleet.hosts[n].site_packages / "sglang"
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                out[(n, str(p.relative_to(base)))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# ---------------------------------------------------------------- up
+
+
+def up(root: Path = DEFAULT_ROOT) -> int:
+    console = _console()
+    problems = _prerequisites()
+    if problems:
+        for p in problems:
+            console.print(f"fleetpatch demo: {p}", style="bold red", markup=False)
+        console.print("fleetpatch demo: nothing was started", style="red")
+        return 2
+    try:
+        delay = _startup_delay()
+    except ValueError as e:
+        console.print(f"fleetpatch demo: {e}", style="bold red", markup=False)
+        return 2
+    sshd = _find_sshd()
+    if sshd != fleetmod.SSHD:  # sshd on PATH only: fleet.py defaults to /usr/sbin/sshd
+        fleetmod.SSHD = sshd
+    root = Path(root).absolute()
+    shown_root = _show_path(root)
+    down_cmd = "fleetpatch demo --down" + ("" if root == DEFAULT_ROOT.absolute() else f" --root {shlex.quote(shown_root)}")
+    started = time.monotonic()
+    try:
+        return _up(console, root, shown_root, delay, down_cmd, started)
+    except KeyboardInterrupt:
+        console.print(f"\nfleetpatch demo: interrupted; whatever was started keeps running: "
+                      f"`{down_cmd}` stops it", style="bold red", markup=False)
+        return 130
+
+
+def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: str, started: float) -> int:
+    console.print(Rule("fleetpatch demo"))
+    console.print(
+        "A local fleet of 4 GPU hosts - real OpenSSH sshd servers on 127.0.0.1, each in its own mount "
+        f"namespace with its own SGLang {SGLANG_VERSION} tree (the files of the real wheel) and a stand-in "
+        "server that imports them and routes speculative decoding exactly as SGLang does:")
+    console.print(f"  {', '.join(V2_HOSTS)}  SGLANG_ENABLE_SPEC_V2=True  topk 1 -> EAGLEWorkerV2", markup=False)
+    console.print(f"  {', '.join(V1_HOSTS)}  (not set)                  topk 4 -> EAGLEWorker", markup=False)
+
+    if (root / fleetmod.STATE_FILE).exists():
+        try:
+            old = Fleet.attach(root)
+            if old.is_running():
+                console.print(f"A demo fleet is already running in {shown_root}: stopping it first "
+                              "(the demo always starts from pristine hosts).", markup=False)
+            old.stop()
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            console.print(f"(ignoring an unreadable fleet record in {shown_root}: {e})", markup=False)
+
+    if not (cache_dir() / "trees" / SGLANG_VERSION / ".complete").exists():
+        console.print(f"First run: downloading the sglang {SGLANG_VERSION} wheel with pip "
+                      "(once; it is cached) ...")
+    console.print(f"Starting the fleet in {shown_root} ...", markup=False)
+    sys.stdout.flush()
+    t = time.monotonic()
+    try:
+        fleet = Fleet(root, _specs(delay), detach=True).start(timeout=60 + 4 * delay)
+    except (FleetError, RuntimeError, OSError) as e:
+        console.print(f"fleetpatch demo: could not start the demo fleet: {e}", style="bold red", markup=False)
+        return 1
+    inventory = fleet.write_inventory(root / "hosts.yaml", canary=True)
+    inv = _show_path(inventory)
+    console.print(f"{len(fleet.hosts)} hosts up in {time.monotonic() - t:.1f}s; inventory {inv} "
+                  f"(group canary: [{V2_HOSTS[0]}])", markup=False)
+    reports = root / "reports"
+    if reports.exists():
+        shutil.rmtree(reports)
+    reports.mkdir(parents=True)
+    patches = _show_path(DEMO_PATCHES)
+    v1 = ",".join(V1_HOSTS)
+    paths = {**{n: "EAGLEWorkerV2" for n in V2_HOSTS}, **{n: "EAGLEWorker" for n in V1_HOSTS}}
+
+    def rep(name):
+        return reports / f"{name}.json"
+
+    # 1 ------------------------------------------------------------- status
+    console.print(Rule("1. status"))
+    console.print("What the fleet runs now: every host reachable, SGLang 0.5.9, nothing applied.")
+    s1 = Step("status", ["status", "--inventory", inv, "--report", _show_path(rep("1-status"))], 0, rep("1-status"))
+    if _run_step(console, s1).problem:
+        return _misbehaved(console, s1, down_cmd)
+
+    # 2 ------------------------------------------------------------- rollout
+    console.print(Rule("2. rollout"))
+    console.print(
+        f"Roll the shipped patch {SHIPPED_PATCH} out to the whole fleet: the canary {V2_HOSTS[0]} first, then "
+        "the rest. It changes both eagle_worker.py and eagle_worker_v2.py, so whichever worker a host runs, "
+        "its marker must show up in the log written since fleetpatch's own restart.")
+    s2 = Step("rollout", ["rollout", "--patch", SHIPPED_PATCH, "--group", "all", "--inventory", inv,
+                          "--report", _show_path(rep("2-rollout"))], 0, rep("2-rollout"))
+    if _run_step(console, s2).problem:
+        return _misbehaved(console, s2, down_cmd)
+    try:
+        doc = _report(s2)
+        _expect_hosts(doc, list(paths), "verified", paths)
+        stages = doc.get("stages") or []
+        if stages and stages[0] != [V2_HOSTS[0]]:
+            raise _Misbehaved(f"the first stage was {stages[0]}, expected the canary [{V2_HOSTS[0]}]")
+    except _Misbehaved as e:
+        s2.problem = str(e)
+        return _misbehaved(console, s2, down_cmd)
+
+    # 3 ------------------------------------------------------------- check-patch
+    console.print(Rule("3. check-patch"))
+    console.print(
+        f"Now the motivating failure. {ONE_PATH_PATCH} changes only eagle_worker_v2.py (EAGLEWorkerV2). "
+        f"{' and '.join(V1_HOSTS)} were launched without SGLANG_ENABLE_SPEC_V2 and with "
+        "--speculative-eagle-topk 4, so they run EAGLEWorker and the patched file would never execute. "
+        "The dry run says so before anything is written:")
+    before = _tree_hashes(fleet, V1_HOSTS)
+    pids = {n: fleet.server_pid(n) for n in V1_HOSTS}
+    s3 = Step("check-patch", ["check-patch", "--patch", ONE_PATH_PATCH, "--patches", patches, "--hosts", v1,
+                              "--inventory", inv, "--report", _show_path(rep("3-check-patch"))], 1,
+              rep("3-check-patch"))
+    if _run_step(console, s3).problem:
+        return _misbehaved(console, s3, down_cmd)
+    try:
+        _expect_hosts(_report(s3), V1_HOSTS, "not-executed", paths)
+        if _tree_hashes(fleet, V1_HOSTS) != before:
+            raise _Misbehaved("the SGLang files of the hosts changed: a dry run must write nothing")
+        if {n: fleet.server_pid(n) for n in V1_HOSTS} != pids:
+            raise _Misbehaved("a server was restarted: a dry run must change nothing")
+    except _Misbehaved as e:
+        s3.problem = str(e)
+        return _misbehaved(console, s3, down_cmd)
+    console.print("Exit 1, as it should be: refused by the pre-flight check, and the hosts' files and servers "
+                  "are untouched (checked).")
+
+    # 4 ------------------------------------------------------------- forced deploy
+    console.print(Rule("4. deploy-patch --force"))
+    console.print(
+        "Force it past the pre-flight check and this is the original incident: the patch applies, imports "
+        "and restarts cleanly, and SGLang never complains. fleetpatch reads the log written since its "
+        "restart, works out which worker ran, and fails loudly:")
+    s4 = Step("deploy-patch --force", [
+        "deploy-patch", "--patch", ONE_PATH_PATCH, "--patches", patches, "--hosts", v1, "--force",
+        "--timeout", DEPLOY_TIMEOUT, "--inventory", inv, "--report", _show_path(rep("4-deploy-patch"))], 1,
+        rep("4-deploy-patch"))
+    if _run_step(console, s4).problem:
+        return _misbehaved(console, s4, down_cmd)
+    try:
+        _expect_hosts(_report(s4), V1_HOSTS, "not-executed", paths)
+    except _Misbehaved as e:
+        s4.problem = str(e)
+        return _misbehaved(console, s4, down_cmd)
+
+    # summary -------------------------------------------------------------
+    console.print(Rule("demo summary"))
+    console.print(f"1. status        exit {s1.code}  all {len(paths)} hosts reachable, SGLang {SGLANG_VERSION}")
+    console.print(f"2. rollout       exit {s2.code}  {SHIPPED_PATCH} verified on {len(paths)}/{len(paths)} hosts, "
+                  "each on the path it runs")
+    console.print(f"3. check-patch   exit {s3.code}  {ONE_PATH_PATCH} refused by the pre-flight check on "
+                  f"{v1}, nothing written")
+    console.print(f"4. deploy-patch  exit {s4.code}  forced: not-executed on {v1}, EAGLEWorker ran, "
+                  "failed loudly")
+    console.print(f"The demo behaved as expected in {time.monotonic() - started:.0f}s; steps 3 and 4 are "
+                  "meant to fail, that is the point.", style="bold green")
+    console.print(f"The demo fleet is still running ({', '.join(V1_HOSTS)} keep {ONE_PATH_PATCH}: deploy-patch "
+                  f"defaults to --on-failure keep). Reports are in {_show_path(reports)}. Try:", markup=False)
+    console.print(f"  fleetpatch rollback --patch {ONE_PATH_PATCH} --patches {patches} --hosts {v1} "
+                  f"--inventory {inv}", markup=False)
+    console.print(f"  fleetpatch status --inventory {inv}", markup=False)
+    console.print(f"`{down_cmd}` stops it.", style="bold", markup=False)
+    return 0
+
+
+def _misbehaved(console: Console, step: Step, down_cmd: str) -> int:
+    console.print(f"fleetpatch demo: step {step.title!r} misbehaved: {step.problem}", style="bold red", markup=False)
+    if step.report is not None:
+        console.print(f"  its report: {_show_path(step.report)}", markup=False)
+    console.print(f"The demo fleet is still running for a look; `{down_cmd}` stops it.", markup=False)
+    return 1
+
+
+# ---------------------------------------------------------------- down
+
+
+def down(root: Path = DEFAULT_ROOT) -> int:
+    console = _console()
+    root = Path(root).absolute()
+    shown_root = _show_path(root)
+    if not (root / fleetmod.STATE_FILE).exists():
+        console.print(f"No demo fleet is recorded in {shown_root}: nothing to stop.", markup=False)
+        return 0
+    try:
+        fleet = Fleet.attach(root)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        console.print(f"fleetpatch demo: cannot read the fleet record {root / fleetmod.STATE_FILE}: {e}",
+                      style="bold red", markup=False)
+        return 1
+    members = fleet._ns_members()
+    procs = sum(len(p) for p in members.values())
+    ports = {n: (h.ssh_port, h.http_port) for n, h in fleet.hosts.items()}
+    try:
+        fleet.stop()
+    except (OSError, FleetError) as e:
+        console.print(f"fleetpatch demo: stopping the fleet failed: {e}", style="bold red", markup=False)
+        return 1
+    left = _leftovers(fleet, ports)
+    if left:
+        for line in left:
+            console.print(f"fleetpatch demo: still there after stopping: {line}", style="bold red", markup=False)
+        return 1
+    if procs:
+        hosts = [n for n, p in members.items() if p]
+        console.print(f"Stopped the demo fleet in {shown_root}: {len(hosts)} hosts ({', '.join(hosts)}), "
+                      f"{procs} processes (sshd, servers and their sessions); their mount namespaces and "
+                      "bind mounts are gone, their ports closed (checked).", markup=False)
+    else:
+        console.print(f"The demo fleet in {shown_root} was not running: nothing to stop "
+                      "(checked: no process, mount namespace or port of it is left).", markup=False)
+    console.print(f"Its files (logs, reports, keys) stay in {shown_root}; remove the folder to delete them.",
+                  markup=False)
+    return 0
+
+
+def _leftovers(fleet: Fleet, ports: dict, wait: float = 5.0) -> list[str]:
+    """What of the fleet is still there: processes in its namespaces (each namespace,
+    with its bind mount, lives exactly as long as a process in it), a listening port,
+    or a bind mount at mount_point leaked into this namespace."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = []
+        for n, pids in fleet._ns_members().items():
+            if pids:
+                left.append(f"{n}: processes {pids} in its mount namespace")
+        listening = fleetmod._listening_ports()
+        for n, ps in ports.items():
+            for p in ps:
+                if p and p in listening:
+                    left.append(f"{n}: 127.0.0.1:{p} is still listening")
+        if os.path.ismount(fleet.mount_point):
+            left.append(f"a mount at {fleet.mount_point} in this mount namespace")
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
