@@ -496,3 +496,15 @@ def test_shipped_patches_load_with_a_profile_like_sglangs():
     for name in names:
         patch, _ = load_patch(name, [shipped_dir()], PROFILE)
         assert patch.revisions
+
+
+def test_sibling_rule_uses_the_pairs_of_the_targeted_versions(tmp_path):
+    """SGLang 0.5.13+ has no eagle_worker.py: a v2-only revision for it is not one-sided."""
+    from fleetpatch.engines.sglang import PROFILE as REAL
+    manifest = manifest_with('engine_versions: "==0.5.9"', 'engine_versions: ">=0.5.13,<0.5.16"')
+    make_patch(tmp_path, manifest=manifest, diffs={"sglang-0.5.9.r1.diff": hunk_diff(V2)})
+    patch, _ = load(tmp_path, profile=REAL)
+    assert [f.path for f in patch.revisions[0].files] == [V2]
+    # the same diff aimed at 0.5.9, where both files exist, is refused
+    make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": hunk_diff(V2)})
+    assert "but not its sibling" in str(error(tmp_path, profile=REAL))

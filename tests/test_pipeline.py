@@ -300,3 +300,14 @@ def test_status_shows_applied_patches_and_drift(operator, fleet):
     assert run.host("v1a")["drift"] == [EAGLE]
     assert run.host("v2a")["applied"] == [] and run.host("v2a")["ok"]
     assert "eagle_worker.py" in run.output
+
+
+def test_stacked_patches_on_one_file_are_not_drift(operator, fleet):
+    assert operator.run("deploy-patch", "--patch", "dynamic-spec-disable", "--hosts", "v2b").code == 0
+    run = operator.run("deploy-patch", "--patch", "v2-only-beacon", "--patches", str(FIXTURE_PATCHES),
+                       "--hosts", "v2b")
+    assert run.code == 0, run
+    status = operator.run("status", "--hosts", "v2b")
+    assert status.code == 0, status
+    assert status.host("v2b")["drift"] == []
+    assert status.host("v2b")["applied"] == ["dynamic-spec-disable@1", "v2-only-beacon@1"]

@@ -10,6 +10,7 @@ Protocol: stdin carries the request as one JSON object (after this source);
 the reply is JSON lines on stdout, each prefixed with REPLY_PREFIX so that any
 noise a login shell prints can never be mistaken for an answer.
 """
+import atexit
 import base64
 import errno
 import hashlib
@@ -224,40 +225,6 @@ def proc_launch(pid):
     return out
 
 
-def server_pid(restart):
-    kind = restart.get("kind", "command")
-    if kind == "command":
-        return read_pid(restart["pidfile"])
-    if kind == "systemd":
-        out = run_quiet(["systemctl", "show", "--property=MainPID", "--value", restart["unit"]])
-        try:
-            return int(out.strip()) or None
-        except ValueError:
-            return None
-    if kind == "supervisor":
-        out = run_quiet(supervisorctl(restart) + ["pid", restart["program"]])
-        try:
-            return int(out.strip()) or None
-        except ValueError:
-            return None
-    return None
-
-
-def run_quiet(argv):
-    try:
-        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        return str(e)
-
-
-def supervisorctl(restart):
-    argv = ["supervisorctl"]
-    if restart.get("config"):
-        argv += ["-c", expand(restart["config"])]
-    return argv
-
-
 def http_get(url, timeout=2.0):
     """(status, body) or (None, error) — urllib, so the host needs no curl."""
     import urllib.error
@@ -325,6 +292,212 @@ def start_command_server(restart, log):
     return proc.pid
 
 
+def server_pid(restart):
+    """pid of the running server as its manager reports it; None if it is not running."""
+    kind = restart.get("kind", "command")
+    if kind == "command":
+        return read_pid(restart["pidfile"])
+    if kind == "systemd":
+        rc, out = run_tool(systemd_show_argv(restart), timeout=60)
+        return parse_main_pid(out) if rc == 0 else None
+    if kind == "supervisor":
+        _, out = run_tool(supervisor_argv(restart, "pid", supervisorctl_command()), timeout=60)
+        return parse_supervisor_pid(out)
+    return None
+
+
+def run_tool(argv, timeout=300.0):
+    """(exit status, stdout+stderr) of a service manager's tool; 127 when it cannot be run."""
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              universal_newlines=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, "%s did not finish within %ds" % (" ".join(argv), timeout)
+    except OSError as e:
+        return 127, "cannot run %s: %s" % (argv[0], e)
+    return proc.returncode, proc.stdout
+
+
+# ----------------------------------------------- systemd and supervisor
+# The argv builders and output parsers are pure: no host (and no systemd) is
+# needed to test them. Every value goes in as its own argv word, never via a shell.
+
+JOURNAL = "journal"   # server.log of a systemd unit whose output goes to journald
+
+
+def uses_journal(restart, log):
+    """True for a systemd unit that logs to the journal (server.log is "journal", or unset)."""
+    return (restart or {}).get("kind") == "systemd" and (not log or log == JOURNAL)
+
+
+def systemd_restart_argv(restart):
+    # `restart`, not stop + start: units that depend on this one are restarted with it
+    return ["systemctl", "restart", "--", restart["unit"]]
+
+
+def systemd_show_argv(restart):
+    # KEY=VALUE lines (no --value, which needs systemd >= 230); InvocationID (systemd >= 232)
+    # names this run of the unit in the journal
+    return ["systemctl", "show", "--property=MainPID", "--property=InvocationID", "--", restart["unit"]]
+
+
+def parse_systemctl_show(output):
+    props = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            props[key.strip()] = value.strip()
+    return props
+
+
+def parse_main_pid(output):
+    """MainPID from `systemctl show` ("MainPID=123", or a bare "123" from --value); None for 0
+    (the unit has no running main process) or output that is not a pid."""
+    value = parse_systemctl_show(output).get("MainPID")
+    if value is None:
+        words = output.split()
+        value = words[0] if len(words) == 1 else None
+    try:
+        pid = int(value)
+    except (TypeError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
+def parse_invocation_id(output):
+    """InvocationID from `systemctl show`: 32 hex digits, else None (older systemd, unit inactive)."""
+    value = parse_systemctl_show(output).get("InvocationID", "").replace("-", "").lower()
+    if len(value) == 32 and all(c in "0123456789abcdef" for c in value):
+        return value
+    return None
+
+
+def journal_argv(unit, invocation=None, since=None, follow=True):
+    """journalctl for the server's output since fleetpatch's restart: exactly the restarted
+    run of the unit (its invocation id) where systemd has one, else the unit's entries since
+    the epoch second the restart began (that also holds what the old run wrote while stopping)."""
+    argv = ["journalctl", "--no-pager", "--quiet", "--all", "--output=cat"]
+    if invocation:
+        argv.append("_SYSTEMD_INVOCATION_ID=" + invocation)
+    else:
+        argv.append("--unit=" + unit)
+        if since is not None:
+            argv.append("--since=@%d" % int(since))
+    if follow:
+        argv += ["--follow", "--no-tail"]   # --no-tail: -f alone starts at the last 10 entries
+    return argv
+
+
+SUPERVISOR_SPAWN_FAILED = ("spawn error", "abnormal termination")
+
+
+def supervisor_argv(restart, action, ctl=("supervisorctl",)):
+    """`supervisorctl -c CONFIG ACTION PROGRAM`; ctl is how supervisorctl is run on this host."""
+    program = restart["program"]
+    if not program or program.split() != [program] or program == "all":
+        # supervisorctl splits its arguments on blanks, and "all" would act on every program
+        raise AgentError("error", "server.restart.program %r is not one supervisor program name" % program)
+    argv = list(ctl)
+    if restart.get("config"):
+        argv += ["-c", expand(restart["config"])]
+    return argv + [action, program]
+
+
+def parse_supervisor_pid(output):
+    """pid from `supervisorctl pid PROGRAM`: None for 0 (not running), "No such process", or an
+    error from a supervisord that does not answer."""
+    lines = [l.strip() for l in output.splitlines() if l.strip()]
+    if not lines:
+        return None
+    try:
+        pid = int(lines[-1])
+    except ValueError:
+        return None
+    return pid if pid > 0 else None
+
+
+def parse_supervisor_result(output, program):
+    """What `supervisorctl start|stop PROGRAM` said about PROGRAM: "started", "stopped",
+    "not running", "spawn error", ... (the text of "PROGRAM: ERROR (...)"), or None when it said
+    nothing about it (supervisord not answering, a usage error)."""
+    prefix = program + ":"
+    for line in output.splitlines():
+        line = line.strip()
+        if not line.startswith(prefix):
+            continue
+        rest = line[len(prefix):].strip()
+        if rest.startswith("ERROR (") and rest.endswith(")"):
+            return rest[len("ERROR ("):-1]
+        if rest:
+            return rest
+    return None
+
+
+def supervisorctl_command():
+    """supervisorctl from PATH; else the supervisor package of this interpreter, if it has one."""
+    import shutil
+
+    found = shutil.which("supervisorctl")
+    if found:
+        return [found]
+    import importlib.util
+
+    try:
+        has_supervisor = importlib.util.find_spec("supervisor.supervisorctl") is not None
+    except ImportError:
+        has_supervisor = False
+    if has_supervisor:
+        return [sys.executable, "-m", "supervisor.supervisorctl"]
+    return ["supervisorctl"]   # fails as "cannot run supervisorctl", which says what is missing
+
+
+def restart_systemd(restart, log):
+    """`systemctl restart UNIT`. For a log file the offset is taken before the restart (the stop
+    and the start are one systemd job); for the journal, the new run's invocation id is the window."""
+    unit = restart["unit"]
+    journal = uses_journal(restart, log)
+    began = time.time()
+    pos = {"inode": None, "offset": 0} if journal else log_position(log)
+    argv = systemd_restart_argv(restart)
+    rc, out = run_tool(argv)
+    if rc != 0:
+        raise AgentError("restart-failed", "`%s` failed (exit %s): %s; `systemctl status %s` and "
+                                           "`journalctl -u %s` say why" % (" ".join(argv), rc, out.strip(), unit, unit))
+    rc, show = run_tool(systemd_show_argv(restart), timeout=60)
+    pid = parse_main_pid(show) if rc == 0 else None
+    extra = {"unit": unit}
+    if journal:
+        extra["journal"] = {"unit": unit, "invocation": parse_invocation_id(show) if rc == 0 else None,
+                            "since": began}
+    return extra, pos, pid
+
+
+def restart_supervisor(restart, log):
+    """supervisorctl stop, note where the program's log (its stdout_logfile) ends, start.
+    A program that exits while starting is not an error here: the log since the offset
+    shows why, and follow reports it as a server that exited."""
+    program = restart["program"]
+    ctl = supervisorctl_command()
+    argv = supervisor_argv(restart, "stop", ctl)
+    rc, out = run_tool(argv)
+    state = parse_supervisor_result(out, program)
+    if state not in ("stopped", "not running"):
+        raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()
+                                                                          or "no output"))
+    pos = log_position(log)
+    argv = supervisor_argv(restart, "start", ctl)
+    rc, out = run_tool(argv)
+    state = parse_supervisor_result(out, program)
+    extra = {"program": program, "stopped": True}
+    if state in SUPERVISOR_SPAWN_FAILED:
+        extra["start_error"] = out.strip()
+    elif state not in ("started", "already started"):
+        raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()
+                                                                          or "no output"))
+    _, out = run_tool(supervisor_argv(restart, "pid", ctl), timeout=60)
+    return extra, pos, parse_supervisor_pid(out)
+
+
 def restart_server(req, ledger, reason):
     """Stop, note where the log ends, start. The offset is taken after the old
     server is gone, so nothing it wrote can count for the new one."""
@@ -337,26 +510,17 @@ def restart_server(req, ledger, reason):
         pos = log_position(log)
         pid = start_command_server(restart, log)
     elif kind == "systemd":
-        pos = log_position(log)
-        since = time.strftime("%Y-%m-%d %H:%M:%S")
-        out = subprocess.run(["systemctl", "restart", restart["unit"]], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, universal_newlines=True)
-        if out.returncode != 0:
-            raise AgentError("restart-failed", "systemctl restart %s failed: %s" % (restart["unit"], out.stdout.strip()))
-        pid = server_pid(restart)
-        result["journal_since"] = since
+        extra, pos, pid = restart_systemd(restart, log)
+        result.update(extra)
     elif kind == "supervisor":
-        run_quiet(supervisorctl(restart) + ["stop", restart["program"]])
-        pos = log_position(log)
-        out = subprocess.run(supervisorctl(restart) + ["start", restart["program"]], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, universal_newlines=True)
-        pid = server_pid(restart)
-        if pid is None:
-            raise AgentError("restart-failed", "supervisorctl start %s failed: %s" % (restart["program"], out.stdout.strip()))
+        extra, pos, pid = restart_supervisor(restart, log)
+        result.update(extra)
     else:
         raise AgentError("error", "unknown restart kind %r" % kind)
     ledger["last_restart"] = {"at": now_iso(), "epoch": time.time(), "log": log, "inode": pos["inode"],
                               "offset": pos["offset"], "pid": pid, "reason": reason}
+    if result.get("journal"):
+        ledger["last_restart"]["journal"] = result["journal"]
     ledger["restart_pending"] = False
     result.update({"pid": pid, "log_inode": pos["inode"], "log_offset": pos["offset"]})
     return result
@@ -513,7 +677,9 @@ def op_apply(req):
         ensure_dir(os.path.dirname(dest))
         atomic_write(dest, ch["original"], like=None)
     ledger["restart_pending"] = True
+    seq = 1 + max([e.get("seq", 0) for e in ledger.get("patches", {}).values()] or [0])
     entry = {"rev": req["rev"], "label": label, "diff_sha256": req["diff_sha256"], "applied_at": now_iso(),
+             "seq": seq,
              "files": dict((f["path"], {"before": f["before"], "after": f["after"],
                                         "backup": os.path.join("backups", label, f["path"])}) for f in req["files"]),
              "verification": None}
@@ -690,13 +856,96 @@ class LogFollower(object):
             self.line_no += len(lines)
 
 
+class JournalFollower(object):
+    """The server's journal since the restart, from `journalctl --follow` (see journal_argv);
+    read() is LogFollower's. journalctl failing (not installed, no permission to read the
+    journal) is an error, not a silent wait for lines that never come."""
+
+    def __init__(self, argv, label):
+        self.argv = argv
+        self.label = label
+        self.line_no = 1
+        self.partial = b""
+        self.stderr = b""
+        self.failed = None
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, close_fds=True)
+        except OSError as e:
+            raise AgentError("error", "cannot read the server's journal: %s: %s" % (argv[0], e))
+        for stream in (self.proc.stdout, self.proc.stderr):
+            os.set_blocking(stream.fileno(), False)
+        atexit.register(self.close)
+
+    @staticmethod
+    def _available(stream):
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(stream.fileno(), 65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def read(self):
+        if self.failed:
+            raise AgentError("error", self.failed)
+        batches = []
+        exited = self.proc.poll() is not None
+        data = self.partial + self._available(self.proc.stdout)
+        self.stderr = (self.stderr + self._available(self.proc.stderr))[-4000:]
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        if exited and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        if lines:
+            batches.append((self.label, self.line_no, [l.decode("utf-8", "replace").rstrip("\r") for l in lines]))
+            self.line_no += len(lines)
+        if exited:
+            self.failed = ("`%s` exited %s: %s; fleetpatch reads the unit's journal as the SSH user (root, or a "
+                           "member of the systemd-journal group)" % (" ".join(self.argv), self.proc.returncode,
+                                                                   self.stderr.decode("utf-8", "replace").strip()
+                                                                   or "no output"))
+            if not batches:
+                raise AgentError("error", self.failed)
+        return batches
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def open_follower(req):
+    """What follow reads: the log file from the recorded (inode, offset), or for a systemd unit
+    that logs to the journal, journalctl with the window recorded at fleetpatch's restart."""
+    restart = req.get("restart") or {}
+    if not uses_journal(restart, req.get("log")):
+        return LogFollower(req["log"], req.get("inode"), req.get("offset", 0))
+    window = req.get("journal") or (load_ledger(req).get("last_restart") or {}).get("journal") or {}
+    since = window.get("since")
+    if not window.get("invocation") and since is None:
+        since = time.time()   # no restart of fleetpatch's to start from: from now on
+    argv = journal_argv(restart["unit"], window.get("invocation"), since)
+    return JournalFollower(argv, "journal of " + restart["unit"])
+
+
 def op_follow(req):
     """Stream the log since the restart, with liveness and health, until the
     laptop says it has its verdict (a line on stdin) or the timeout passes."""
-    follower = LogFollower(req["log"], req.get("inode"), req.get("offset", 0))
+    follower = open_follower(req)
     pid = req.get("pid")
     restart = req.get("restart") or {}
-    if restart.get("kind") in ("systemd", "supervisor") and not pid:
+    managed = restart.get("kind") in ("systemd", "supervisor")
+    if managed and not pid:
         pid = server_pid(restart)
     health_url = req.get("health_url")
     info_url = req.get("server_info_url")
@@ -723,7 +972,8 @@ def op_follow(req):
                 ready = True
                 next_health = 0.0
         now = time.time()
-        alive = pid_alive(pid) if pid else None
+        # a manager that reports no main process means the server is not running
+        alive = pid_alive(pid) if pid else (False if managed else None)
         healthy = None
         if health_url and now >= next_health and alive is not False:
             status, _ = http_get(health_url, timeout=2.0)

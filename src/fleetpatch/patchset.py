@@ -333,13 +333,16 @@ def _read_diff(folder: Path, file: str, key: str, name: Any, package: str) -> Tu
 
 
 def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDiff], markers: Dict[str, Marker],
-                 allow_single_path: Optional[str], profile) -> None:
+                 allow_single_path: Optional[str], profile, spec: Optional[SpecifierSet] = None) -> None:
     if allow_single_path:
         return
     changed = [f.path for f in files]
     fix = ('or, if the patch really concerns one path only, set allow_single_path: "<reason>" in '
            f"{patch_file}")
-    for a, b in getattr(profile, "sibling_pairs", []) or []:
+    # Only pairs that exist in the versions this revision targets: 0.5.13+ has no v1 file.
+    pairs = (profile.siblings_for(spec) if spec is not None and hasattr(profile, "siblings_for")
+             else getattr(profile, "sibling_pairs", []))
+    for a, b in pairs or []:
         if (a in changed) != (b in changed):
             have, miss = (a, b) if a in changed else (b, a)
             raise PatchError(
@@ -463,7 +466,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
             raise _perr(file, f"{key}.engine_versions",
                         'must not be empty: say which engine versions the diff is for, e.g. "==0.5.9"')
         path, diff_text, sha, files = _read_diff(folder, file, f"{key}.diff", node["diff"], package)
-        _check_rules(file, _display(path), rev, files, markers, asp, profile)
+        _check_rules(file, _display(path), rev, files, markers, asp, profile, spec)
         revisions.append(Revision(rev=rev, diff_file=path, diff_text=diff_text, diff_sha256=sha,
                                   engine_versions=spec, files=files, spec_text=spec_text.strip()))
     revisions.sort(key=lambda r: r.rev)

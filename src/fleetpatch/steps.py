@@ -269,7 +269,9 @@ def preflight_verdict(job, host, profile, revision, prediction, label) -> eviden
         changed_paths.update(profile.paths_of_file(fd.path))
     if not changed_paths:
         return None  # patches no path-bearing file: nothing to route around
-    if prediction.starts and prediction.path in changed_paths:
+    # Code in a base class's file runs on its subclasses too (StandaloneWorker is an EAGLEWorker).
+    running = [prediction.path] + profile.ancestors(prediction.path, prediction_version(prediction))
+    if prediction.starts and changed_paths.intersection(running):
         return None
     if prediction.starts:
         runs = prediction.path or "no speculative worker"
@@ -627,12 +629,12 @@ def status(job: Job, host: Host, remote: Remote) -> HostResult:
     reply = remote.call("probe", dict(base_request(host, job), files=[], content=False, ledger_files=True))
     ledger = reply.get("ledger") or {}
     reply_files = reply.get("files") or {}
-    drift = []
-    for name, entry in sorted(ledger.get("patches", {}).items()):
+    # Patches stack: a file is expected to hold what the last patch that wrote it left there.
+    expected = {}
+    for entry in sorted(ledger.get("patches", {}).values(), key=lambda e: (e.get("seq", 0), e.get("applied_at", ""))):
         for p, rec in entry.get("files", {}).items():
-            cur = (reply_files.get(p) or {}).get("sha256")
-            if cur != rec["after"]:
-                drift.append(p)
+            expected[p] = rec["after"]
+    drift = sorted(p for p, sha in expected.items() if (reply_files.get(p) or {}).get("sha256") != sha)
     server = reply.get("server") or {}
     applied = [e["label"] for _, e in sorted(ledger.get("patches", {}).items())]
     last_v = ledger.get("last_verification") or {}

@@ -632,6 +632,19 @@ class SGLangProfile:
             return list(self.sibling_pairs)
         return [(a, b) for a, b in self.sibling_pairs if a in rng.files and b in rng.files]
 
+    def siblings_for(self, specifier) -> List[Tuple[str, str]]:
+        """The sibling pairs present in any known version a PEP 440 specifier
+        admits; every pair when it admits none we know (never guess leniently)."""
+        admitted = [v for rng in RANGES for v in rng.verified if specifier.contains(v, prereleases=True)]
+        if not admitted:
+            return list(self.sibling_pairs)
+        out: List[Tuple[str, str]] = []
+        for v in admitted:
+            for pair in self.siblings(v):
+                if pair not in out:
+                    out.append(pair)
+        return out
+
     @staticmethod
     def _norm_path(path: str) -> str:
         p = path.replace("\\", "/")
