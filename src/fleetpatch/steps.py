@@ -359,6 +359,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
     state = {"alive": None, "healthy": None, "server_info": None, "ready_at": None}
     t0 = time.monotonic()
     launch_now = [launch]
+    arrived: list[float] = []  # when each log line reached the laptop
     verdicts: list[evidence.Verdict] = []
     timings = {}
 
@@ -378,6 +379,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
             if first_line_no[0] is None:
                 first_line_no[0] = ev["first_line_no"]
             lines.extend(ev["lines"])
+            arrived.extend([time.monotonic()] * len(ev["lines"]))
             if state["ready_at"] is None and any(ready_line in l for l in ev["lines"]):
                 state["ready_at"] = time.monotonic()
         elif kind == "state":
@@ -397,6 +399,12 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
             return None
         verdicts[:] = vs
         timings["verdict_after_s"] = round(elapsed, 3)
+        seen = [m["line_no"] for v in vs for m in v.markers_seen if m.get("line_no")]
+        if seen and first_line_no[0] is not None:
+            idx = min(seen) - first_line_no[0]
+            if 0 <= idx < len(arrived):
+                # from the marker line reaching us (the agent polls every 50 ms) to the verdict
+                timings["marker_to_verdict_s"] = round(time.monotonic() - arrived[idx], 3)
         update = {"verification": {}, "last_verification": {
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "status": "verified" if all(v.status in ("verified", "rolled-back") for v in vs) else vs[0].status,
