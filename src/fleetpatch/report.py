@@ -70,13 +70,21 @@ class View:
     def _render(self):
         table = Table(title=f"fleetpatch {self.task}", expand=False)
         table.add_column("host")
-        table.add_column("phase")
-        table.add_column("detail")
+        table.add_column("phase", min_width=10)
+        table.add_column("time", justify="right", min_width=6)
+        table.add_column("detail", min_width=44)
+        now = time.monotonic()
         for host, row in self.rows.items():
             style = ""
             if row["phase"] == "done":
                 style = "green" if row["detail"] in OK_STATUSES else "bold red"
-            table.add_row(host, row["phase"], row["detail"], style=style)
+            if row.get("first") is None and row["phase"] not in ("queued",):
+                row["first"] = row["since"]
+            end = row.get("ended") or now
+            took = f"{end - row['first']:.1f}s" if row.get("first") else ""
+            if row["phase"] == "done" and not row.get("ended"):
+                row["ended"] = now
+            table.add_row(host, row["phase"], took, row["detail"], style=style)
         return Group(table, self.bar)
 
 
