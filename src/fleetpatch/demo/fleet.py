@@ -13,12 +13,21 @@ Layout of a host, as the host sees it (``mount_point``, default
     sglang env/lib/pythonX.Y/site-packages/    # sglang/ + dist-info (copied from the real wheel)
                                    sglang_standin.py   # copy of fleetpatch/demo/standin.py
     logs/sglang.log   run/sglang.pid   state/   home/   models/demo/
+    etc/supervisord.conf   run/supervisor.sock   run/supervisord.pid   # restart_kind="supervisor"
 
 On this machine it lives under ``<root>/hosts/<name>/fs`` (``FleetHost.host_dir``);
 sshd's own files (config, host key, ``commands.log``) under
 ``<root>/hosts/<name>/sshd``.  Each SSH command is appended to
 ``commands.log`` by a ``ForceCommand`` wrapper, so the benchmark can count
 remote round trips on the sshd side.
+
+A host with ``HostSpec(..., restart_kind="supervisor")`` has its stand-in managed by a
+real ``supervisord`` (the ``supervisor`` package from PyPI, run by this Python inside the
+host's namespace): program ``sglang`` with the same command, environment and workdir,
+``stdout_logfile`` = logs/sglang.log; its inventory entry says
+``restart: {kind: supervisor, program: sglang, config: <mount_point>/etc/supervisord.conf}``.
+``supervisorctl`` is not on the SSH session's PATH here, so the host agent runs it as
+``<engine python> -m supervisor.supervisorctl``.
 
 Typical use::
 
@@ -63,6 +72,8 @@ SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOKEN_FILE = ".fleetpatch-fleet-host"
 STATE_FILE = "fleet.json"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RESTART_KINDS = ("command", "supervisor")
+SUPERVISOR_PROGRAM = "sglang"
 
 
 class FleetError(RuntimeError):
@@ -79,6 +90,7 @@ class HostSpec:
     startup_delay: float = 0.2        # FLEETPATCH_STANDIN_STARTUP_DELAY for its stand-in server
     env: dict = field(default_factory=dict)   # extra server environment
     start_server: bool = True         # start its stand-in server in start() / reset()
+    restart_kind: str = "command"     # "command", or "supervisor": supervisord runs the stand-in
 
     @property
     def topk(self) -> int:
@@ -179,6 +191,72 @@ class FleetHost:
     @property
     def remote_home(self) -> str:
         return f"{self.mount_point}/home"
+
+    # -- supervisor hosts (restart_kind="supervisor")
+    @property
+    def supervised(self) -> bool:
+        return self.spec.restart_kind == "supervisor"
+
+    @property
+    def supervisord_conf(self) -> Path:
+        return self.host_dir / "etc" / "supervisord.conf"
+
+    @property
+    def supervisord_pidfile(self) -> Path:
+        return self.host_dir / "run" / "supervisord.pid"
+
+    @property
+    def supervisord_log(self) -> Path:
+        return self.host_dir / "logs" / "supervisord.log"
+
+    @property
+    def remote_supervisord_conf(self) -> str:
+        return f"{self.mount_point}/etc/supervisord.conf"
+
+    @property
+    def remote_supervisor_sock(self) -> str:
+        return f"{self.mount_point}/run/supervisor.sock"
+
+    def supervisord_conf_text(self) -> str:
+        """supervisord.conf running this host's stand-in as program ``sglang``: the inventory's
+        start command (``{python}`` expanded), environment and workdir, output to the server log."""
+        mp = self.mount_point
+        argv = [tok.replace("{python}", self.remote_python) for tok in shlex.split(self.start_command)]
+        env = ",".join(f"{k}={_supervisor_quote(v)}" for k, v in sorted(self.server_env.items()))
+        lines = [
+            f"; fleetpatch demo fleet host {self.name}: supervisord manages the stand-in server",
+            "[unix_http_server]",
+            f"file = {_supervisor_value(self.remote_supervisor_sock)}",
+            "chmod = 0700",
+            "",
+            "[supervisord]",
+            "nodaemon = true",
+            f"logfile = {_supervisor_value(mp + '/logs/supervisord.log')}",
+            f"pidfile = {_supervisor_value(mp + '/run/supervisord.pid')}",
+            f"childlogdir = {_supervisor_value(mp + '/run')}",
+            f"directory = {_supervisor_value(mp)}",
+            "",
+            "[rpcinterface:supervisor]",
+            "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+            "",
+            "[supervisorctl]",
+            f"serverurl = unix://{_supervisor_value(self.remote_supervisor_sock)}",
+            "",
+            f"[program:{SUPERVISOR_PROGRAM}]",
+            f"command = {_supervisor_value(shlex.join(argv))}",
+            f"environment = {env}",
+            f"directory = {_supervisor_value(mp)}",
+            f"stdout_logfile = {_supervisor_value(self.remote_log)}",
+            "redirect_stderr = true",
+            "autostart = true",
+            "autorestart = false",
+            "startsecs = 1",
+            "startretries = 0",   # a start that fails is reported once, not retried behind our back
+            "stopsignal = TERM",
+            "stopwaitsecs = 10",
+            "",
+        ]
+        return "\n".join(lines)
 
     @property
     def health_url(self) -> str:
@@ -288,6 +366,36 @@ def _sshd_config_quote(value: str) -> str:
     return f'"{value}"'
 
 
+def _supervisor_value(value: str) -> str:
+    """A value for supervisord.conf: % is its expansion character; no newline, no inline comment."""
+    if "\n" in value or "\r" in value or " ;" in value or " #" in value or "\t;" in value:
+        raise FleetError(f"value not usable in supervisord.conf: {value!r}")
+    return value.replace("%", "%%")
+
+
+def _supervisor_quote(value: str) -> str:
+    """One value of supervisord's environment= list (a posix shlex word)."""
+    return _supervisor_value('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+
+
+def _children(pid: int) -> list[int]:
+    """Live child pids of `pid`."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        kids = []
+        for p in _pids():
+            try:
+                with open(f"/proc/{p}/stat", "rb") as f:
+                    data = f.read()
+                if int(data[data.rindex(b")") + 2:].split()[1]) == pid:
+                    kids.append(p)
+            except (OSError, ValueError, IndexError):
+                pass
+    return [k for k in kids if _alive(k)]
+
+
 def _make_writable(path: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(path):
         for n in dirnames + filenames:
@@ -383,6 +491,10 @@ class Fleet:
                 raise FleetError(f"bad host name {n!r} (letters, digits, . _ - only)")
         if len(set(names)) != len(names):
             raise FleetError(f"duplicate host names in {names}")
+        for spec in self.specs:
+            if spec.restart_kind not in RESTART_KINDS:
+                raise FleetError(f"{spec.name}: restart_kind must be one of {', '.join(RESTART_KINDS)}, "
+                                 f"not {spec.restart_kind!r}")
         self.keys_dir = self.root / "keys"
         self.identity = self.keys_dir / "id_ed25519"
         self.known_hosts = self.keys_dir / "known_hosts"
@@ -493,7 +605,7 @@ class Fleet:
     def _build_tree(self, h: FleetHost, tree: Path) -> None:
         if h.host_dir.exists():
             shutil.rmtree(h.host_dir)
-        for sub in ("logs", "run", "state", "home", "models/demo"):
+        for sub in ("logs", "run", "state", "home", "etc", "models/demo"):
             (h.host_dir / sub).mkdir(parents=True, exist_ok=True)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
         self._build_env(h, tree)
@@ -633,12 +745,18 @@ class Fleet:
             "hosts": {},
         }
         for h in self.hosts.values():
+            if h.supervised:
+                # what supervisord runs is in its config; null drops the command defaults
+                restart = {"kind": "supervisor", "program": SUPERVISOR_PROGRAM,
+                           "config": h.remote_supervisord_conf, "workdir": None, "pidfile": None}
+            else:
+                restart = {"start": h.start_command, "env": h.server_env}
             inv["hosts"][h.name] = {
                 "address": "127.0.0.1",
                 "port": h.ssh_port,
                 "server": {
                     "health_url": h.health_url,
-                    "restart": {"start": h.start_command, "env": h.server_env},
+                    "restart": restart,
                 },
             }
         if canary and self.hosts:
@@ -712,6 +830,8 @@ class Fleet:
                 return pid
             if not (h.site_packages / "sglang_standin.py").is_file():
                 raise FleetError(f"{name}: sglang_standin.py is missing from its site-packages")
+            if h.supervised:
+                return self._start_supervised(name)
             argv = [tok.replace("{python}", h.remote_python) for tok in shlex.split(h.start_command)]
             full, fds = self.nsenter_argv(name, *argv)
             env = self.session_env(name)
@@ -729,6 +849,64 @@ class Fleet:
             tmp.replace(h.pidfile)
             return proc.pid
 
+    def _start_supervised(self, name: str, timeout: float = 15.0) -> int:
+        """supervisord with the host's conf (autostart runs the stand-in), or, when supervisord
+        is up with the program stopped, ``supervisorctl start``; waits for the program's pid."""
+        h = self.hosts[name]
+        if self.supervisord_pid(name) is None:
+            h.supervisord_conf.parent.mkdir(parents=True, exist_ok=True)
+            h.supervisord_conf.write_text(h.supervisord_conf_text())
+            for stale in (h.host_dir / "run" / "supervisor.sock", h.supervisord_pidfile):
+                try:
+                    stale.unlink()
+                except FileNotFoundError:
+                    pass
+            h.log_path.parent.mkdir(parents=True, exist_ok=True)
+            full, fds = self.nsenter_argv(name, sys.executable, "-m", "supervisor.supervisord",
+                                          "-c", h.remote_supervisord_conf)
+            with open(h.host_dir / "logs" / "supervisord.out", "ab") as out:
+                self._servers[name] = subprocess.Popen(
+                    full, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=self.session_env(name),
+                    start_new_session=True, close_fds=True, pass_fds=fds)
+        else:
+            self.supervisorctl(name, "start", SUPERVISOR_PROGRAM)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid = self.server_pid(name)
+            if pid:
+                return pid
+            if self.supervisord_pid(name) is None:
+                raise FleetError(f"{name}: supervisord exited:\n{_tail(h.host_dir / 'logs' / 'supervisord.out')}"
+                                 f"\n{_tail(h.supervisord_log)}")
+            if time.monotonic() > deadline:
+                raise FleetError(f"{name}: supervisord did not start {SUPERVISOR_PROGRAM} within {timeout:.0f}s:"
+                                 f"\n{_tail(h.supervisord_log)}\n{_tail(h.log_path)}")
+            time.sleep(0.02)
+
+    def supervisorctl(self, name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """``supervisorctl -c <conf> ARGS`` inside a supervisor host (no SSH); text output."""
+        h = self.hosts[name]
+        return self.run_in_host(name, sys.executable, "-m", "supervisor.supervisorctl",
+                                "-c", h.remote_supervisord_conf, *args,
+                                capture_output=True, text=True, timeout=timeout)
+
+    def supervisord_pid(self, name: str) -> int | None:
+        """pid of the host's supervisord, if it runs (supervisor hosts)."""
+        h = self.hosts[name]
+        if not h.supervised:
+            return None
+        self._reap(name)
+        ours = self._servers.get(name)
+        if ours is not None:
+            return ours.pid if _alive(ours.pid) else None
+        try:  # started by an earlier process (a detached demo)
+            pid = int(h.supervisord_pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid <= 0 or not _alive(pid) or (h.ns_ino is not None and _ns_ino(pid) != h.ns_ino):
+            return None
+        return pid
+
     def _reap(self, name: str | None = None) -> None:
         with self._lock:
             for n, proc in list(self._servers.items()):
@@ -739,6 +917,10 @@ class Fleet:
     def server_pid(self, name: str) -> int | None:
         """pid of the host's server per its pidfile, if that process is alive."""
         h = self.hosts[name]
+        if h.supervised:  # the program is supervisord's child
+            sd = self.supervisord_pid(name)
+            kids = _children(sd) if sd else []
+            return kids[0] if kids else None
         self._reap(name)
         try:
             pid = int(h.pidfile.read_text().split()[0])
@@ -795,6 +977,20 @@ class Fleet:
         True if a server was running."""
         h = self.hosts[name]
         pid = self.server_pid(name)
+        if h.supervised:
+            # supervisord stops its program (TERM, stopwaitsecs) before it exits itself
+            sd = self.supervisord_pid(name)
+            if sd:
+                self._terminate([sd], grace + 10)
+            if pid:
+                self._terminate([pid], grace)
+            self._reap(name)
+            for path in (h.supervisord_pidfile, h.host_dir / "run" / "supervisor.sock"):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+            return bool(pid)
         if pid:
             self._terminate([pid], grace)
         self._reap(name)
