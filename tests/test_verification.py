@@ -144,3 +144,21 @@ def test_verify_logs_on_a_host_fleetpatch_never_restarted_says_so(operator, flee
     run = operator.run("verify-logs", "--hosts", "v1b")
     assert run.code == 1, run
     assert "deploy first" in run.host("v1b")["message"]
+
+
+def test_a_start_that_cannot_run_is_restart_failed_and_rolled_back_on_request(operator, fleet):
+    doc = operator.inventory()
+    doc["hosts"]["v2b"]["server"]["restart"]["start"] = "/nonexistent/python -m sglang_standin"
+    operator.write_inventory(doc)
+    run = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "v2b", "--on-failure", "rollback",
+                       "--timeout", "20")
+    assert run.code == 1, run
+    h = run.host("v2b")
+    assert h["status"] == "restart-failed"
+    assert "/nonexistent/python" in h["message"]
+    for rel in (EAGLE, EAGLE_V2):
+        assert sha256(host_file(fleet, "v2b", rel)) == sha256(sglang_tree("0.5.9") / rel), "originals restored"
+    ledger = json.loads((fleet.hosts["v2b"].state_dir / "ledger.json").read_text())
+    assert "spec-path-beacon" not in ledger["patches"]
+    assert ledger["restart_pending"] is True, "the server is still to be started"
+    assert "rollback FAILED" in h["message"]

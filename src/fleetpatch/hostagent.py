@@ -734,9 +734,10 @@ def op_rollback(req):
     ledger.setdefault("rolled_back", {})[req["name"]] = {"label": entry["label"], "at": now_iso()}
     out = {"restored": [c["path"] for c in changes],
            "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
+    save_ledger(req, ledger)  # the originals are back: record it before a restart that may fail
     if req.get("restart"):
         out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])
-    save_ledger(req, ledger)
+        save_ledger(req, ledger)
     return out
 
 

@@ -255,6 +255,10 @@ def make_plan(job: Job, host: Host, reply: dict) -> Plan:
                                           f"{reply.get('package_dir')} (sglang {version})")
         states[fd.path] = diffapply.apply_file(fd, original)
     launch = running_launch(host, reply)
+    if not launch.argv:
+        # systemd/supervisor with the server down: nothing says how it will be launched,
+        # so the pre-flight cannot predict; the log after the restart decides.
+        return Plan(version, label, states, None, None, launch), revision
     prediction = profile.predict(version, launch)
     return Plan(version, label, states, preflight_verdict(job, host, profile, revision, prediction, label),
                 prediction, launch), revision
@@ -491,7 +495,17 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, reply: dict) -> HostRes
                           f"{host.name}: {label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", engine_version=version, patch=label)
     job.progress(host.name, "restart", "")
-    out = remote.call("apply", apply_req)
+    try:
+        out = remote.call("apply", apply_req)
+    except HostFailure as f:
+        if f.status != "restart-failed":
+            raise
+        # The files are written (the ledger says so, restart pending) but the server did not start.
+        failed = HostResult(host.name, False, "restart-failed", f.message, engine_version=version, patch=label)
+        if job.on_failure == "rollback":
+            return _rollback_after_failure(job, host, remote, failed)
+        failed.message += "\n  the files are written and a restart is pending; fix the start, then rerun or roll back"
+        return failed
     result = _verify(job, host, remote, version, launch_after_restart(host, plan), [job.patch], [label],
                      restart_start(out))
     if not result.ok and job.on_failure == "rollback":
