@@ -760,6 +760,19 @@ def apply_ledger_update(req, update):
 
 # ------------------------------------------------------------------- follow
 
+def add_lines(batches, source, line_no, data, final):
+    """Append the complete lines of `data` as one batch; returns (next line_no, the
+    unfinished tail). A final read keeps the tail as a line of its own."""
+    lines = data.split(b"\n")
+    partial = lines.pop()
+    if final and partial:
+        lines.append(partial)
+        partial = b""
+    if lines:
+        batches.append((source, line_no, [l.decode("utf-8", "replace").rstrip("\r") for l in lines]))
+    return line_no + len(lines), partial
+
+
 class LogFollower(object):
     """Reads a log from a recorded (inode, offset), following rotation and truncation."""
 
@@ -846,15 +859,7 @@ class LogFollower(object):
         data = self.fh.read()
         if not data and not (final and self.partial):
             return
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        if final and self.partial:
-            lines.append(self.partial)
-            self.partial = b""
-        if lines:
-            batches.append((self.files[-1], self.line_no, [l.decode("utf-8", "replace").rstrip("\r") for l in lines]))
-            self.line_no += len(lines)
+        self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial + data, final)
 
 
 class JournalFollower(object):
@@ -898,14 +903,7 @@ class JournalFollower(object):
         exited = self.proc.poll() is not None
         data = self.partial + self._available(self.proc.stdout)
         self.stderr = (self.stderr + self._available(self.proc.stderr))[-4000:]
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        if exited and self.partial:
-            lines.append(self.partial)
-            self.partial = b""
-        if lines:
-            batches.append((self.label, self.line_no, [l.decode("utf-8", "replace").rstrip("\r") for l in lines]))
-            self.line_no += len(lines)
+        self.line_no, self.partial = add_lines(batches, self.label, self.line_no, data, exited)
         if exited:
             self.failed = ("`%s` exited %s: %s; fleetpatch reads the unit's journal as the SSH user (root, or a "
                            "member of the systemd-journal group)" % (" ".join(self.argv), self.proc.returncode,

@@ -34,7 +34,7 @@ import fleetpatch
 
 from .diffapply import DiffError, FileDiff, parse_diff
 from .errors import FleetpatchError, UsageError
-from .inventory import load_yaml
+from .inventory import load_yaml, _got
 
 __all__ = [
     "PatchError",
@@ -248,13 +248,6 @@ def _display(path: Path) -> str:
 # --------------------------------------------------------------------------- validation
 
 
-def _got(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value)
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
