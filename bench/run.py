@@ -1,0 +1,758 @@
+#!/usr/bin/env python3
+"""fleetpatch benchmark: a full rollout on the local sshd test fleet, against
+plain OpenSSH (one `ssh` per host) and an Ansible playbook.
+
+    python bench/run.py [--sizes 1,8,32] [--repeats 3] [--out bench]
+    invoke bench                       # the same, from the repo root
+
+One fleet of 32 real sshd hosts (``fleetpatch.demo.fleet``; h00, h02, … run
+spec v1 / EAGLEWorker, h01, h03, … spec v2 / EAGLEWorkerV2; stand-in startup
+delay 0).  A run of size N uses h00..h(N-1).  For every size, repeat and tool
+(order rotated per repeat), the fleet is reset to pristine, the sshd-side
+command logs are cleared, the tool rolls the shipped ``spec-path-beacon`` patch
+out (fetch/apply with backup/restart/verify), and the bench then checks the
+result itself: on every host the patched files have the expected sha256, the
+server runs under a new pid and answers /health, and the log written since the
+run started holds the marker of the path that host runs (and not the other).
+
+Measured per run: wall time (launch of the tool to its exit), remote commands
+per host (counted by the fleet's sshd ForceCommand wrapper, not by the tool),
+hosts succeeded (the tool's own verdict and the bench's check), and from the
+sshd-side timestamps when each host's commands started.  For fleetpatch also
+the per-host ``duration_s`` / ``round_trips`` / ``verdict_after_s`` of its
+report, and (after the timed runs) one instrumented in-process rollout per
+size timing the SSH connect and each agent round trip, with bytes moved.
+
+Writes OUT/results.json and OUT/RESULTS.md and prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+import fleetpatch
+from fleetpatch.demo.fleet import Fleet, HostSpec
+from fleetpatch.demo.wheels import sglang_tree
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PATCH = "spec-path-beacon"
+VERSION = "0.5.9"
+DIFF = Path(fleetpatch.__file__).parent / "patches" / PATCH / "sglang-0.5.9.r1.diff"
+MARKERS = {
+    "EAGLEWorker": "fleetpatch spec-path-beacon: EAGLEWorker (",
+    "EAGLEWorkerV2": "fleetpatch spec-path-beacon: EAGLEWorkerV2 (",
+}
+TOOLS = ("fleetpatch", "baseline", "ansible")
+MAX_HOSTS = 32
+TOOL_TIMEOUT = 300
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# ------------------------------------------------------------------ setup
+
+def ensure_tools(install: bool) -> dict:
+    """GNU patch and ansible-playbook; installed if missing (apt-get / pip)."""
+    notes = {}
+    out = subprocess.run(["patch", "--version"], capture_output=True, text=True) if shutil.which("patch") else None
+    if out is None or "GNU patch" not in out.stdout:
+        if not install:
+            sys.exit("bench: GNU patch is missing (apt-get install -y patch)")
+        log("GNU patch missing: apt-get install -y patch")
+        subprocess.run(["apt-get", "install", "-y", "patch"], check=True)
+        notes["installed"] = "patch (apt-get)"
+        out = subprocess.run(["patch", "--version"], capture_output=True, text=True)
+    notes["patch"] = out.stdout.splitlines()[0]
+    ap = ansible_playbook()
+    if ap is None:
+        if not install:
+            sys.exit("bench: ansible-playbook is missing (pip install -e '.[bench]')")
+        log("ansible-core missing: pip install 'ansible-core>=2.15'")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "ansible-core>=2.15"], check=True)
+        notes["installed"] = (notes.get("installed", "") + " ansible-core (pip)").strip()
+        ap = ansible_playbook()
+    ver = subprocess.run([ap, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    notes["ansible"] = ver
+    notes["openssh"] = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+    return notes
+
+
+def ansible_playbook() -> str | None:
+    cand = Path(sys.executable).with_name("ansible-playbook")
+    if cand.exists():
+        return str(cand)
+    return shutil.which("ansible-playbook")
+
+
+def changed_files(diff_text: str) -> list[str]:
+    out = []
+    for line in diff_text.splitlines():
+        if line.startswith("+++ "):
+            p = line[4:].split("\t")[0].strip()
+            out.append(p[2:] if p.startswith("b/") else p)
+    return out
+
+
+def expected_shas(diff_text: str, files: list[str]) -> dict:
+    """Apply the diff with GNU patch to a copy of the pristine wheel files: the
+    sha256 every host's files must have afterwards (independent of every tool)."""
+    tree = sglang_tree(VERSION)
+    with tempfile.TemporaryDirectory() as d:
+        for f in files:
+            (Path(d) / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tree / f, Path(d) / f)
+        subprocess.run(["patch", "-p1", "-F0", "--batch", "--silent"], input=diff_text, text=True,
+                       cwd=d, check=True)
+        return {f: sha256((Path(d) / f).read_bytes()) for f in files}
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/fleetpatch"], cwd=REPO,
+                               capture_output=True, text=True).stdout.split("\n")
+    except OSError:
+        commit, dirty = "", []
+    agent = Path(fleetpatch.__file__).parent / "hostagent.py"
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(),
+            "python": platform.python_version(), "fleetpatch_commit": commit,
+            "fleetpatch_uncommitted": [l[3:] for l in dirty if l.strip()],
+            "hostagent_sha256": sha256(agent.read_bytes())[:12], "hostagent_bytes": agent.stat().st_size}
+
+
+def cpu_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
+BENCH_TOKEN = f"{os.getpid()}-{time.time_ns()}"
+os.environ["FLEETPATCH_BENCH_RUN"] = BENCH_TOKEN   # inherited by everything this bench starts
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def foreign_cpu(fleet_ns: set) -> dict:
+    """{pid: (ppid, cumulative CPU seconds: own + reaped children)} of every process that is
+    not this bench's: not carrying FLEETPATCH_BENCH_RUN=<token> in its environment,
+    not inside a fleet host's mount namespace, not this process, not pid 1 (which
+    reaps our orphans).
+    Other sessions on a shared machine show up here."""
+    out = {}
+    me = f"FLEETPATCH_BENCH_RUN={BENCH_TOKEN}".encode()
+    skip = {"1", str(os.getpid())}   # this process: its environ predates the token
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or d in skip:
+            continue
+        try:
+            if os.stat(f"/proc/{d}/ns/mnt").st_ino in fleet_ns:
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if me in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{d}/stat", "rb") as f:
+                v = f.read().rsplit(b")", 1)[1].split()
+            out[int(d)] = (int(v[1]), sum(int(x) for x in v[11:15]) / _HZ)   # ppid; utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def foreign_delta(a: dict, b: dict) -> float:
+    """CPU the foreign processes used between snapshots a and b. A process that ended in
+    between was (most likely) reaped by its parent, whose c[us]time then holds its whole
+    life: what it had used before `a` is taken off again."""
+    used = sum(t - a.get(pid, (0, 0.0))[1] for pid, (_, t) in b.items())
+    used -= sum(t for pid, (ppid, t) in a.items() if pid not in b and ppid in b)
+    return max(0.0, used)
+
+
+def wait_quiet(max_wait: float, threshold: float = 20.0) -> float:
+    """Wait (up to max_wait s) until the machine is less than `threshold` % busy over
+    1 s; returns the busy share of the last second sampled."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        b0 = cpu_busy()
+        time.sleep(1.0)
+        b1 = cpu_busy()
+        pct = 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
+        if pct < threshold or time.monotonic() >= deadline:
+            return round(pct, 1)
+
+
+def children_cpu() -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+# ----------------------------------------------------------- per-host facts
+
+def host_path(fleet: Fleet, name: str) -> str:
+    return "EAGLEWorkerV2" if fleet.hosts[name].spec.spec_v2 else "EAGLEWorker"
+
+
+def start_line(fleet: Fleet, name: str) -> str:
+    """The inventory's start command with its env, as one shell-quoted line:
+    env K=V … setsid <python> -m sglang_standin … (setsid: its own session)."""
+    h = fleet.hosts[name]
+    argv = [t.replace("{python}", h.remote_python) for t in shlex.split(h.start_command)]
+    env = [f"{k}={v}" for k, v in h.server_env.items()]
+    return " ".join(shlex.quote(w) for w in ["env", *env, "setsid", *argv])
+
+
+def write_inventory(fleet: Fleet, names: list[str], path: Path) -> Path:
+    inv = fleet.inventory()
+    inv["hosts"] = {n: inv["hosts"][n] for n in names}
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def snapshot(fleet: Fleet, names) -> dict:
+    out = {}
+    for n in names:
+        h = fleet.hosts[n]
+        out[n] = {"log_size": h.log_path.stat().st_size if h.log_path.exists() else 0,
+                  "pid": fleet.server_pid(n)}
+    return out
+
+
+def check(fleet: Fleet, names, before: dict, expect: dict) -> dict:
+    """The bench's own verdict per host: {name: [problems]} ([] = success)."""
+    out = {}
+    for n in names:
+        h = fleet.hosts[n]
+        bad = []
+        try:
+            window = h.log_path.read_bytes()[before[n]["log_size"]:].decode("utf-8", "replace")
+        except OSError:
+            window = ""
+        path = host_path(fleet, n)
+        other = "EAGLEWorker" if path == "EAGLEWorkerV2" else "EAGLEWorkerV2"
+        if MARKERS[path] not in window:
+            bad.append(f"marker for {path} not in the log since the run started")
+        if MARKERS[other] in window:
+            bad.append(f"marker for {other} in the log (wrong path)")
+        for f, want in expect.items():
+            try:
+                got = sha256((h.site_packages / f).read_bytes())
+            except OSError:
+                got = None
+            if got != want:
+                bad.append(f"{f} not patched")
+        pid = fleet.server_pid(n)
+        if not pid or pid == before[n]["pid"]:
+            bad.append("server not restarted")
+        elif not fleet.healthy(n):
+            bad.append("server not healthy")
+        out[n] = bad
+    return out
+
+
+def sshd_side(fleet: Fleet, names, t_launch: float) -> dict:
+    """Commands per host and when they started, relative to the tool's launch
+    (time.time(); the wrapper stamps with `date +%s.%N` on the same clock)."""
+    per = {}
+    for n in names:
+        recs = fleet.command_records(n)
+        per[n] = {"count": len(recs), "at": [round(t - t_launch, 3) for t, _ in recs],
+                  "kinds": [classify(c) for _, c in recs]}
+    return per
+
+
+def classify(cmd: str) -> str:
+    c = cmd.strip()
+    if "fleetpatch-agent" in c:
+        return "fleetpatch-agent"
+    if c.startswith("sh -s"):
+        return "sh -s (baseline)"
+    if "AnsiballZ" in c or "ANSIBALLZ" in c or "python" in c:
+        return "ansible module (python)"
+    if c.startswith("/bin/sh -c") or c.startswith("sh -c"):
+        return "ansible shell: " + re.sub(r"\s+", " ", c)[10:50]
+    return re.sub(r"\s+", " ", c)[:60]
+
+
+# ------------------------------------------------------------------ tools
+
+def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str) -> dict:
+    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}.yaml")
+    report = wd / f"fleetpatch-{tag}.json"
+    argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
+            "--canary", "0", "--report", str(report), "--inventory", str(inv)]
+    t_launch = time.time()
+    t0 = time.monotonic()
+    p = subprocess.run(argv, cwd=wd, capture_output=True, text=True, timeout=TOOL_TIMEOUT,
+                       env={**os.environ, "COLUMNS": "200"})
+    wall = time.monotonic() - t0
+    doc = json.loads(report.read_text()) if report.exists() else {"hosts": {}}
+    hosts = {}
+    for n in names:
+        r = doc["hosts"].get(n, {})
+        hosts[n] = {"ok": bool(r.get("ok")), "status": r.get("status"), "duration_s": r.get("duration_s"),
+                    "round_trips": r.get("round_trips"), "verdict_after_s": r.get("verdict_after_s")}
+    return {"wall_s": wall, "t_launch": t_launch, "exit": p.returncode, "hosts": hosts,
+            "output_tail": (p.stdout + p.stderr)[-2500:] if p.returncode else ""}
+
+
+def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], timeout: int = 60) -> str:
+    h = fleet.hosts[name]
+    q = shlex.quote
+    assigns = {
+        "SP": h.remote_site_packages, "LOG": h.remote_log, "PIDFILE": h.remote_pidfile,
+        "WORKDIR": h.mount_point, "MARKER": MARKERS[host_path(fleet, name)], "TIMEOUT": str(timeout),
+        "GRACE": "10", "START": start_line(fleet, name), "CHANGED": " ".join(files),
+    }
+    text = (BENCH / "baseline.sh").read_text()
+    if "\nFLEETPATCH_BENCH_DIFF_EOF\n" in "\n" + diff_text:
+        raise SystemExit("the diff contains the heredoc delimiter")
+    lines = text.split("\n")
+    if lines.count("@VARS@") != 1 or lines.count("@DIFF@") != 1:
+        raise SystemExit("bench/baseline.sh must hold the lines @VARS@ and @DIFF@ once each")
+    lines[lines.index("@VARS@")] = "\n".join(f"{k}={q(v)}" for k, v in assigns.items())
+    lines[lines.index("@DIFF@")] = diff_text.rstrip("\n")
+    return "\n".join(lines)
+
+
+def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files: list[str]) -> dict:
+    scripts = {n: baseline_script(fleet, n, diff_text, files) for n in names}
+    results: dict = {}
+    t_launch = time.time()
+    t0 = time.monotonic()
+
+    def one(n):
+        s = time.monotonic()
+        p = subprocess.run(fleet.ssh_argv(n, "sh -s"), input=scripts[n], capture_output=True, text=True,
+                           timeout=TOOL_TIMEOUT)
+        results[n] = {"ok": p.returncode == 0, "exit": p.returncode, "duration_s": round(time.monotonic() - s, 3),
+                      "stderr": p.stderr[-600:] if p.returncode else ""}
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    code = 0 if all(r["ok"] for r in results.values()) else 1
+    tail = "\n".join(f"{n}: exit {r['exit']}: {r['stderr']}" for n, r in results.items() if not r["ok"])
+    return {"wall_s": wall, "t_launch": t_launch, "exit": code, "hosts": results, "output_tail": tail[-2500:]}
+
+
+def ansible_files(fleet: Fleet, names, wd: Path, files: list[str], cp_dir: Path) -> tuple[Path, Path]:
+    d = wd / "ansible"
+    d.mkdir(exist_ok=True)
+    hosts = {}
+    for n in names:
+        h = fleet.hosts[n]
+        hosts[n] = {
+            "ansible_host": "127.0.0.1", "ansible_port": h.ssh_port, "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(fleet.identity),
+            "ansible_ssh_common_args": (f"-o UserKnownHostsFile={fleet.known_hosts} -o StrictHostKeyChecking=yes "
+                                        "-o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o BatchMode=yes"),
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "fp_diff": str(DIFF), "fp_remote_diff": f"{h.remote_home}/{PATCH}.diff",
+            "fp_site_packages": h.remote_site_packages, "fp_changed": files,
+            "fp_pidfile": h.remote_pidfile, "fp_log": h.remote_log, "fp_workdir": h.mount_point,
+            "fp_grace": 10, "fp_start": start_line(fleet, n), "fp_marker": MARKERS[host_path(fleet, n)],
+        }
+    inv = d / f"inventory-{len(names)}.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}, sort_keys=False))
+    cfg = d / f"ansible-{len(names)}.cfg"
+    cfg.write_text("\n".join([
+        "[defaults]",
+        f"forks = {len(names)}",
+        "host_key_checking = True",
+        "gathering = explicit",
+        "retry_files_enabled = False",
+        "interpreter_python = /usr/bin/python3",
+        f"local_tmp = {d / 'tmp'}",
+        "[ssh_connection]",
+        "pipelining = True",
+        "ssh_args = -o ControlMaster=auto -o ControlPersist=60s",
+        f"control_path_dir = {cp_dir}",
+        # the test fleet's ForceCommand wrapper runs every request as a shell
+        # command, so the sftp subsystem cannot work: copy through the shell (dd)
+        "transfer_method = piped",
+        "",
+    ]))
+    return inv, cfg
+
+
+def run_ansible(fleet: Fleet, names, wd: Path, tag: str, files: list[str]) -> dict:
+    cp_dir = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))  # short: unix socket paths are limited
+    inv, cfg = ansible_files(fleet, names, wd, files, cp_dir)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(cfg), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_HOME": str(wd / "ansible" / "home"),
+           "ANSIBLE_DEPRECATION_WARNINGS": "False"}
+    argv = [ansible_playbook(), "-i", str(inv), str(BENCH / "playbook.yml")]
+    t_launch = time.time()
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT, env=env, cwd=wd)
+        wall = time.monotonic() - t0
+    finally:
+        close_masters(cp_dir)
+    out = p.stdout + p.stderr
+    hosts = {}
+    for n in names:
+        m = re.search(rf"^{re.escape(n)}\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
+        ok = bool(m) and m.group(3) == "0" and m.group(4) == "0"
+        hosts[n] = {"ok": ok, "recap": m.group(0) if m else None}
+    return {"wall_s": wall, "t_launch": t_launch, "exit": p.returncode, "hosts": hosts,
+            "output_tail": out[-2500:] if p.returncode else ""}
+
+
+def close_masters(cp_dir: Path) -> None:
+    """Ansible leaves its ControlPersist masters running; stop them so no run
+    starts with a warm connection (and no process is left behind)."""
+    for sock in cp_dir.iterdir() if cp_dir.exists() else []:
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=10)
+    shutil.rmtree(cp_dir, ignore_errors=True)
+
+
+def run_instrumented(fleet: Fleet, names, wd: Path) -> dict:
+    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}.yaml")
+    out = wd / f"instrumented-{len(names)}.json"
+    report = wd / f"instrumented-report-{len(names)}.json"
+    argv = [sys.executable, str(BENCH / "fp_instrumented.py"), str(out), "--", "rollout", "--patch", PATCH,
+            "--group", "all", "--canary", "0", "--report", str(report), "--inventory", str(inv)]
+    t0 = time.monotonic()
+    p = subprocess.run(argv, cwd=wd, capture_output=True, text=True, timeout=TOOL_TIMEOUT)
+    wall = time.monotonic() - t0
+    doc = json.loads(out.read_text()) if out.exists() else {"hosts": {}, "exit": p.returncode}
+    rep = json.loads(report.read_text()) if report.exists() else {"hosts": {}}
+    doc["wall_s"] = wall
+    for n, r in rep.get("hosts", {}).items():
+        doc["hosts"].setdefault(n, {})["report"] = {k: r.get(k) for k in ("ok", "duration_s", "verdict_after_s")}
+    if p.returncode:
+        doc["stderr"] = p.stderr[-2000:]
+    return doc
+
+
+def startup_times(reps: int = 3) -> dict:
+    """Interpreter + import cost of each tool doing nothing (--version)."""
+    out = {}
+    for tool, argv in (("fleetpatch", [sys.executable, "-m", "fleetpatch", "--version"]),
+                       ("ansible", [ansible_playbook(), "--version"])):
+        ts = []
+        for _ in range(reps):
+            t = time.monotonic()
+            subprocess.run(argv, capture_output=True)
+            ts.append(time.monotonic() - t)
+        out[tool] = round(med(ts), 3)
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+def summarize(runs: list[dict], sizes: list[int]) -> dict:
+    summary = {}
+    for n in sizes:
+        for tool in TOOLS:
+            rs = [r for r in runs if r["size"] == n and r["tool"] == tool]
+            if not rs:
+                continue
+            s = {"runs": len(rs), "wall_s": [round(r["wall_s"], 3) for r in rs],
+                 "wall_median_s": round(med([r["wall_s"] for r in rs]), 3),
+                 "commands_per_host": sorted({c for r in rs for c in r["commands_per_host"]}),
+                 "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
+                 "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
+                 "controller_cpu_median_s": round(med([r["controller_cpu_s"] for r in rs]), 3),
+                 "machine_busy_median_pct": med([r["machine_busy_pct"] for r in rs]),
+                 "foreign_cpu_median_s": med([r["foreign_cpu_s"] for r in rs]),
+                 "foreign_cpu_max_s": max(r["foreign_cpu_s"] for r in rs),
+                 "first_cmd_median_s": med([med([a[0] for a in r["cmd_at"] if a]) for r in rs]),
+                 "last_cmd_median_s": med([med([a[-1] for a in r["cmd_at"] if a]) for r in rs])}
+            if tool == "fleetpatch":
+                hs = [h for r in rs for h in r["hosts"].values()]
+                s["host_duration_median_s"] = med([h.get("duration_s") for h in hs])
+                s["host_duration_max_s"] = max((h.get("duration_s") or 0) for h in hs)
+                s["round_trips"] = sorted({h.get("round_trips") for h in hs if h.get("round_trips") is not None})
+                s["verdict_after_median_s"] = med([h.get("verdict_after_s") for h in hs])
+                # sshd-side phases: launch -> probe, probe -> apply, apply -> follow, follow -> exit
+                ph = {"to_probe": [], "probe_to_apply": [], "apply_to_follow": [], "follow_to_exit": []}
+                for r in rs:
+                    for at in r["cmd_at"]:
+                        if len(at) == 3:
+                            ph["to_probe"].append(at[0])
+                            ph["probe_to_apply"].append(at[1] - at[0])
+                            ph["apply_to_follow"].append(at[2] - at[1])
+                            ph["follow_to_exit"].append(r["wall_s"] - at[2])
+                s["sshd_phases_median_s"] = {k: round(med(v), 3) if v else None for k, v in ph.items()}
+            summary[f"{tool}@{n}"] = s
+    return summary
+
+
+def instrumented_summary(doc: dict) -> dict:
+    hosts = doc.get("hosts", {})
+    conn = [h.get("connect_s") for h in hosts.values() if h.get("connect_s")]
+    ops: dict = {}
+    for h in hosts.values():
+        for c in h.get("calls", []):
+            ops.setdefault(c["op"], []).append(c)
+    return {
+        "exit": doc.get("exit"), "wall_s": round(doc.get("wall_s", 0), 3), "import_s": doc.get("import_s"),
+        "in_process_total_s": doc.get("total_s"),
+        "connect_median_s": round(med(conn), 3) if conn else None,
+        "connect_max_s": round(max(conn), 3) if conn else None,
+        "ops": {op: {"count": len(cs), "median_s": round(med([c["s"] for c in cs]), 3),
+                     "max_s": round(max(c["s"] for c in cs), 3),
+                     "sent_median_B": int(med([c["sent"] for c in cs])),
+                     "recv_median_B": int(med([c["recv"] for c in cs]))} for op, cs in ops.items()},
+        "verdict_after_median_s": med([h.get("report", {}).get("verdict_after_s") for h in hosts.values()]),
+    }
+
+
+def fmt(x, nd=2):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def tables(res: dict) -> str:
+    s, sizes = res["summary"], res["sizes"]
+    lines = []
+    lines.append("| hosts | tool | wall time, median (all runs) | remote commands / host (sshd side) | "
+                 "controller CPU | machine busy | other CPU (max) | hosts ok (tool / bench check) |")
+    lines.append("| ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for n in sizes:
+        for tool in TOOLS:
+            x = s.get(f"{tool}@{n}")
+            if not x:
+                continue
+            walls = ", ".join(f"{w:.2f}" for w in x["wall_s"])
+            cmds = "/".join(str(c) for c in x["commands_per_host"])
+            oks = " ".join(f"{a}/{b}" for a, b in zip(x["tool_ok"], x["checked_ok"]))
+            lines.append(f"| {n} | {tool} | **{x['wall_median_s']:.2f} s** ({walls}) | {cmds} | "
+                         f"{x['controller_cpu_median_s']:.2f} s | {x['machine_busy_median_pct']:.0f} % | "
+                         f"{x['foreign_cpu_median_s']:.2f} s ({x['foreign_cpu_max_s']:.2f}) | {oks} (of {n}) |")
+    lines.append("")
+    lines.append("fleetpatch, per host (from its report and the sshd-side command timestamps; medians):")
+    lines.append("")
+    lines.append("| hosts | host duration_s (max) | round trips | launch → 1st command (probe) | probe → apply | "
+                 "apply → follow (apply+restart) | follow → exit (verify) | verdict_after_s |")
+    lines.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n in sizes:
+        x = s.get(f"fleetpatch@{n}")
+        if not x:
+            continue
+        ph = x["sshd_phases_median_s"]
+        lines.append(f"| {n} | {fmt(x['host_duration_median_s'])} ({fmt(x['host_duration_max_s'])}) | "
+                     f"{'/'.join(map(str, x['round_trips']))} | {fmt(ph['to_probe'])} | {fmt(ph['probe_to_apply'])} | "
+                     f"{fmt(ph['apply_to_follow'])} | {fmt(ph['follow_to_exit'])} | {fmt(x['verdict_after_median_s'])} |")
+    ins = res.get("instrumented") or {}
+    if ins:
+        lines.append("")
+        lines.append("fleetpatch, one instrumented in-process rollout per size (timers around `Remote.open`, "
+                     "`Remote.call`/`stream`; bytes on the SSH channels; medians over hosts):")
+        lines.append("")
+        lines.append("| hosts | import | connect (max) | probe+lock: s, sent/recv | apply+restart: s, sent/recv | "
+                     "follow (verify): s, sent/recv | total |")
+        lines.append("| ---: | ---: | ---: | --- | --- | --- | ---: |")
+        for n in sizes:
+            x = ins.get(str(n))
+            if not x:
+                continue
+            o = x["ops"]
+
+            def op(name):
+                c = o.get(name)
+                if not c:
+                    return "-"
+                return f"{c['median_s']:.2f} s, {c['sent_median_B'] / 1024:.0f}/{c['recv_median_B'] / 1024:.0f} KiB"
+            lines.append(f"| {n} | {fmt(x['import_s'])} | {fmt(x['connect_median_s'])} ({fmt(x['connect_max_s'])}) | "
+                         f"{op('probe')} | {op('apply')} | {op('follow')} | {fmt(x['in_process_total_s'])} |")
+    st = res.get("startup") or {}
+    if st:
+        lines.append("")
+        lines.append(f"Tool start-up alone (`--version`, median of 3): fleetpatch {st.get('fleetpatch', 0):.2f} s, "
+                     f"ansible-playbook {st.get('ansible', 0):.2f} s.")
+    return "\n".join(lines)
+
+
+def results_md(res: dict) -> str:
+    m = res["machine"]
+    t = res["tools"]
+    unc = m.get("fleetpatch_uncommitted") or []
+    dirty = (f" plus uncommitted work in the tree at run time ({', '.join(unc)}; host agent "
+             f"{m.get('hostagent_bytes')} bytes, sha256 {m.get('hostagent_sha256')}…)") if unc else ""
+    return f"""# Benchmark results
+
+Generated by `bench/run.py` (`invoke bench`) on {res['date']}; one run, sizes {', '.join(map(str, res['sizes']))},
+{res['repeats']} repeats per size and tool, interleaved (tool order rotated per repeat), the fleet reset to
+pristine before every run. Total bench time {res['bench_s']:.0f} s.
+
+**Machine: {m['cpus']} CPUs ({m['cpu_model']}), kernel {m['kernel']}. Every test host (sshd, the
+stand-in servers, every command the tools run "remotely") shares these {m['cpus']} cores with the tool
+under test, and the network is loopback.** Figures are relative, not what a real fleet of separate
+machines over a real network would show.
+
+Versions: Python {m['python']}, fleetpatch {m['fleetpatch_commit']}{dirty}, {t.get('ansible')},
+{t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
+
+{tables(res)}
+
+Wall time = launch of the tool's process (fleetpatch, ansible-playbook) or of the first `ssh`
+(baseline) to the exit of the last; it includes each tool's own start-up. Commands per host are counted
+by the fleet's sshd ForceCommand wrapper (one line per SSH exec request). Controller CPU = user+system CPU
+of the tool's local processes (getrusage of the bench's children: the fleetpatch process; ansible-playbook
+and its forks and ssh clients; the baseline's ssh clients). Machine busy = share of both cores busy
+during the run (/proc/stat), hosts included. Other CPU = CPU used during the run by processes that are
+not the bench's (other sessions on this shared machine; from /proc, approximate); before each run the
+bench waits up to {res.get('quiet_wait', 0):.0f} s for the machine to be under 20 % busy. "hosts ok" is the tool's own
+verdict / the bench's independent check (file sha256, new healthy server, marker of the right path in
+the log written since the run started).
+"""
+
+
+# ------------------------------------------------------------------ main
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1,8,32")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--out", default=str(BENCH), help="where results.json and RESULTS.md go")
+    ap.add_argument("--root", default=None, help="fleet + scratch directory (default: a new temp dir)")
+    ap.add_argument("--no-install", action="store_true", help="do not apt-get/pip install missing tools")
+    ap.add_argument("--no-instrumented", action="store_true")
+    ap.add_argument("--quiet-wait", type=float, default=60.0,
+                    help="before each run wait up to S seconds for the machine to be <20%% busy (0: don't)")
+    a = ap.parse_args(argv)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    tools = [t for t in a.tools.split(",") if t]
+    if max(sizes) > MAX_HOSTS or min(sizes) < 1:
+        sys.exit(f"bench: sizes must be 1..{MAX_HOSTS}")
+    if os.geteuid() != 0:
+        sys.exit("bench: the test fleet needs root (mount namespaces)")
+    t_bench = time.monotonic()
+    tool_notes = ensure_tools(not a.no_install)
+    diff_text = DIFF.read_text()
+    files = changed_files(diff_text)
+    expect = expected_shas(diff_text, files)
+    root = Path(a.root or tempfile.mkdtemp(prefix="fleetpatch-bench-"))
+    wd = root / "work"
+    wd.mkdir(parents=True, exist_ok=True)
+    n_hosts = max(sizes)
+    specs = [HostSpec(f"h{i:02d}", version=VERSION, spec_v2=(i % 2 == 1), startup_delay=0.0) for i in range(n_hosts)]
+    log(f"starting a fleet of {n_hosts} sshd hosts under {root}")
+    runs: list[dict] = []
+    res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "sizes": sizes, "repeats": a.repeats,
+           "quiet_wait": a.quiet_wait,
+           "machine": machine(), "tools": tool_notes, "patch": PATCH, "runs": runs}
+    with Fleet(root / "fleet", specs) as fleet:
+        runners = {
+            "fleetpatch": lambda names, tag: run_fleetpatch(fleet, names, wd, tag),
+            "baseline": lambda names, tag: run_baseline(fleet, names, wd, tag, diff_text, files),
+            "ansible": lambda names, tag: run_ansible(fleet, names, wd, tag, files),
+        }
+
+        def one(tool, names, tag, record=True):
+            t = time.monotonic()
+            fleet.reset_all()
+            fleet.clear_commands()
+            reset_s = time.monotonic() - t
+            before = snapshot(fleet, names)
+            quiet = wait_quiet(a.quiet_wait) if a.quiet_wait > 0 else None
+            fleet_ns = {h.ns_ino for h in fleet.hosts.values() if h.ns_ino}
+            f0 = foreign_cpu(fleet_ns)
+            cpu0, busy0 = children_cpu(), cpu_busy()
+            r = runners[tool](names, tag)
+            cpu1, busy1 = children_cpu(), cpu_busy()
+            r["foreign_cpu_s"] = round(foreign_delta(f0, foreign_cpu(fleet_ns)), 2)
+            r["busy_before_pct"] = quiet
+            # CPU of the tool's own processes on the controller side (the tool process and
+            # everything it forked locally: ansible forks, ssh clients), and how busy the
+            # whole machine (controller + every host) was during the run
+            r["controller_cpu_s"] = round(cpu1 - cpu0, 3)
+            r["machine_busy_pct"] = round(100.0 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 1)
+            side = sshd_side(fleet, names, r["t_launch"])
+            checked = check(fleet, names, before, expect)
+            r.update({"tool": tool, "size": len(names), "tag": tag, "reset_s": round(reset_s, 2),
+                      "tool_ok": sum(1 for n in names if r["hosts"].get(n, {}).get("ok")),
+                      "checked_ok": sum(1 for n in names if not checked[n]),
+                      "problems": {n: p for n, p in checked.items() if p},
+                      "commands_per_host": [side[n]["count"] for n in names],
+                      "cmd_at": [side[n]["at"] for n in names],
+                      "command_kinds": side[names[0]]["kinds"]})
+            r["wall_s"] = round(r["wall_s"], 3)
+            log(f"{tool:10s} {len(names):2d} hosts  {r['wall_s']:6.2f} s  exit {r['exit']}  "
+                f"busy before {r['busy_before_pct']}% other CPU {r['foreign_cpu_s']} s  "
+                f"ok {r['tool_ok']}/{len(names)} (check {r['checked_ok']})  "
+                f"cmds/host {sorted(set(r['commands_per_host']))}")
+            if r["checked_ok"] != len(names) or r["tool_ok"] != len(names):
+                log(f"  problems: {json.dumps(r['problems'])[:800]}")
+                if r.get("output_tail"):
+                    log("  output: " + r["output_tail"][-1500:])
+            if record:
+                runs.append(r)
+            return r
+
+        log("warm-up (not recorded): one run of each tool on 1 host")
+        for tool in tools:
+            one(tool, fleet.names[:1], "warmup", record=False)
+        for si, n in enumerate(sizes):
+            names = fleet.names[:n]
+            for rep in range(a.repeats):
+                k = rep % len(tools)
+                for tool in tools[k:] + tools[:k]:
+                    one(tool, names, f"{n}-{rep}")
+        if not a.no_instrumented and "fleetpatch" in tools:
+            res["instrumented"] = {}
+            for n in sizes:
+                fleet.reset_all()
+                fleet.clear_commands()
+                doc = run_instrumented(fleet, fleet.names[:n], wd)
+                res["instrumented"][str(n)] = instrumented_summary(doc)
+                res.setdefault("instrumented_raw", {})[str(n)] = doc
+                log(f"instrumented fleetpatch {n:2d} hosts: {json.dumps(res['instrumented'][str(n)])}")
+        res["startup"] = startup_times()
+    if not a.root:
+        shutil.rmtree(root, ignore_errors=True)  # the fleet is stopped; its scratch goes too
+    res["bench_s"] = time.monotonic() - t_bench
+    res["summary"] = summarize(runs, sizes)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / "RESULTS.md").write_text(results_md(res))
+    print()
+    print(tables(res))
+    print()
+    log(f"done in {res['bench_s']:.0f} s; wrote {out / 'results.json'} and {out / 'RESULTS.md'}")
+    bad = [r for r in runs if r["checked_ok"] != r["size"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
