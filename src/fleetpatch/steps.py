@@ -6,7 +6,6 @@ trips of a deploy: probe+lock, apply+restart, follow+record+unlock.
 """
 from __future__ import annotations
 
-import base64
 import getpass
 import hashlib
 import json
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, evidence
+from . import diffapply, evidence, hostagent
 from .engines import get as get_profile
 from .engines.sglang import LaunchConfig
 from .inventory import Host
@@ -150,7 +149,7 @@ def file_bytes(probe_reply: dict, path: str) -> bytes | None:
     rec = (probe_reply.get("files") or {}).get(path)
     if rec is None:
         return None
-    return base64.b64decode(rec["content"])
+    return hostagent.unpack(rec["content"])
 
 
 def host_step(fn):
@@ -484,7 +483,7 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, reply: dict) -> HostRes
                        restart_start(out))
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
     files = [{"path": r.path, "before": sha256(file_bytes(reply, r.path)), "after": sha256(r.new),
-              "content": base64.b64encode(r.new).decode("ascii")} for r in plan.changes]
+              "content": hostagent.pack(r.new)} for r in plan.changes]
     apply_req = dict(req, package_dir=reply["package_dir"], name=job.patch.name, rev=revision.rev, label=label,
                      diff_sha256=revision.diff_sha256, files=files, unlock_on_error=True)
     if job.no_restart:
