@@ -128,6 +128,8 @@ def test_running_process_launch_config_wins_over_a_stale_inventory(operator, fle
     assert h["status"] == "not-executed"
     assert h["executed_path"] == "EAGLEWorker"
     assert "SGLANG_ENABLE_SPEC_V2 is not set" in h["message"]
+    assert "read from the running server" in h["message"]
+    assert "the inventory's start and env would run EAGLEWorkerV2" in h["message"]
 
 
 def test_verify_logs_without_patch_checks_every_recorded_patch(operator, fleet):

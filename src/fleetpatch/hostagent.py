@@ -983,6 +983,10 @@ def op_follow(req):
         now = time.time()
         # a manager that reports no main process means the server is not running
         alive = pid_alive(pid) if pid else (False if managed else None)
+        if alive is False:
+            # What a dying server wrote last (its traceback) must reach the verdict before its death does.
+            for path, first, lines in follower.read():
+                emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines})
         healthy = None
         if health_url and now >= next_health and alive is not False:
             status, _ = http_get(health_url, timeout=2.0)

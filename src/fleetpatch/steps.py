@@ -193,6 +193,9 @@ def fetch(job: Job, host: Host, remote: Remote) -> HostResult:
         data = file_bytes(reply, path)
         if data is None:
             continue
+        if sha256(data) != reply["files"][path]["sha256"]:
+            raise HostFailure("error", f"{host.name}: {path} arrived damaged (sha256 differs from the host's); "
+                                       "nothing was written locally for it; rerun fetch")
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -235,7 +238,7 @@ class Plan:
         return all(r.state == "already-applied" for r in self.states.values())
 
 
-def make_plan(job: Job, host: Host, reply: dict) -> Plan:
+def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     profile = get_profile(host.engine.kind)
     version = reply.get("version")
     if not version:
@@ -259,8 +262,26 @@ def make_plan(job: Job, host: Host, reply: dict) -> Plan:
         # so the pre-flight cannot predict; the log after the restart decides.
         return Plan(version, label, states, None, None, launch), revision
     prediction = profile.predict(version, launch)
-    return Plan(version, label, states, preflight_verdict(job, host, profile, revision, prediction, label),
-                prediction, launch), revision
+    verdict = preflight_verdict(job, host, profile, revision, prediction, label)
+    if verdict is not None:
+        verdict.message += launch_note(host, profile, version, launch, prediction)
+    return Plan(version, label, states, verdict, prediction, launch), revision
+
+
+def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
+    """Say whose launch configuration the prediction read, and when the inventory
+    (which a `command` restart will use) disagrees with the running process."""
+    if launch.source != "process":
+        return "\n  (launch configuration from the inventory's start and env: the server is not running)"
+    note = "\n  (launch configuration read from the running server's /proc cmdline and environ)"
+    if host.server.restart.kind == "command":
+        planned = profile.predict(version, inventory_launch(host))
+        if (planned.path, planned.starts) != (prediction.path, prediction.starts):
+            what = planned.path if planned.starts else f"nothing: {planned.error}"
+            note += (f"\n  note: the inventory's start and env would run {what} ({planned.cause}); "
+                     "fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the running "
+                     "server in line, or rerun with --force")
+    return note
 
 
 def preflight_verdict(job, host, profile, revision, prediction, label) -> evidence.Verdict | None:
