@@ -311,3 +311,16 @@ def test_stacked_patches_on_one_file_are_not_drift(operator, fleet):
     assert status.code == 0, status
     assert status.host("v2b")["drift"] == []
     assert status.host("v2b")["applied"] == ["dynamic-spec-disable@1", "v2-only-beacon@1"]
+
+
+def test_stale_bytecode_of_changed_modules_is_removed(operator, fleet):
+    cache = host_file(fleet, "v1b", EAGLE).parent / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    stale = cache / "eagle_worker.cpython-311.pyc"
+    stale.write_bytes(b"old bytecode")
+    untouched = cache / "spec_info.cpython-311.pyc"
+    untouched.write_bytes(b"unrelated")
+    run = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "v1b", "--no-restart")
+    assert run.code == 0, run
+    assert not stale.exists()
+    assert untouched.read_bytes() == b"unrelated"

@@ -43,9 +43,9 @@ def rollout(c, patch, inventory=None, hosts=None, group=None, report=None, paral
     with rep.View("rollout", [h.name for h in selected]) as view:
         job.progress = view.progress
 
-        def on_stage(i, stage):
+        def on_stage(i, stage, is_canary):
             for h in stage:
-                view.progress(h.name, "queued", "canary" if i == 0 and (canary_group or canary != 0) else f"batch {i}")
+                view.progress(h.name, "queued", "canary" if is_canary else f"batch {i}")
 
         results, stop, stages = fleet.rollout(
             selected, functools.partial(steps.deploy, job), canary_group=canary_group,

@@ -89,8 +89,9 @@ def run_all(hosts: list[Host], fn: HostFn, parallel: int | None) -> tuple[dict, 
 
 
 def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int | None,
-                batch: int | None) -> list[list[Host]]:
-    """The canary stage, then batches, in inventory order."""
+                batch: int | None) -> tuple[list[list[Host]], bool]:
+    """The canary stage (if any), then batches, in inventory order; and whether
+    the first stage is a canary."""
     if canary_group and canary != 0:
         first = [h for h in hosts if h.name in canary_group]
     else:
@@ -101,22 +102,21 @@ def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int |
     size = batch if batch and batch > 0 else max(1, len(rest))
     for i in range(0, len(rest), size):
         stages.append(rest[i:i + size])
-    return stages
+    return stages, bool(first)
 
 
 def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, canary: int | None,
             batch: int | None, parallel: int | None, max_failures: int,
-            on_stage: Callable[[int, list[Host]], None] | None = None) -> tuple[dict, Stop, list[list[str]]]:
-    stages = plan_stages(hosts, canary_group, canary, batch)
+            on_stage: Callable[[int, list[Host], bool], None] | None = None) -> tuple[dict, Stop, list[list[str]]]:
+    stages, has_canary = plan_stages(hosts, canary_group, canary, batch)
     results: dict = {}
     stop = Stop()
-    has_canary = bool(stages) and (bool(canary_group) and canary != 0 or (canary is None or canary > 0))
     for i, stage in enumerate(stages):
         if stop.reason is not None:
             break
-        if on_stage:
-            on_stage(i, stage)
         is_canary = has_canary and i == 0
+        if on_stage:
+            on_stage(i, stage, is_canary)
         run_stage(stage, fn, default_parallel(len(stage), parallel), results, stop,
                   budget=0 if is_canary else max_failures)
         if is_canary and any(not results[h.name].ok for h in stage) and stop.reason is None:

@@ -75,7 +75,6 @@ class Job:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     patch_dirs: list = field(default_factory=list)
     settle_s: float = 2.0
-    interrupted: Callable[[], bool] = lambda: False
 
 
 # ----------------------------------------------------------------- helpers
@@ -369,7 +368,7 @@ def revision_files(job: Job) -> list[str]:
 
 def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, version: str,
                      launch: LaunchConfig, patches: list[Patch], labels: list[str], want_markers: bool,
-                     timeout: float, ledger_key: str) -> tuple[list[evidence.Verdict], dict]:
+                     timeout: float) -> tuple[list[evidence.Verdict], dict]:
     """Stream the log from `start` (inode, offset, pid) and judge as lines arrive.
     The decision goes back on the same channel with the ledger update and the
     unlock, so verification costs one round trip."""
@@ -419,7 +418,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
         job.progress(host.name, "verify", f"{elapsed:4.1f}s " + (
             "waiting for " + ", ".join(v.missing[0] if v.missing else "the server" for v in waiting) if waiting
             else "decided"))
-        if waiting and not job.interrupted():
+        if waiting:  # a host in flight always finishes its verdict, Ctrl-C or not
             return None
         verdicts[:] = vs
         timings["verdict_after_s"] = round(elapsed, 3)
@@ -550,8 +549,7 @@ def _verify(job, host, remote, version, launch, patches, labels, start, already=
     job.progress(host.name, "verify", "waiting for markers")
     # After a restart the running process is the one to read, not what it was before.
     verdicts, timings = follow_and_judge(remote, host, job, start=start, version=version, launch=launch,
-                                         patches=patches, labels=labels, want_markers=True, timeout=timeout,
-                                         ledger_key="verification")
+                                         patches=patches, labels=labels, want_markers=True, timeout=timeout)
     result = verdict_result(host, version, verdicts, labels, timings)
     if already and result.ok:
         result.status = "already-applied"
@@ -626,7 +624,7 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, reply: dict, name: st
     timeout = job.timeout if job.timeout is not None else float(host.server.ready_timeout)
     verdicts, timings = follow_and_judge(remote, host, job, start=restart_start(out), version=version,
                                          launch=launch, patches=[patch], labels=[entry["label"]],
-                                         want_markers=False, timeout=timeout, ledger_key="rollback")
+                                         want_markers=False, timeout=timeout)
     result = verdict_result(host, version, verdicts, [entry["label"]], timings)
     result.files = restored
     if result.ok:

@@ -1,0 +1,37 @@
+"""How a rollout is staged, without any host: canary first, then batches."""
+from fleetpatch.rollout import plan_stages
+
+
+class H:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+HOSTS = [H(f"h{i}") for i in range(7)]
+
+
+def names(stages):
+    return [[h.name for h in s] for s in stages]
+
+
+def test_default_canary_is_the_first_host_then_the_rest_at_once():
+    stages, canary = plan_stages(HOSTS, None, None, None)
+    assert canary and names(stages) == [["h0"], ["h1", "h2", "h3", "h4", "h5", "h6"]]
+
+
+def test_canary_group_wins_and_batches_split_the_rest():
+    stages, canary = plan_stages(HOSTS, ["h3", "h5"], None, 2)
+    assert canary and names(stages) == [["h3", "h5"], ["h0", "h1"], ["h2", "h4"], ["h6"]]
+
+
+def test_canary_zero_skips_the_canary_stage_even_with_a_group():
+    stages, canary = plan_stages(HOSTS, ["h3"], 0, 3)
+    assert not canary and names(stages) == [["h0", "h1", "h2"], ["h3", "h4", "h5"], ["h6"]]
+
+
+def test_a_canary_group_outside_the_selection_is_no_canary():
+    stages, canary = plan_stages(HOSTS[:3], ["h5"], None, None)
+    assert not canary and names(stages) == [["h0", "h1", "h2"]]
