@@ -87,6 +87,7 @@ def test_failure_budget_halts_the_rollout_and_rolls_the_failed_hosts_back(op8, f
     for n in ("r2", "r4"):
         assert snapshot(fleet8, [n])[n][:2] == PRISTINE
         assert run.host(n)["rollback"]["ok"] is True
+        assert not (fleet8.hosts[n].state_dir / "lock").exists(), "the lock held through the rollback is released"
     for n in ("r5", "r6", "r7"):
         assert run.host(n)["status"] == "skipped"
         assert snapshot(fleet8, [n])[n][:2] == PRISTINE

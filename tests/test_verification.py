@@ -53,6 +53,7 @@ def test_motivating_failure_forced_fails_verification_loudly(operator, fleet):
     assert h["executed_path"] == "EAGLEWorker"
     assert h["markers"] == []
     assert sha256(host_file(fleet, "v1a", EAGLE_V2)) != sha256(sglang_tree("0.5.9") / EAGLE_V2), "it was deployed"
+    assert not (fleet.hosts["v1a"].state_dir / "lock").exists(), "--on-failure keep releases the lock"
     out = run.output
     assert "FAIL v1a" in out and "never executed" in out
     assert "the server runs EAGLEWorker (sglang/srt/speculative/eagle_worker.py)" in out
@@ -164,3 +165,4 @@ def test_a_start_that_cannot_run_is_restart_failed_and_rolled_back_on_request(op
     assert "spec-path-beacon" not in ledger["patches"]
     assert ledger["restart_pending"] is True, "the server is still to be started"
     assert "rollback FAILED" in h["message"]
+    assert not (fleet.hosts["v2b"].state_dir / "lock").exists()

@@ -77,6 +77,11 @@ class Job:
     settle_s: float = 2.0
 
 
+# How long a decided failure waits for the rest of the server's last words
+# (the agent reports every 50 ms; a dying process's traceback lands within that).
+FAILURE_GRACE_S = 0.5
+
+
 # ----------------------------------------------------------------- helpers
 
 def agent_restart(host: Host) -> dict:
@@ -368,7 +373,7 @@ def revision_files(job: Job) -> list[str]:
 
 def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, version: str,
                      launch: LaunchConfig, patches: list[Patch], labels: list[str], want_markers: bool,
-                     timeout: float) -> tuple[list[evidence.Verdict], dict]:
+                     timeout: float, keep_lock_on_failure: bool = False) -> tuple[list[evidence.Verdict], dict]:
     """Stream the log from `start` (inode, offset, pid) and judge as lines arrive.
     The decision goes back on the same channel with the ledger update and the
     unlock, so verification costs one round trip."""
@@ -382,6 +387,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
     state = {"alive": None, "healthy": None, "server_info": None, "ready_at": None}
     t0 = time.monotonic()
     launch_now = [launch]
+    failed_at = [0.0]
     arrived: list[float] = []  # when each log line reached the laptop
     verdicts: list[evidence.Verdict] = []
     timings = {}
@@ -420,6 +426,12 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
             else "decided"))
         if waiting:  # a host in flight always finishes its verdict, Ctrl-C or not
             return None
+        if any(v.status == "restart-failed" for v in vs) and state["alive"] is not False and not timed_out:
+            # The failure is decided, but the rest of the traceback (the error itself) is
+            # still being written: let the process die or a moment pass, so the message shows it.
+            failed_at[0] = failed_at[0] or time.monotonic()
+            if time.monotonic() - failed_at[0] < FAILURE_GRACE_S:
+                return None
         verdicts[:] = vs
         timings["verdict_after_s"] = round(elapsed, 3)
         seen = [m["line_no"] for v in vs for m in v.markers_seen if m.get("line_no")]
@@ -436,7 +448,9 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
             for p, v in zip(patches, vs):
                 update["verification"][p.name] = {"status": v.status, "executed_path": v.executed_path,
                                                   "at": update["last_verification"]["at"]}
-        return json.dumps({"ledger_update": update, "unlock": True})
+        failed = any(v.status not in ("verified", "rolled-back") for v in vs)
+        # A rollback that follows keeps the lock, so no other run can slip in between.
+        return json.dumps({"ledger_update": update, "unlock": not (failed and keep_lock_on_failure)})
 
     remote.stream("follow", req, on_event, timeout=timeout)
     if not verdicts:  # the stream ended before a decision (server host went away)
@@ -498,14 +512,13 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, reply: dict) -> HostRes
             return _verify(job, host, remote, version, plan.launch, [job.patch], [label], last,
                            already=True)
         job.progress(host.name, "restart", "restart pending from an earlier run")
-        out = remote.call("restart", dict(req, reason=f"pending restart for {label}"))
-        return _verify(job, host, remote, version, launch_after_restart(host, plan), [job.patch], [label],
-                       restart_start(out))
+        return _restart_and_verify(job, host, remote, plan, "restart",
+                                   dict(req, reason=f"pending restart for {label}"))
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
     files = [{"path": r.path, "before": sha256(file_bytes(reply, r.path)), "after": sha256(r.new),
               "content": hostagent.pack(r.new)} for r in plan.changes]
     apply_req = dict(req, package_dir=reply["package_dir"], name=job.patch.name, rev=revision.rev, label=label,
-                     diff_sha256=revision.diff_sha256, files=files, unlock_on_error=True)
+                     diff_sha256=revision.diff_sha256, files=files, unlock_on_error=True)  # a restart resets this
     if job.no_restart:
         apply_req["restart"] = None
         apply_req["unlock_after"] = True
@@ -514,20 +527,30 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, reply: dict) -> HostRes
                           f"{host.name}: {label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", engine_version=version, patch=label)
     job.progress(host.name, "restart", "")
+    return _restart_and_verify(job, host, remote, plan, "apply", apply_req)
+
+
+def _restart_and_verify(job: Job, host: Host, remote: Remote, plan: Plan, op: str, request: dict) -> HostResult:
+    """Run the agent operation that restarts (apply+restart, or a pending restart),
+    verify, and with --on-failure rollback undo a host that failed either way."""
+    rollback = job.on_failure == "rollback"
+    # With a rollback to follow, the lock is held throughout; deploy() releases it on other errors.
+    request = dict(request, unlock_on_error=not rollback)
     try:
-        out = remote.call("apply", apply_req)
+        out = remote.call(op, request)
     except HostFailure as f:
         if f.status != "restart-failed":
             raise
         # The files are written (the ledger says so, restart pending) but the server did not start.
-        failed = HostResult(host.name, False, "restart-failed", f.message, engine_version=version, patch=label)
-        if job.on_failure == "rollback":
+        failed = HostResult(host.name, False, "restart-failed", f.message, engine_version=plan.version,
+                            patch=plan.label)
+        if rollback:
             return _rollback_after_failure(job, host, remote, failed)
         failed.message += "\n  the files are written and a restart is pending; fix the start, then rerun or roll back"
         return failed
-    result = _verify(job, host, remote, version, launch_after_restart(host, plan), [job.patch], [label],
-                     restart_start(out))
-    if not result.ok and job.on_failure == "rollback":
+    result = _verify(job, host, remote, plan.version, launch_after_restart(host, plan), [job.patch], [plan.label],
+                     restart_start(out), keep_lock_on_failure=rollback)
+    if not result.ok and rollback:
         result = _rollback_after_failure(job, host, remote, result)
     return result
 
@@ -544,12 +567,14 @@ def restart_start(reply: dict) -> dict:
     return {"inode": r.get("log_inode"), "offset": r.get("log_offset", 0), "pid": r.get("pid")}
 
 
-def _verify(job, host, remote, version, launch, patches, labels, start, already=False) -> HostResult:
+def _verify(job, host, remote, version, launch, patches, labels, start, already=False,
+            keep_lock_on_failure=False) -> HostResult:
     timeout = job.timeout if job.timeout is not None else float(host.server.ready_timeout)
     job.progress(host.name, "verify", "waiting for markers")
     # After a restart the running process is the one to read, not what it was before.
     verdicts, timings = follow_and_judge(remote, host, job, start=start, version=version, launch=launch,
-                                         patches=patches, labels=labels, want_markers=True, timeout=timeout)
+                                         patches=patches, labels=labels, want_markers=True, timeout=timeout,
+                                         keep_lock_on_failure=keep_lock_on_failure)
     result = verdict_result(host, version, verdicts, labels, timings)
     if already and result.ok:
         result.status = "already-applied"
