@@ -30,6 +30,15 @@ def with_bastion_keys(operator, bastion) -> dict:
     return doc
 
 
+def test_unknown_bastion_key_is_refused(operator, fleet, bastion):
+    doc = operator.inventory()  # the fleet's known_hosts only: the bastion's key is unknown
+    doc["hosts"]["v1a"]["gateway"] = f"root@127.0.0.1:{bastion.hosts['bastion'].ssh_port}"
+    operator.write_inventory(doc)
+    run = operator.run("status", "--hosts", "v1a")
+    assert run.code == 1, run
+    assert run.host("v1a")["status"] == "host-key-rejected"
+
+
 def test_deploy_through_a_proxyjump_bastion(operator, fleet, bastion):
     doc = with_bastion_keys(operator, bastion)
     # the bastion accepts the fleet's client key too
@@ -47,15 +56,11 @@ def test_deploy_through_a_proxyjump_bastion(operator, fleet, bastion):
     # Only the targets ran commands: the bastion only forwarded the connections.
     assert bastion.commands("bastion") == []
     assert fleet.commands("v1a")
-
-
-def test_unknown_bastion_key_is_refused(operator, fleet, bastion):
-    doc = operator.inventory()  # the fleet's known_hosts only: the bastion's key is unknown
-    doc["hosts"]["v1a"]["gateway"] = f"root@127.0.0.1:{bastion.hosts['bastion'].ssh_port}"
-    operator.write_inventory(doc)
-    run = operator.run("status", "--hosts", "v1a")
-    assert run.code == 1, run
-    assert run.host("v1a")["status"] == "host-key-rejected"
+    # And the connections really go through it: with the bastion down the hosts are unreachable.
+    bastion.stop()
+    down = operator.run("status")
+    assert down.code == 1, down
+    assert down.host("v1a")["status"] == down.host("v2a")["status"] == "unreachable"
 
 
 def test_ssh_config_alias_user_port_identity_and_the_agent(operator, fleet, tmp_path):
