@@ -23,7 +23,7 @@ line "Dynamic speculation disable enabled ... V2").
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 STATUSES = ("verified", "not-executed", "restart-failed", "timeout", "pending", "rolled-back", "error")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -246,13 +246,6 @@ def _display(path: Path) -> str:
 
 
 # --------------------------------------------------------------------------- validation
-
-
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
 
 
 def _str(file: str, key: str, value: Any, *, empty_ok: bool = False) -> str:

@@ -3,7 +3,6 @@ failure details last, and the JSON report."""
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path

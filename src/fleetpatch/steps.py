@@ -339,7 +339,6 @@ def describe_states(plan: Plan) -> str:
 
 @host_step
 def check_patch(job: Job, host: Host, remote: Remote) -> HostResult:
-    profile = get_profile(host.engine.kind)
     job.progress(host.name, "fetch", "")
     reply = probe(remote, host, job, revision_files(job), content=True, lock=False)
     plan, _ = make_plan(job, host, reply)
@@ -594,7 +593,7 @@ def _rollback_after_failure(job, host, remote, failed: HostResult) -> HostResult
     failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
     if rb.ok:
         failed.status = "rolled-back"
-        failed.message += f"\n  rolled back: originals restored byte for byte, server restarted without the patch"
+        failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
     else:
         failed.message += f"\n  rollback did not verify: {rb.message}"
     failed.ok = False
