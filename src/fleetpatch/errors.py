@@ -1,20 +1,86 @@
-"""Shared exception base classes.
+"""fleetpatch's errors, the statuses a host can end in, and the exit codes.
 
 Every error a user can cause before any host is changed (bad command line,
-bad inventory, bad patch) is a `UsageError`: the CLI maps it to exit code 2.
-Its `str()` is the whole message the user sees: which file, which key or line,
-what is wrong, and when useful what to do.
+bad inventory, bad patch) is a `UsageError`. A failure that belongs to one
+host is a `HostFailure` carrying that host's `Status`. Their `str()` is the
+whole message the user sees: which host or file, which key or line, what is
+wrong, and when useful what to do. Exit codes are decided in one place,
+`exit_code`, from the kind of error.
 """
 from __future__ import annotations
+
+from enum import Enum
+
+
+class Status(str, Enum):
+    """Where one host ended, as the report and the summary name it.
+
+    A `str` subclass: `Status.VERIFIED == "verified"`, and it is written to
+    JSON and f-strings as its value."""
+
+    FETCHED = "fetched"
+    APPLIES = "applies"
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already-applied"
+    VERIFIED = "verified"
+    NOT_EXECUTED = "not-executed"
+    DRIFT = "drift"
+    CONFLICT = "conflict"
+    UNREACHABLE = "unreachable"
+    HOST_KEY_REJECTED = "host-key-rejected"
+    AUTH_FAILED = "auth-failed"
+    LOCKED = "locked"
+    RESTART_FAILED = "restart-failed"
+    TIMEOUT = "timeout"
+    ROLLED_BACK = "rolled-back"
+    SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"
+    PENDING = "pending"
+    OK = "ok"
+    ERROR = "error"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def succeeded(self) -> bool:
+        """A status a command counts as success when it is what the command is for."""
+        return self in _SUCCESS
+
+
+_SUCCESS = {Status.FETCHED, Status.APPLIES, Status.APPLIED, Status.ALREADY_APPLIED, Status.VERIFIED,
+            Status.ROLLED_BACK, Status.OK}
+
+# Statuses of a host fleetpatch never got to change (it may not even have been reached).
+NOT_STARTED = {Status.UNREACHABLE, Status.HOST_KEY_REJECTED, Status.AUTH_FAILED, Status.SKIPPED}
 
 
 class FleetpatchError(Exception):
     """Base class of fleetpatch's own errors."""
 
-    exit_code = 1
-
 
 class UsageError(FleetpatchError):
     """A usage, inventory or patch error found before any host was changed (exit 2)."""
 
-    exit_code = 2
+
+class HostFailure(FleetpatchError):
+    """A per-host failure: the host ends with `status`, the run goes on for the others."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = Status(status)
+        self.message = message
+
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def exit_code(exc: BaseException | None) -> int:
+    """The process exit code for how a command ended (None: it ended normally)."""
+    if exc is None:
+        return EXIT_OK
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE
+    return EXIT_FAILED

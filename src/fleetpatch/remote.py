@@ -21,6 +21,7 @@ import paramiko
 from fabric import Connection
 
 from . import hostagent
+from .errors import HostFailure
 from .inventory import Host
 
 # Sent with every request, compressed: the host needs nothing installed.
@@ -36,15 +37,6 @@ BOOTSTRAP = (
 )
 
 SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "~/.ssh/known_hosts")
-
-
-class HostFailure(Exception):
-    """A per-host failure with a contract status (unreachable, locked, drift, …)."""
-
-    def __init__(self, status: str, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class _RecordNewHostKey(paramiko.MissingHostKeyPolicy):
