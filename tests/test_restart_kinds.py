@@ -227,8 +227,8 @@ def test_systemd_with_a_log_file_follows_the_file(tmp_path, fake_systemd):
     ledger = agent.load_ledger(req)
     out = agent.restart_server(req, ledger, "deploy")
     assert "journal" not in out and "journal" not in ledger["last_restart"]
-    assert out["log_offset"] == len("old run\n")
-    follower = agent.open_follower(dict(req, inode=out["log_inode"], offset=out["log_offset"]))
+    assert out["offset"] == len("old run\n")
+    follower = agent.open_follower(dict(req, inode=out["inode"], offset=out["offset"]))
     assert isinstance(follower, agent.LogFollower)
 
 

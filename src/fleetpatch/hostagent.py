@@ -6,12 +6,14 @@ Every operation is one remote command: the laptop decides, this side only
 reads, writes atomically, restarts and follows the log. Keeping the steps of
 one phase in one request is what keeps a deploy at three round trips a host.
 
-Protocol: stdin carries the request as one JSON object (after this source);
-the reply is JSON lines on stdout, each prefixed with REPLY_PREFIX so that any
-noise a login shell prints can never be mistaken for an answer.
+The protocol (every request, reply and the ledger record) is `protocol.py`,
+sent with this source: stdin carries the request as one JSON line (after the
+two sources); the answer is JSON lines on stdout, each prefixed with
+REPLY_PREFIX so that any noise a login shell prints can never be mistaken for
+an answer. Every deadline here uses the monotonic clock: a clock step on the
+host must not end a wait early or late.
 """
 import atexit
-import base64
 import errno
 import hashlib
 import json
@@ -23,11 +25,17 @@ import subprocess
 import sys
 import time
 import traceback
-import zlib
 
-REPLY_PREFIX = "@@fleetpatch "
-LEDGER = "ledger.json"
-LOCK = "lock"
+if "fleetpatch_protocol" in sys.modules:   # on a host: the bootstrap loaded it from stdin
+    protocol = sys.modules["fleetpatch_protocol"]
+else:                                      # imported on the laptop (tests)
+    from fleetpatch import protocol
+
+REPLY_PREFIX = protocol.REPLY_PREFIX
+LEDGER = protocol.LEDGER_FILE
+LOCK = protocol.LOCK_FILE
+pack = protocol.pack
+unpack = protocol.unpack
 
 
 def emit(obj):
@@ -42,15 +50,6 @@ class AgentError(Exception):
         Exception.__init__(self, message)
         self.code = code
         self.message = message
-
-
-def pack(data):
-    """File bytes for JSON: zlib then base64 (source text shrinks about 4x)."""
-    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
-
-
-def unpack(text):
-    return zlib.decompress(base64.b64decode(text))
 
 
 def sha256_bytes(data):
@@ -88,7 +87,7 @@ def load_ledger(req):
             return json.load(f)
     except (IOError, OSError) as e:
         if e.errno == errno.ENOENT:
-            return {"version": 1, "patches": {}, "restart_pending": False, "last_restart": None}
+            return protocol.empty_ledger()
         raise
     except ValueError:
         raise AgentError("error", "the ledger %s is not valid JSON; fix or move it away" % path)
@@ -124,6 +123,7 @@ def atomic_write(path, data, like=None):
 
 
 def save_ledger(req, ledger):
+    """The one place the ledger is written (atomically: a reader sees the old or the new one)."""
     ensure_dir(state_path(req))
     atomic_write(state_path(req, LEDGER), (json.dumps(ledger, indent=1, sort_keys=True) + "\n").encode())
 
@@ -141,7 +141,7 @@ def read_lock(req):
 def take_lock(req, lock):
     ensure_dir(state_path(req))
     path = state_path(req, LOCK)
-    if lock.get("break"):
+    if lock.get("force"):
         try:
             os.unlink(path)
         except OSError:
@@ -266,8 +266,8 @@ def stop_command_server(restart):
         os.kill(pid, signal.SIGTERM)
     except OSError:
         return {"stopped": pid}
-    deadline = time.time() + grace
-    while time.time() < deadline:
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
         if not pid_alive(pid):
             return {"stopped": pid, "signal": "TERM"}
         time.sleep(0.02)
@@ -275,7 +275,7 @@ def stop_command_server(restart):
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
-    while pid_alive(pid) and time.time() < deadline + 5:
+    while pid_alive(pid) and time.monotonic() < deadline + 5:
         time.sleep(0.02)
     return {"stopped": pid, "signal": "KILL"}
 
@@ -532,7 +532,7 @@ def restart_server(req, ledger, reason):
     if result.get("journal"):
         ledger["last_restart"]["journal"] = result["journal"]
     ledger["restart_pending"] = False
-    result.update({"pid": pid, "log_inode": pos["inode"], "log_offset": pos["offset"]})
+    result.update({"pid": pid, "inode": pos["inode"], "offset": pos["offset"]})
     return result
 
 
@@ -654,7 +654,7 @@ def op_probe(req):
         if alive:
             out["server"].update(proc_launch(pid))
         if req.get("health_url") and alive:
-            status, _ = http_get(req["health_url"], timeout=float(req.get("health_timeout", 3)))
+            status, _ = http_get(req["health_url"], timeout=3.0)
             out["server"]["healthy"] = status == 200
     if req.get("log"):
         out["log"] = log_position(req["log"])
@@ -752,13 +752,14 @@ def op_rollback(req):
 
 
 def op_unlock(req):
-    if req.get("ledger_update"):
-        apply_ledger_update(req, req["ledger_update"])
+    """Release this run's lock (a no-op when this run does not hold it)."""
     release_lock(req)
     return {"unlocked": True}
 
 
-def apply_ledger_update(req, update):
+def op_record(req):
+    """Write a verification verdict into the ledger."""
+    update = req.get("ledger_update") or {}
     ledger = load_ledger(req)
     for name, verification in (update.get("verification") or {}).items():
         if name in ledger.get("patches", {}):
@@ -766,6 +767,7 @@ def apply_ledger_update(req, update):
     if "last_verification" in update:
         ledger["last_verification"] = update["last_verification"]
     save_ledger(req, ledger)
+    return {"recorded": True}
 
 
 # ------------------------------------------------------------------- follow
@@ -939,7 +941,7 @@ def open_follower(req):
     restart = req.get("restart") or {}
     if not uses_journal(restart, req.get("log")):
         return LogFollower(req["log"], req.get("inode"), req.get("offset", 0))
-    window = req.get("journal") or (load_ledger(req).get("last_restart") or {}).get("journal") or {}
+    window = (load_ledger(req).get("last_restart") or {}).get("journal") or {}
     since = window.get("since")
     if not window.get("invocation") and since is None:
         since = time.time()   # no restart of fleetpatch's to start from: from now on
@@ -947,106 +949,138 @@ def open_follower(req):
     return JournalFollower(argv, "journal of " + restart["unit"])
 
 
-def op_follow(req):
-    """Stream the log since the restart, with liveness and health, until the
-    laptop says it has its verdict (a line on stdin) or the timeout passes."""
-    follower = open_follower(req)
-    pid = req.get("pid")
-    restart = req.get("restart") or {}
-    managed = restart.get("kind") in ("systemd", "supervisor")
-    if managed and not pid:
-        pid = server_pid(restart)
-    health_url = req.get("health_url")
-    info_url = req.get("server_info_url")
-    ready_text = req.get("ready_line")
-    deadline = time.time() + float(req.get("timeout", 60)) + 5
-    started = time.time()
-    ready = False
-    info_sent = False
-    last_state = None
-    last_emit = started
-    next_health = 0.0
-    stdin_fd = sys.stdin.fileno()
-    stdin_buf = b""
-    launch_sent = False
-    while True:
-        if pid and not launch_sent and pid_alive(pid):
+class Follow(object):
+    """One `follow`: stream the log since the restart with liveness and health,
+    until the laptop sends its follow-up requests (it has its verdict) or the
+    timeout passes. Deadlines use the monotonic clock."""
+
+    POLL_S = 0.05
+
+    def __init__(self, req):
+        self.req = req
+        self.follower = open_follower(req)
+        restart = req.get("restart") or {}
+        self.managed = restart.get("kind") in ("systemd", "supervisor")
+        self.pid = req.get("pid") or (server_pid(restart) if self.managed else None)
+        self.health_url = req.get("health_url")
+        self.info_url = req.get("server_info_url")
+        self.ready_text = req.get("ready_line")
+        self.started = time.monotonic()
+        self.deadline = self.started + float(req.get("timeout", 60)) + 5
+        self.ready = False
+        self.info_sent = False
+        self.launch_sent = False
+        self.last_state = None
+        self.last_emit = self.started
+        self.next_health = 0.0
+        self.stdin_buf = b""
+
+    def run(self):
+        while True:
+            self.send_launch()
+            self.send_lines()
+            now = time.monotonic()
+            # a manager that reports no main process means the server is not running
+            alive = pid_alive(self.pid) if self.pid else (False if self.managed else None)
+            if alive is False:
+                # What a dying server wrote last (its traceback) must reach the verdict before its death does.
+                self.send_lines()
+            self.send_state(now, alive, self.check_health(now, alive))
+            if now > self.deadline:
+                emit({"t": "deadline"})
+                return {"ended": "deadline"}
+            followups = self.read_followups()
+            if followups is not None:
+                return followups
+
+    def send_launch(self):
+        if self.pid and not self.launch_sent and pid_alive(self.pid):
             # How the server that is running now was launched: it, not the inventory, decides the path.
-            emit(dict(proc_launch(pid), t="launch", pid=pid))
-            launch_sent = True
-        for path, first, lines in follower.read():
+            emit(dict(proc_launch(self.pid), t="launch", pid=self.pid))
+            self.launch_sent = True
+
+    def send_lines(self):
+        for path, first, lines in self.follower.read():
             emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines})
-            last_emit = time.time()
-            if ready_text and not ready and any(ready_text in l for l in lines):
-                ready = True
-                next_health = 0.0
-        now = time.time()
-        # a manager that reports no main process means the server is not running
-        alive = pid_alive(pid) if pid else (False if managed else None)
-        if alive is False:
-            # What a dying server wrote last (its traceback) must reach the verdict before its death does.
-            for path, first, lines in follower.read():
-                emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines})
-        healthy = None
-        if health_url and now >= next_health and alive is not False:
-            status, _ = http_get(health_url, timeout=2.0)
-            healthy = status == 200
-            next_health = now + (0.25 if ready else 1.0)
-            if healthy and info_url and not info_sent:
-                status, body = http_get(info_url, timeout=3.0)
-                if status == 200:
-                    try:
-                        emit({"t": "server_info", "data": json.loads(body.decode("utf-8", "replace"))})
-                    except ValueError:
-                        pass
-                    info_sent = True
-        state = (alive, healthy)
+            self.last_emit = time.monotonic()
+            if self.ready_text and not self.ready and any(self.ready_text in l for l in lines):
+                self.ready = True
+                self.next_health = 0.0
+
+    def check_health(self, now, alive):
+        if not self.health_url or now < self.next_health or alive is False:
+            return None
+        status, _ = http_get(self.health_url, timeout=2.0)
+        healthy = status == 200
+        self.next_health = now + (0.25 if self.ready else 1.0)
+        if healthy and self.info_url and not self.info_sent:
+            status, body = http_get(self.info_url, timeout=3.0)
+            if status == 200:
+                try:
+                    emit({"t": "server_info", "data": json.loads(body.decode("utf-8", "replace"))})
+                except ValueError:
+                    pass
+                self.info_sent = True
+        return healthy
+
+    def send_state(self, now, alive, healthy):
+        elapsed = round(now - self.started, 3)
         if healthy is not None or alive is False:
-            if state != last_state:
-                emit({"t": "state", "alive": alive, "healthy": healthy, "elapsed": round(now - started, 3)})
-                last_state = state
-                last_emit = now
-        elif now - last_emit >= 0.5:
-            emit({"t": "tick", "elapsed": round(now - started, 3)})
-        if now > deadline:
-            emit({"t": "deadline"})
-            return {"ended": "deadline"}
-        r, _, _ = select.select([stdin_fd], [], [], 0.05)
-        if r:
-            chunk = os.read(stdin_fd, 65536)
-            if not chunk:
-                return {"ended": "stdin closed"}
-            stdin_buf += chunk
-            if b"\n" in stdin_buf:
-                line = stdin_buf.split(b"\n", 1)[0]
-                cmd = json.loads(line.decode() or "{}")
-                if cmd.get("ledger_update"):
-                    apply_ledger_update(req, cmd["ledger_update"])
-                if cmd.get("unlock"):
-                    release_lock(req)
-                return {"ended": "finished"}
+            if (alive, healthy) != self.last_state:
+                emit({"t": "state", "alive": alive, "healthy": healthy, "elapsed": elapsed})
+                self.last_state = (alive, healthy)
+                self.last_emit = now
+        elif now - self.last_emit >= 0.5:
+            emit({"t": "tick", "elapsed": elapsed})
+
+    def read_followups(self):
+        """None while the laptop is still listening; else follow's result."""
+        fd = sys.stdin.fileno()
+        r, _, _ = select.select([fd], [], [], self.POLL_S)
+        if not r:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return {"ended": "stdin closed"}
+        self.stdin_buf += chunk
+        if b"\n" not in self.stdin_buf:
+            return None
+        line = self.stdin_buf.split(b"\n", 1)[0]
+        requests = json.loads(line.decode("utf-8") or "[]")
+        return {"ended": "finished", "then": [dispatch(r) for r in requests]}
+
+    def close(self):
+        close = getattr(self.follower, "close", None)
+        if close is not None:
+            close()
+
+
+def op_follow(req):
+    follow = Follow(req)
+    try:
+        return follow.run()
+    finally:
+        follow.close()
 
 
 OPS = {"probe": op_probe, "apply": op_apply, "restart": op_restart, "rollback": op_rollback,
-       "unlock": op_unlock, "follow": op_follow}
+       "record": op_record, "unlock": op_unlock, "follow": op_follow}
+
+
+def dispatch(req):
+    """Run one request; an unknown op is the laptop's bug, said plainly."""
+    op = OPS.get(req.get("op"))
+    if op is None:
+        raise AgentError("error", "unknown agent operation %r" % req.get("op"))
+    return op(req)
 
 
 def main(req):
-    op = OPS.get(req.get("op"))
     try:
-        if op is None:
-            raise AgentError("error", "unknown agent operation %r" % req.get("op"))
-        result = op(req)
-        if req.get("unlock_after"):
-            release_lock(req)
-        emit({"t": "result", "ok": True, "result": result})
+        emit({"t": "result", "ok": True, "result": dispatch(req)})
     except AgentError as e:
-        if req.get("unlock_after") or req.get("unlock_on_error"):
-            release_lock(req)
         emit({"t": "result", "ok": False, "code": e.code, "message": e.message})
     except Exception as e:  # a bug or an OS error: report it, don't hang the laptop
-        if req.get("unlock_after") or req.get("unlock_on_error"):
-            release_lock(req)
         emit({"t": "result", "ok": False, "code": "error",
               "message": "%s: %s" % (type(e).__name__, e), "traceback": traceback.format_exc()})
 

@@ -1,8 +1,12 @@
-"""The one seam to SSH: a Fabric Connection per host, host keys enforced.
+"""The one seam to a host: `Remote` speaks the agent protocol over a transport.
 
 Everything fleetpatch does on a host is a request to `hostagent` run by the
-host's engine interpreter; this module opens the connection once, sends
-requests, streams replies and counts the round trips. Nothing here decides.
+host's engine interpreter. `Remote` starts the agent (its source and the
+protocol's travel with every request: the host needs nothing installed),
+sends requests, streams replies and counts the round trips; a `Transport`
+only carries bytes to and from one agent process. `SSHTransport` (here) is a
+Fabric Connection per host with host keys enforced; `transport_local.LocalTransport`
+runs the same bootstrap as a local subprocess, for tests. Nothing here decides.
 """
 from __future__ import annotations
 
@@ -11,30 +15,41 @@ import os
 import shlex
 import socket
 import threading
-import zlib
 import time
-from dataclasses import dataclass, field
+import zlib
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional, Protocol
 
 import paramiko
 from fabric import Connection
 
-from . import hostagent
+from . import hostagent, protocol
 from .errors import HostFailure
 from .inventory import Host
 
 # Sent with every request, compressed: the host needs nothing installed.
+PROTOCOL_SOURCE = zlib.compress(Path(protocol.__file__).read_bytes(), 9)
 AGENT_SOURCE = zlib.compress(Path(hostagent.__file__).read_bytes(), 9)
 
-# The host's interpreter compiles the agent it is sent; `python -c` plus a
-# length-prefixed source on stdin keeps every inventory value out of the
-# shell line (only the quoted interpreter path is in it).
+# The host's interpreter compiles what it is sent: the protocol module (registered
+# under protocol.AGENT_MODULE_NAME, where the agent looks for it), then the agent.
+# `python -c` plus length-prefixed sources on stdin keeps every inventory value out
+# of the shell line (only the quoted interpreter path is in it).
 BOOTSTRAP = (
-    "import sys,zlib;b=sys.stdin.buffer;"
-    "exec(compile(zlib.decompress(b.read(int(b.readline()))),'fleetpatch-agent','exec'),"
-    "{'__name__':'__fleetpatch_agent__'})"
+    "import sys,types,zlib;b=sys.stdin.buffer;"
+    "s=lambda n:compile(zlib.decompress(b.read(int(b.readline()))),n,'exec');"
+    f"m=types.ModuleType('{protocol.AGENT_MODULE_NAME}');exec(s('fleetpatch-protocol'),m.__dict__);"
+    "sys.modules[m.__name__]=m;"
+    "exec(s('fleetpatch-agent'),{'__name__':'__fleetpatch_agent__'})"
 )
+
+
+def agent_payload(request: dict) -> bytes:
+    """What the agent process reads on stdin: both sources, then the request line."""
+    out = b""
+    for source in (PROTOCOL_SOURCE, AGENT_SOURCE):
+        out += str(len(source)).encode() + b"\n" + source
+    return out + json.dumps(request).encode() + b"\n"
 
 SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "~/.ssh/known_hosts")
 
@@ -100,6 +115,12 @@ def connection_for(host: Host, hosts_by_name: dict[str, Host] | None = None,
         host.address, user=host.user, port=host.port, gateway=gateway,
         connect_timeout=host.connect_timeout, connect_kwargs=_connect_kwargs(host),
     )
+    # Fabric stores int(connect_timeout): 0.5 would become 0, which it then treats as
+    # "no timeout". Keep the inventory's value as written, on every hop.
+    hop = conn
+    while isinstance(hop, Connection):
+        hop.connect_timeout = host.connect_timeout
+        hop = hop.gateway
     _harden(conn, host, accept_new_host_keys)
     return conn
 
@@ -126,15 +147,81 @@ def classify_connect_error(host: Host, exc: BaseException) -> HostFailure:
     return HostFailure("error", f"{where}: {type(exc).__name__}: {exc}")
 
 
-@dataclass
-class Remote:
-    """One host, one SSH connection, for the whole command."""
+# ------------------------------------------------------------ transports
 
-    host: Host
-    hosts_by_name: dict = field(default_factory=dict)
-    accept_new_host_keys: bool = False
-    round_trips: int = 0
-    _conn: Connection | None = None
+class AgentChannel(Protocol):
+    """Bytes to and from one running agent process."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def shutdown_write(self) -> None: ...
+
+    def recv(self, wait: float) -> Optional[bytes]:
+        """Up to 64 KiB of stdout; None if nothing came within `wait` s; b"" at end."""
+
+    def stderr(self) -> bytes: ...
+
+    def exit_status(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """How the agent is started on one host. One `start` per request today; a
+    transport whose channel stays open could carry several requests (issue 11)."""
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def start(self, argv: list[str]) -> AgentChannel: ...
+
+
+class _SSHChannel:
+    def __init__(self, chan: paramiko.Channel):
+        self.chan = chan
+        self._stderr = b""
+
+    def send(self, data: bytes) -> None:
+        self.chan.sendall(data)
+
+    def shutdown_write(self) -> None:
+        self.chan.shutdown_write()
+
+    def recv(self, wait: float) -> Optional[bytes]:
+        self._drain_stderr()
+        self.chan.settimeout(wait)
+        try:
+            chunk = self.chan.recv(65536)
+        except socket.timeout:
+            return None
+        if not chunk:
+            self._drain_stderr()
+        return chunk
+
+    def _drain_stderr(self) -> None:
+        while self.chan.recv_stderr_ready():
+            self._stderr += self.chan.recv_stderr(65536)
+
+    def stderr(self) -> bytes:
+        self._drain_stderr()
+        return self._stderr
+
+    def exit_status(self) -> int:
+        return self.chan.recv_exit_status()
+
+    def close(self) -> None:
+        self.chan.close()
+
+
+class SSHTransport:
+    """One host, one SSH connection (Fabric), for the whole command."""
+
+    def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False):
+        self.host = host
+        self.hosts_by_name = hosts_by_name or {}
+        self.accept_new_host_keys = accept_new_host_keys
+        self._conn: Connection | None = None
 
     def open(self) -> None:
         if self._conn is not None and self._conn.is_connected:
@@ -157,6 +244,33 @@ class Remote:
             finally:
                 self._conn = None
 
+    def start(self, argv: list[str]) -> _SSHChannel:
+        self.open()
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostFailure("unreachable", f"{self.host.name}: the SSH connection dropped")
+        chan = transport.open_session()
+        chan.exec_command(" ".join(shlex.quote(a) for a in argv))
+        return _SSHChannel(chan)
+
+
+# ----------------------------------------------------------------- Remote
+
+class Remote:
+    """One host's agent, over SSH unless another transport is given."""
+
+    def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False,
+                 transport: Transport | None = None):
+        self.host = host
+        self.transport = transport or SSHTransport(host, hosts_by_name, accept_new_host_keys)
+        self.round_trips = 0
+
+    def open(self) -> None:
+        self.transport.open()
+
+    def close(self) -> None:
+        self.transport.close()
+
     def __enter__(self):
         self.open()
         return self
@@ -164,62 +278,51 @@ class Remote:
     def __exit__(self, *exc):
         self.close()
 
-    # -- the agent ----------------------------------------------------------
-
-    def _command(self) -> str:
-        return f"{shlex.quote(self.host.engine.python)} -c {shlex.quote(BOOTSTRAP)}"
-
-    def _start(self, request: dict) -> paramiko.Channel:
-        self.open()
-        transport = self._conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise HostFailure("unreachable", f"{self.host.name}: the SSH connection dropped")
-        chan = transport.open_session()
-        chan.exec_command(self._command())
+    def _start(self, request: dict) -> AgentChannel:
+        chan = self.transport.start([self.host.engine.python, "-c", BOOTSTRAP])
         self.round_trips += 1
-        payload = (str(len(AGENT_SOURCE)).encode() + b"\n" + AGENT_SOURCE
-                   + json.dumps(request).encode() + b"\n")
-        chan.sendall(payload)
+        chan.send(agent_payload(request))
         return chan
 
     def call(self, op: str, request: dict, timeout: float = 300) -> dict:
         """Run one agent operation and return its result, or raise HostFailure."""
         chan = self._start(dict(request, op=op))
-        chan.shutdown_write()
-        replies = list(self._replies(chan, timeout))
-        return self._result(op, chan, replies)
+        try:
+            chan.shutdown_write()
+            replies = list(self._replies(chan, timeout))
+            return self._result(op, chan, replies)
+        finally:
+            chan.close()
 
-    def stream(self, op: str, request: dict, on_event: Callable[[dict], str | None],
+    def stream(self, op: str, request: dict, on_event: Callable[[dict], list | None],
                timeout: float) -> dict:
-        """Run a streaming operation. `on_event` gets every event and returns a
-        line to send back (the laptop's decision) or None to keep listening."""
+        """Run a streaming operation. `on_event` gets every event and returns the
+        follow-up requests to send back (the laptop's decision) or None to keep
+        listening; their results are in the reply's "then"."""
         chan = self._start(dict(request, op=op))
-        replies = []
-        sent = False
-        for reply in self._replies(chan, timeout + 30):
-            replies.append(reply)
-            if reply.get("t") == "result":
-                break
-            if not sent:
-                answer = on_event(reply)
-                if answer is not None:
-                    chan.sendall(answer.encode() + b"\n")
-                    sent = True
-        return self._result(op, chan, replies)
+        try:
+            replies = []
+            sent = False
+            for reply in self._replies(chan, timeout + 30):
+                replies.append(reply)
+                if reply.get("t") == "result":
+                    break
+                if not sent:
+                    answer = on_event(reply)
+                    if answer is not None:
+                        chan.send(json.dumps(answer).encode() + b"\n")
+                        sent = True
+            return self._result(op, chan, replies)
+        finally:
+            chan.close()
 
-    def _replies(self, chan: paramiko.Channel, timeout: float) -> Iterator[dict]:
+    def _replies(self, chan: AgentChannel, timeout: float) -> Iterator[dict]:
         deadline = time.monotonic() + timeout
         buf = b""
-        self._stderr = b""
-        chan.settimeout(0.5)
         while True:
-            if chan.recv_stderr_ready():
-                self._stderr += chan.recv_stderr(65536)
-            try:
-                chunk = chan.recv(65536)
-            except socket.timeout:
+            chunk = chan.recv(0.5)
+            if chunk is None:
                 if time.monotonic() > deadline:
-                    chan.close()
                     raise HostFailure("timeout", f"{self.host.name}: the host did not answer within {timeout:.0f}s")
                 continue
             if not chunk:
@@ -227,18 +330,15 @@ class Remote:
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                text = line.decode("utf-8", "replace")
-                if text.startswith(hostagent.REPLY_PREFIX):
-                    yield json.loads(text[len(hostagent.REPLY_PREFIX):])
-        while chan.recv_stderr_ready():
-            self._stderr += chan.recv_stderr(65536)
+                reply = parse_reply(line)
+                if reply is not None:
+                    yield reply
 
-    def _result(self, op: str, chan: paramiko.Channel, replies: list[dict]) -> dict:
-        status = chan.recv_exit_status()
-        chan.close()
+    def _result(self, op: str, chan: AgentChannel, replies: list[dict]) -> dict:
+        status = chan.exit_status()
         final = next((r for r in reversed(replies) if r.get("t") == "result"), None)
         if final is None:
-            err = self._stderr.decode("utf-8", "replace").strip()
+            err = chan.stderr().decode("utf-8", "replace").strip()
             hint = ""
             if status == 127 or "No such file" in err or "not found" in err:
                 hint = f"; is engine.python ({self.host.engine.python}) right for this host?"
@@ -246,6 +346,18 @@ class Remote:
                                        f"{err[-800:] or 'no output'}{hint}")
         if not final["ok"]:
             raise HostFailure(final.get("code", "error"), f"{self.host.name}: {final['message']}")
-        result = final["result"]
-        result["_events"] = [r for r in replies if r.get("t") != "result"]
-        return result
+        return final["result"]
+
+
+def parse_reply(line: bytes) -> dict | None:
+    """The agent's reply on one stdout line, or None for noise. The prefix may
+    follow noise on the same line: a `.pth` file or a login script that prints
+    without a newline glues its text to the agent's first reply."""
+    text = line.decode("utf-8", "replace")
+    at = text.find(protocol.REPLY_PREFIX)
+    if at < 0:
+        return None
+    try:
+        return json.loads(text[at + len(protocol.REPLY_PREFIX):])
+    except ValueError:
+        return None

@@ -3,6 +3,11 @@
 Each public function takes a `Job` (what the operator asked for) and one
 host, and returns a `HostResult`; none raises for a host's failure. The round
 trips of a deploy: probe+lock, apply+restart, follow+record+unlock.
+
+A host's lock is one `with HostLock(...)` block on this side: taken by the
+block's first probe and released when the block ends, however it ends (the
+release rides on the last follow when the work ends there). The requests and
+replies are the records of `protocol`.
 """
 from __future__ import annotations
 
@@ -19,19 +24,20 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, evidence, hostagent
+from . import diffapply, evidence, protocol
 from .engines import get as get_profile
 from .engines.sglang import LaunchConfig
+from .errors import HostFailure, Status
 from .inventory import Host
 from .patchset import NoRevisionFits, Patch
-from .remote import HostFailure, Remote
+from .remote import Remote, Transport
 
 
 @dataclass
 class HostResult:
     host: str
     ok: bool
-    status: str
+    status: Status
     message: str = ""
     engine_version: str | None = None
     patch: str | None = None
@@ -43,7 +49,7 @@ class HostResult:
     details: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        out = {"ok": self.ok, "status": self.status, "message": self.message,
+        out = {"ok": self.ok, "status": str(self.status), "message": self.message,
                "engine_version": self.engine_version, "patch": self.patch,
                "executed_path": self.executed_path, "markers": self.markers,
                "duration_s": round(self.duration_s, 3), "round_trips": self.round_trips}
@@ -75,6 +81,8 @@ class Job:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     patch_dirs: list = field(default_factory=list)
     settle_s: float = 2.0
+    # How to reach a host's agent; None: SSH. Tests pass transport_local.LocalTransport.
+    transport: Callable[[Host], Transport] | None = None
 
 
 # How long a decided failure waits for the rest of the server's last words
@@ -108,10 +116,10 @@ def running_launch(host: Host, probe: dict) -> LaunchConfig:
     return inventory_launch(host)
 
 
-def base_request(host: Host, job: Job) -> dict:
-    return {"state_dir": host.engine.state_dir, "package": get_profile(host.engine.kind).package,
-            "log": host.server.log, "restart": agent_restart(host), "health_url": host.server.health_url,
-            "lock_token": job.token}
+def base_request(host: Host, job: Job) -> protocol.Request:
+    return protocol.Request(state_dir=host.engine.state_dir, package=get_profile(host.engine.kind).package,
+                            log=host.server.log, restart=agent_restart(host), health_url=host.server.health_url,
+                            lock_token=job.token)
 
 
 def server_info_url(health_url: str | None) -> str | None:
@@ -125,18 +133,61 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool, lock: bool) -> dict:
-    req = dict(base_request(host, job), files=files, content=content)
+def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool,
+          lock: bool = False) -> protocol.ProbeReply:
+    req = protocol.ProbeRequest(**base_request(host, job), files=files, content=content)
     if lock:
-        req["lock"] = {"token": job.token, "holder": job.holder, "break": job.break_lock}
+        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock)
     return remote.call("probe", req)
 
 
-def unlock(remote: Remote, host: Host, job: Job, ledger_update: dict | None = None) -> None:
-    try:
-        remote.call("unlock", dict(base_request(host, job), ledger_update=ledger_update))
-    except HostFailure:
-        pass  # the run's own failure is what the operator needs to see
+class HostLock:
+    """The host's lock for one `with` block, released when the block ends however
+    it ends: a refusal, a HostFailure, a bug in this process. A rollback that
+    follows a failure runs inside the same block, so it keeps the lock.
+
+    The release costs no round trip when the block's work ends with a follow: it
+    rides on that channel (`followups`). Otherwise `__exit__` sends it."""
+
+    def __init__(self, remote: Remote, host: Host, job: Job):
+        self.remote, self.host, self.job = remote, host, job
+        self.held = False       # this run may hold the lock: release it at the end
+        self._riding = False    # the release was sent as a follow-up of the running follow
+
+    def __enter__(self) -> "HostLock":
+        return self
+
+    def probe(self, files: list[str], content: bool) -> protocol.ProbeReply:
+        """The locking probe (again, inside the block: the lock is re-entrant for this run)."""
+        self.held = True  # from the moment the request leaves, the lock may be ours
+        try:
+            return probe(self.remote, self.host, self.job, files, content, lock=True)
+        except HostFailure as f:
+            if f.status == Status.LOCKED:
+                self.held = False  # another run's lock: not ours to release
+            raise
+
+    def release_followup(self) -> list[protocol.Request]:
+        """The unlock request to run at the end of a follow, when that ends the work."""
+        if not self.held:
+            return []
+        self._riding = True
+        return [dict(base_request(self.host, self.job), op="unlock")]
+
+    def follow_done(self) -> None:
+        """The follow ended with every follow-up done: a release that rode on it happened."""
+        if self._riding:
+            self.held = self._riding = False
+
+    def __exit__(self, *exc) -> bool:
+        self._riding = False
+        if self.held:
+            self.held = False
+            try:
+                self.remote.call("unlock", base_request(self.host, self.job))
+            except Exception:
+                pass  # the run's own failure is what the operator needs to see
+        return False
 
 
 def load_named(job: Job, name: str) -> Patch:
@@ -146,14 +197,14 @@ def load_named(job: Job, name: str) -> Patch:
     try:
         return load_patch(name, job.patch_dirs, sglang.PROFILE)[0]
     except PatchError as e:
-        raise HostFailure("error", f"the host records {name} as applied, but it cannot be loaded here: {e}") from None
+        raise HostFailure(Status.ERROR, f"the host records {name} as applied, but it cannot be loaded here: {e}") from None
 
 
-def file_bytes(probe_reply: dict, path: str) -> bytes | None:
+def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
     rec = (probe_reply.get("files") or {}).get(path)
     if rec is None:
         return None
-    return hostagent.unpack(rec["content"])
+    return protocol.unpack(rec["content"])
 
 
 def host_step(fn):
@@ -161,7 +212,9 @@ def host_step(fn):
 
     def run(job: Job, host: Host) -> HostResult:
         started = time.monotonic()
-        remote = Remote(host, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys)
+        transport = job.transport(host) if job.transport else None
+        remote = Remote(host, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys,
+                        transport=transport)
         try:
             job.progress(host.name, "connect", "")
             remote.open()
@@ -169,7 +222,7 @@ def host_step(fn):
         except HostFailure as f:
             result = HostResult(host.name, False, f.status, f.message)
         except Exception as e:  # a bug must not take the other hosts down with it
-            result = HostResult(host.name, False, "error", f"{host.name}: {type(e).__name__}: {e}")
+            result = HostResult(host.name, False, Status.ERROR, f"{host.name}: {type(e).__name__}: {e}")
         finally:
             remote.close()
         result.duration_s = time.monotonic() - started
@@ -198,7 +251,7 @@ def fetch(job: Job, host: Host, remote: Remote) -> HostResult:
         if data is None:
             continue
         if sha256(data) != reply["files"][path]["sha256"]:
-            raise HostFailure("error", f"{host.name}: {path} arrived damaged (sha256 differs from the host's); "
+            raise HostFailure(Status.ERROR, f"{host.name}: {path} arrived damaged (sha256 differs from the host's); "
                                        "nothing was written locally for it; rerun fetch")
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +266,7 @@ def fetch(job: Job, host: Host, remote: Remote) -> HostResult:
     msg = f"{len(files)} files to {dest}"
     if missing:
         msg += f" ({len(missing)} not present on the host: {', '.join(missing)})"
-    return HostResult(host.name, True, "fetched", msg, engine_version=version, files=files)
+    return HostResult(host.name, True, Status.FETCHED, msg, engine_version=version, files=files)
 
 
 # ----------------------------------------------------------- check / plan
@@ -246,18 +299,18 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     profile = get_profile(host.engine.kind)
     version = reply.get("version")
     if not version:
-        raise HostFailure("error", f"{host.name}: cannot read the {profile.package} version with "
+        raise HostFailure(Status.ERROR, f"{host.name}: cannot read the {profile.package} version with "
                                    f"{host.engine.python} (importlib.metadata found no distribution)")
     try:
         revision = job.patch.choose(job.rev, version)
     except NoRevisionFits as e:
-        raise HostFailure("error", f"{host.name}: {e}") from None
+        raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
     label = f"{job.patch.name}@{revision.rev}"
     states = {}
     for fd in revision.files:
         original = file_bytes(reply, fd.path)
         if original is None:
-            raise HostFailure("conflict", f"{host.name}: {label} changes {fd.path}, which does not exist in "
+            raise HostFailure(Status.CONFLICT, f"{host.name}: {label} changes {fd.path}, which does not exist in "
                                           f"{reply.get('package_dir')} (sglang {version})")
         states[fd.path] = diffapply.apply_file(fd, original)
     launch = running_launch(host, reply)
@@ -316,7 +369,7 @@ def preflight_verdict(job, host, profile, revision, prediction, label) -> eviden
                 f"  the server would not start: {prediction.error}\n"
                 f"    cause: {prediction.cause}\n"
                 "  nothing was written; fix the launch configuration, or rerun with --force")
-    return evidence.Verdict(status="not-executed", final=True, executed_path=prediction.path, evidence=[],
+    return evidence.Verdict(status=Status.NOT_EXECUTED, final=True, executed_path=prediction.path, evidence=[],
                             cause=prediction.cause, markers_seen=[], missing=[], message=text)
 
 
@@ -346,11 +399,11 @@ def check_patch(job: Job, host: Host, remote: Remote) -> HostResult:
     base = dict(engine_version=plan.version, patch=plan.label, details={"files_state": {
         p: {"state": r.state, "offsets": r.offsets, "detail": r.detail} for p, r in plan.states.items()}})
     if plan.conflicts:
-        return HostResult(host.name, False, "conflict", f"{host.name}: {plan.label} does not apply\n{detail}", **base)
+        return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}", **base)
     if plan.preflight is not None and not job.force:
-        return HostResult(host.name, False, "not-executed", plan.preflight.message + "\n" + detail,
+        return HostResult(host.name, False, Status.NOT_EXECUTED, plan.preflight.message + "\n" + detail,
                           executed_path=plan.preflight.executed_path, **base)
-    status = "already-applied" if plan.already else "applies"
+    status = Status.ALREADY_APPLIED if plan.already else Status.APPLIES
     note = ""
     if plan.prediction is not None:
         note = f"\n  the server runs {plan.prediction.path} ({plan.launch.source} launch config): {plan.prediction.cause}"
@@ -370,101 +423,168 @@ def revision_files(job: Job) -> list[str]:
 
 # ---------------------------------------------------------------- verify
 
-def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, version: str,
-                     launch: LaunchConfig, patches: list[Patch], labels: list[str], want_markers: bool,
-                     timeout: float, keep_lock_on_failure: bool = False) -> tuple[list[evidence.Verdict], dict]:
-    """Stream the log from `start` (inode, offset, pid) and judge as lines arrive.
-    The decision goes back on the same channel with the ledger update and the
-    unlock, so verification costs one round trip."""
-    profile = get_profile(host.engine.kind)
-    ready_line = getattr(profile, "ready_line", "The server is fired up and ready to roll!")
-    req = dict(base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
-               pid=start.get("pid"), timeout=timeout, ready_line=ready_line,
-               server_info_url=server_info_url(host.server.health_url))
-    lines: list[str] = []
-    first_line_no = [None]
-    state = {"alive": None, "healthy": None, "server_info": None, "ready_at": None}
-    t0 = time.monotonic()
-    launch_now = [launch]
-    failed_at = [0.0]
-    arrived: list[float] = []  # when each log line reached the laptop
-    verdicts: list[evidence.Verdict] = []
-    timings = {}
+SUCCESS = (Status.VERIFIED, Status.ROLLED_BACK)
 
-    def judge_all(timed_out: bool) -> list[evidence.Verdict]:
-        now = time.monotonic()
-        obs = evidence.Observation(
-            lines=list(lines), first_line_no=first_line_no[0] or 1, server_info=state["server_info"],
-            alive=state["alive"], healthy=state["healthy"],
-            since_ready_s=None if state["ready_at"] is None else now - state["ready_at"], timed_out=timed_out)
-        return [evidence.judge(obs, profile, version, launch_now[0], p.markers, p.expect, p.forbid, label, host.name,
-                               want_markers=want_markers, settle_s=job.settle_s)
-                for p, label in zip(patches, labels)]
 
-    def on_event(ev: dict) -> str | None:
+class EventLog:
+    """What the follow stream has told so far: the log window, the server's
+    state, its /server_info and how it was launched."""
+
+    def __init__(self, ready_line: str, launch: LaunchConfig):
+        self.ready_line = ready_line
+        self.lines: list[str] = []
+        self.arrived: list[float] = []   # when each line reached the laptop
+        self.first_line_no: int | None = None
+        self.alive: bool | None = None
+        self.healthy: bool | None = None
+        self.server_info: dict | None = None
+        self.ready_at: float | None = None
+        self.launch = launch
+
+    def add(self, ev: dict) -> None:
         kind = ev.get("t")
         if kind == "lines":
-            if first_line_no[0] is None:
-                first_line_no[0] = ev["first_line_no"]
-            lines.extend(ev["lines"])
-            arrived.extend([time.monotonic()] * len(ev["lines"]))
-            if state["ready_at"] is None and any(ready_line in l for l in ev["lines"]):
-                state["ready_at"] = time.monotonic()
+            self._add_lines(ev)
         elif kind == "state":
-            state["alive"], state["healthy"] = ev.get("alive"), ev.get("healthy")
+            self.alive, self.healthy = ev.get("alive"), ev.get("healthy")
         elif kind == "server_info":
-            state["server_info"] = ev.get("data")
+            self.server_info = ev.get("data")
         elif kind == "launch" and ev.get("argv"):
-            launch_now[0] = LaunchConfig(argv=ev["argv"], env=ev.get("env") or {}, source="process")
-        elapsed = time.monotonic() - t0
-        timed_out = elapsed >= timeout or kind == "deadline"
-        vs = judge_all(timed_out)
+            # After a restart the running process is the one to read, not what it was before.
+            self.launch = LaunchConfig(argv=ev["argv"], env=ev.get("env") or {}, source="process")
+
+    def _add_lines(self, ev: dict) -> None:
+        if self.first_line_no is None:
+            self.first_line_no = ev["first_line_no"]
+        now = time.monotonic()
+        self.lines.extend(ev["lines"])
+        self.arrived.extend([now] * len(ev["lines"]))
+        if self.ready_at is None and any(self.ready_line in line for line in ev["lines"]):
+            self.ready_at = now
+
+    def observation(self, timed_out: bool) -> evidence.Observation:
+        since_ready = None if self.ready_at is None else time.monotonic() - self.ready_at
+        return evidence.Observation(lines=list(self.lines), first_line_no=self.first_line_no or 1,
+                                    server_info=self.server_info, alive=self.alive, healthy=self.healthy,
+                                    since_ready_s=since_ready, timed_out=timed_out)
+
+    def arrival_of(self, line_no: int) -> float | None:
+        idx = line_no - (self.first_line_no or 1)
+        return self.arrived[idx] if 0 <= idx < len(self.arrived) else None
+
+
+@dataclass
+class Judging:
+    """Judges one follow stream as it arrives and says when the verdict is final."""
+
+    host: Host
+    job: Job
+    version: str
+    patches: list
+    labels: list
+    want_markers: bool
+    timeout: float
+    events: EventLog
+    t0: float = field(default_factory=time.monotonic)
+    failed_at: float | None = None
+    verdicts: list | None = None
+    timings: dict = field(default_factory=dict)
+
+    def judge(self, timed_out: bool) -> list[evidence.Verdict]:
+        profile = get_profile(self.host.engine.kind)
+        obs = self.events.observation(timed_out)
+        return [evidence.judge(obs, profile, self.version, self.events.launch, p.markers, p.expect, p.forbid,
+                               label, self.host.name, want_markers=self.want_markers, settle_s=self.job.settle_s)
+                for p, label in zip(self.patches, self.labels)]
+
+    def on_event(self, ev: dict) -> list[evidence.Verdict] | None:
+        """The final verdicts once decided, else None (keep listening)."""
+        self.events.add(ev)
+        elapsed = time.monotonic() - self.t0
+        timed_out = elapsed >= self.timeout or ev.get("t") == "deadline"
+        vs = self.judge(timed_out)
         waiting = [v for v in vs if not v.final]
-        job.progress(host.name, "verify", f"{elapsed:4.1f}s " + (
+        self.job.progress(self.host.name, "verify", f"{elapsed:4.1f}s " + (
             "waiting for " + ", ".join(v.missing[0] if v.missing else "the server" for v in waiting) if waiting
             else "decided"))
-        if waiting:  # a host in flight always finishes its verdict, Ctrl-C or not
+        if waiting or self._in_failure_grace(vs, timed_out):  # a host in flight always finishes its verdict
             return None
-        if any(v.status == "restart-failed" for v in vs) and state["alive"] is not False and not timed_out:
-            # The failure is decided, but the rest of the traceback (the error itself) is
-            # still being written: let the process die or a moment pass, so the message shows it.
-            failed_at[0] = failed_at[0] or time.monotonic()
-            if time.monotonic() - failed_at[0] < FAILURE_GRACE_S:
-                return None
-        verdicts[:] = vs
-        timings["verdict_after_s"] = round(elapsed, 3)
+        self.decided(vs, elapsed)
+        return vs
+
+    def _in_failure_grace(self, vs: list[evidence.Verdict], timed_out: bool) -> bool:
+        """A decided restart failure waits a moment for the rest of the traceback (the
+        error itself), unless the process is already dead or time is up."""
+        if timed_out or self.events.alive is False or not any(v.status == Status.RESTART_FAILED for v in vs):
+            return False
+        self.failed_at = self.failed_at or time.monotonic()
+        return time.monotonic() - self.failed_at < FAILURE_GRACE_S
+
+    def decided(self, vs: list[evidence.Verdict], elapsed: float) -> None:
+        self.verdicts = vs
+        self.timings["verdict_after_s"] = round(elapsed, 3)
         seen = [m["line_no"] for v in vs for m in v.markers_seen if m.get("line_no")]
-        if seen and first_line_no[0] is not None:
-            idx = min(seen) - first_line_no[0]
-            if 0 <= idx < len(arrived):
-                # from the marker line reaching us (the agent polls every 50 ms) to the verdict
-                timings["marker_to_verdict_s"] = round(time.monotonic() - arrived[idx], 3)
-        update = {"verification": {}, "last_verification": {
-            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "status": "verified" if all(v.status in ("verified", "rolled-back") for v in vs) else vs[0].status,
-            "labels": labels}}
-        if want_markers:
-            for p, v in zip(patches, vs):
-                update["verification"][p.name] = {"status": v.status, "executed_path": v.executed_path,
-                                                  "at": update["last_verification"]["at"]}
-        failed = any(v.status not in ("verified", "rolled-back") for v in vs)
-        # A rollback that follows keeps the lock, so no other run can slip in between.
-        return json.dumps({"ledger_update": update, "unlock": not (failed and keep_lock_on_failure)})
+        arrived = self.events.arrival_of(min(seen)) if seen else None
+        if arrived is not None:
+            # from the marker line reaching us (the agent polls every 50 ms) to the verdict
+            self.timings["marker_to_verdict_s"] = round(time.monotonic() - arrived, 3)
+
+    @property
+    def ok(self) -> bool:
+        return all(v.status in SUCCESS for v in self.verdicts or [])
+
+
+def ledger_update(judging: Judging) -> protocol.LedgerUpdate:
+    """The verdict as the ledger records it."""
+    vs = judging.verdicts
+    at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    update = protocol.LedgerUpdate(verification={}, last_verification=protocol.LastVerification(
+        at=at, status=str(Status.VERIFIED if judging.ok else vs[0].status), labels=list(judging.labels)))
+    if judging.want_markers:
+        for p, v in zip(judging.patches, vs):
+            update["verification"][p.name] = protocol.Verification(status=str(v.status),
+                                                                   executed_path=v.executed_path, at=at)
+    return update
+
+
+def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, version: str,
+                     launch: LaunchConfig, patches: list[Patch], labels: list[str], want_markers: bool,
+                     timeout: float, lock: HostLock | None = None,
+                     ends_work: Callable[[bool], bool] = lambda ok: True) -> tuple[list[evidence.Verdict], dict]:
+    """Stream the log from `start` (inode, offset, pid) and judge as lines arrive.
+    The decision goes back on the same channel as follow-ups: record the verdict,
+    and release `lock` when `ends_work(ok)` says nothing follows under it, so
+    verification costs one round trip."""
+    profile = get_profile(host.engine.kind)
+    ready_line = getattr(profile, "ready_line", "The server is fired up and ready to roll!")
+    judging = Judging(host, job, version, patches, labels, want_markers, timeout, EventLog(ready_line, launch))
+    req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
+                                 pid=start.get("pid"), timeout=timeout, ready_line=ready_line,
+                                 server_info_url=server_info_url(host.server.health_url))
+
+    def on_event(ev: dict) -> list | None:
+        if judging.on_event(ev) is None:
+            return None
+        followups = [dict(base_request(host, job), op="record", ledger_update=ledger_update(judging))]
+        if lock is not None and ends_work(judging.ok):
+            followups += lock.release_followup()
+        return followups
 
     remote.stream("follow", req, on_event, timeout=timeout)
-    if not verdicts:  # the stream ended before a decision (server host went away)
-        verdicts[:] = judge_all(True)
-        unlock(remote, host, job)
-    return verdicts, timings
+    if lock is not None:
+        lock.follow_done()
+    if judging.verdicts is None:  # the stream ended before a decision (the server host went away)
+        judging.verdicts = judging.judge(True)
+    return judging.verdicts, judging.timings
 
 
 def verdict_result(host: Host, version: str, verdicts: list[evidence.Verdict], labels: list[str],
                    timings: dict) -> HostResult:
-    bad = [v for v in verdicts if v.status not in ("verified", "rolled-back")]
+    bad = [v for v in verdicts if v.status not in SUCCESS]
     main = bad[0] if bad else verdicts[0]
     markers = [m for v in verdicts for m in v.markers_seen]
     message = "\n".join(v.message for v in (bad or verdicts))
-    return HostResult(host.name, not bad, main.status, message, engine_version=version,
+    return HostResult(host.name, not bad, Status(main.status), message, engine_version=version,
                       patch=",".join(labels), executed_path=main.executed_path, markers=markers,
                       details={"cause": main.cause, "evidence": [e.__dict__ for e in main.evidence], **timings})
 
@@ -473,84 +593,91 @@ def verdict_result(host: Host, version: str, verdicts: list[evidence.Verdict], l
 
 @host_step
 def deploy(job: Job, host: Host, remote: Remote) -> HostResult:
-    job.progress(host.name, "fetch", "lock + read files")
-    reply = probe(remote, host, job, revision_files(job), content=True, lock=True)
-    try:
-        return _deploy_locked(job, host, remote, reply)
-    except HostFailure:
-        unlock(remote, host, job)
-        raise
+    with HostLock(remote, host, job) as lock:
+        job.progress(host.name, "fetch", "lock + read files")
+        reply = lock.probe(revision_files(job), content=True)
+        return _deploy_locked(job, host, remote, lock, reply)
 
 
-def _deploy_locked(job: Job, host: Host, remote: Remote, reply: dict) -> HostResult:
+def _refusal(job: Job, host: Host, plan: Plan) -> HostResult | None:
+    """Why this host's files are left untouched, if they are."""
+    if plan.conflicts or (not plan.already and len(plan.changes) != len(plan.states)):
+        return HostResult(host.name, False, Status.DRIFT,
+                          f"{host.name}: refused, left untouched and not restarted: the files match neither "
+                          f"{plan.label}'s pre-image nor its post-image\n{describe_states(plan)}\n"
+                          "  inspect the hand edits (fleetpatch fetch), restore the originals, then rerun",
+                          engine_version=plan.version, patch=plan.label)
+    if plan.preflight is not None and not job.force:
+        return HostResult(host.name, False, Status.NOT_EXECUTED, plan.preflight.message,
+                          engine_version=plan.version, patch=plan.label, executed_path=plan.preflight.executed_path)
+    return None
+
+
+def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: protocol.ProbeReply) -> HostResult:
     job.progress(host.name, "pre-flight", "")
     plan, revision = make_plan(job, host, reply)
-    version, label = plan.version, plan.label
-    ledger = reply.get("ledger") or {}
-    if plan.conflicts or (not plan.already and len(plan.changes) != len(plan.states)):
-        unlock(remote, host, job)
-        return HostResult(host.name, False, "drift",
-                          f"{host.name}: refused, left untouched and not restarted: the files match neither "
-                          f"{label}'s pre-image nor its post-image\n{describe_states(plan)}\n"
-                          "  inspect the hand edits (fleetpatch fetch), restore the originals, then rerun",
-                          engine_version=version, patch=label)
-    if plan.preflight is not None and not job.force:
-        unlock(remote, host, job)
-        return HostResult(host.name, False, "not-executed", plan.preflight.message, engine_version=version,
-                          patch=label, executed_path=plan.preflight.executed_path)
-    req = base_request(host, job)
+    refused = _refusal(job, host, plan)
+    if refused is not None:
+        return refused
     if plan.already:
-        if not ledger.get("restart_pending") or job.no_restart:
-            # Nothing to write: prove it still runs from the window of the last restart.
-            last = ledger.get("last_restart")
-            if job.no_restart or not last:
-                unlock(remote, host, job)
-                return HostResult(host.name, True, "already-applied",
-                                  f"{host.name}: {label} already applied; nothing changed", engine_version=version,
-                                  patch=label)
-            return _verify(job, host, remote, version, plan.launch, [job.patch], [label], last,
-                           already=True)
-        job.progress(host.name, "restart", "restart pending from an earlier run")
-        return _restart_and_verify(job, host, remote, plan, "restart",
-                                   dict(req, reason=f"pending restart for {label}"))
+        return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {})
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
-    files = [{"path": r.path, "before": sha256(file_bytes(reply, r.path)), "after": sha256(r.new),
-              "content": hostagent.pack(r.new)} for r in plan.changes]
-    apply_req = dict(req, package_dir=reply["package_dir"], name=job.patch.name, rev=revision.rev, label=label,
-                     diff_sha256=revision.diff_sha256, files=files, unlock_on_error=True)  # a restart resets this
+    files = [protocol.ApplyFile(path=r.path, before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
+                                content=protocol.pack(r.new)) for r in plan.changes]
+    apply_req = protocol.ApplyRequest(**base_request(host, job), package_dir=reply["package_dir"],
+                                      name=job.patch.name, rev=revision.rev, label=plan.label,
+                                      diff_sha256=revision.diff_sha256, files=files)
     if job.no_restart:
-        apply_req["restart"] = None
-        apply_req["unlock_after"] = True
-        remote.call("apply", apply_req)
-        return HostResult(host.name, True, "applied",
-                          f"{host.name}: {label} applied; restart pending (--no-restart): the next deploy or "
-                          "`fleetpatch verify-logs` after a restart proves it", engine_version=version, patch=label)
+        remote.call("apply", dict(apply_req, restart=None))
+        return HostResult(host.name, True, Status.APPLIED,
+                          f"{host.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
+                          "`fleetpatch verify-logs` after a restart proves it", engine_version=plan.version,
+                          patch=plan.label)
     job.progress(host.name, "restart", "")
-    return _restart_and_verify(job, host, remote, plan, "apply", apply_req)
+    return _restart_and_verify(job, host, remote, lock, plan, "apply", apply_req)
 
 
-def _restart_and_verify(job: Job, host: Host, remote: Remote, plan: Plan, op: str, request: dict) -> HostResult:
+def _already_applied(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan,
+                     ledger: protocol.Ledger) -> HostResult:
+    if ledger.get("restart_pending") and not job.no_restart:
+        job.progress(host.name, "restart", "restart pending from an earlier run")
+        return _restart_and_verify(job, host, remote, lock, plan, "restart",
+                                   protocol.RestartRequest(**base_request(host, job),
+                                                           reason=f"pending restart for {plan.label}"))
+    # Nothing to write: prove it still runs from the window of the last restart.
+    last = ledger.get("last_restart")
+    if job.no_restart or not last:
+        return HostResult(host.name, True, Status.ALREADY_APPLIED,
+                          f"{host.name}: {plan.label} already applied; nothing changed", engine_version=plan.version,
+                          patch=plan.label)
+    return _verify(job, host, remote, plan.version, plan.launch, [job.patch], [plan.label],
+                   protocol.log_window(last), lock=lock, already=True)
+
+
+def _restart_and_verify(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan, op: str,
+                        request: dict) -> HostResult:
     """Run the agent operation that restarts (apply+restart, or a pending restart),
-    verify, and with --on-failure rollback undo a host that failed either way."""
+    verify, and with --on-failure rollback undo a host that failed either way
+    (under the same lock: the rollback is part of the block)."""
     rollback = job.on_failure == "rollback"
-    # With a rollback to follow, the lock is held throughout; deploy() releases it on other errors.
-    request = dict(request, unlock_on_error=not rollback)
     try:
         out = remote.call(op, request)
     except HostFailure as f:
-        if f.status != "restart-failed":
+        if f.status != Status.RESTART_FAILED:
             raise
         # The files are written (the ledger says so, restart pending) but the server did not start.
-        failed = HostResult(host.name, False, "restart-failed", f.message, engine_version=plan.version,
+        failed = HostResult(host.name, False, Status.RESTART_FAILED, f.message, engine_version=plan.version,
                             patch=plan.label)
         if rollback:
-            return _rollback_after_failure(job, host, remote, failed)
+            return _rollback_after_failure(job, host, remote, lock, failed)
         failed.message += "\n  the files are written and a restart is pending; fix the start, then rerun or roll back"
         return failed
+    # With a rollback to follow a failure, the lock stays held until the rollback ends.
     result = _verify(job, host, remote, plan.version, launch_after_restart(host, plan), [job.patch], [plan.label],
-                     restart_start(out), keep_lock_on_failure=rollback)
+                     protocol.log_window(out["restart"]), lock=lock,
+                     ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
     if not result.ok and rollback:
-        result = _rollback_after_failure(job, host, remote, result)
+        result = _rollback_after_failure(job, host, remote, lock, result)
     return result
 
 
@@ -561,38 +688,35 @@ def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
     return inventory_launch(host) if host.server.restart.kind == "command" else plan.launch
 
 
-def restart_start(reply: dict) -> dict:
-    r = reply["restart"]
-    return {"inode": r.get("log_inode"), "offset": r.get("log_offset", 0), "pid": r.get("pid")}
+def _timeout(job: Job, host: Host) -> float:
+    return job.timeout if job.timeout is not None else float(host.server.ready_timeout)
 
 
-def _verify(job, host, remote, version, launch, patches, labels, start, already=False,
-            keep_lock_on_failure=False) -> HostResult:
-    timeout = job.timeout if job.timeout is not None else float(host.server.ready_timeout)
+def _verify(job, host, remote, version, launch, patches, labels, start, *, lock=None, already=False,
+            ends_work=lambda ok: True) -> HostResult:
     job.progress(host.name, "verify", "waiting for markers")
-    # After a restart the running process is the one to read, not what it was before.
     verdicts, timings = follow_and_judge(remote, host, job, start=start, version=version, launch=launch,
-                                         patches=patches, labels=labels, want_markers=True, timeout=timeout,
-                                         keep_lock_on_failure=keep_lock_on_failure)
+                                         patches=patches, labels=labels, want_markers=True,
+                                         timeout=_timeout(job, host), lock=lock, ends_work=ends_work)
     result = verdict_result(host, version, verdicts, labels, timings)
     if already and result.ok:
-        result.status = "already-applied"
+        result.status = Status.ALREADY_APPLIED
         result.message = f"{host.name}: {labels[0]} already applied; nothing changed; still verified\n" + result.message
     return result
 
 
-def _rollback_after_failure(job, host, remote, failed: HostResult) -> HostResult:
+def _rollback_after_failure(job, host, remote, lock: HostLock, failed: HostResult) -> HostResult:
     job.progress(host.name, "rollback", failed.status)
     try:
-        reply = probe(remote, host, job, [], content=False, lock=True)
-        rb = _rollback_locked(job, host, remote, reply, job.patch.name)
+        reply = lock.probe([], content=False)
+        rb = _rollback_locked(job, host, remote, lock, reply, job.patch.name, last=True)
     except HostFailure as f:
         failed.message += f"\n  rollback FAILED: {f.message}"
         failed.details["rollback"] = {"status": f.status, "message": f.message}
         return failed
     failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
     if rb.ok:
-        failed.status = "rolled-back"
+        failed.status = Status.ROLLED_BACK
         failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
     else:
         failed.message += f"\n  rollback did not verify: {rb.message}"
@@ -604,55 +728,55 @@ def _rollback_after_failure(job, host, remote, failed: HostResult) -> HostResult
 
 @host_step
 def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
-    job.progress(host.name, "fetch", "lock + read ledger")
-    reply = probe(remote, host, job, [], content=False, lock=True)
-    ledger = reply.get("ledger") or {}
-    names = [job.patch.name] if job.patch else sorted(ledger.get("patches", {}))
-    if not names:
-        unlock(remote, host, job)
-        return HostResult(host.name, True, "ok", f"{host.name}: no patch recorded as applied; nothing to roll back",
-                          engine_version=reply.get("version"))
-    try:
+    with HostLock(remote, host, job) as lock:
+        job.progress(host.name, "fetch", "lock + read ledger")
+        reply = lock.probe([], content=False)
+        names = [job.patch.name] if job.patch else newest_first(reply.get("ledger") or {})
+        if not names:
+            return HostResult(host.name, True, Status.OK,
+                              f"{host.name}: no patch recorded as applied; nothing to roll back",
+                              engine_version=reply.get("version"))
         result = None
-        for name in names:
-            result = _rollback_locked(job, host, remote, reply, name)
+        for i, name in enumerate(names):
+            result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
             if not result.ok:
-                return result
+                break
         return result
-    except HostFailure:
-        unlock(remote, host, job)
-        raise
 
 
-def _rollback_locked(job: Job, host: Host, remote: Remote, reply: dict, name: str) -> HostResult:
-    ledger = reply.get("ledger") or {}
-    entry = ledger.get("patches", {}).get(name)
+def newest_first(ledger: protocol.Ledger) -> list[str]:
+    """Patches stack: the last one applied is undone first, so each restores what the next expects."""
+    patches = ledger.get("patches", {})
+    return sorted(patches, key=lambda n: (patches[n].get("seq", 0), patches[n].get("applied_at", ""), n),
+                  reverse=True)
+
+
+def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: protocol.ProbeReply, name: str,
+                     last: bool) -> HostResult:
+    entry = (reply.get("ledger") or {}).get("patches", {}).get(name)
     version = reply.get("version")
     if entry is None:
-        unlock(remote, host, job)
-        return HostResult(host.name, False, "error", f"{host.name}: {name} is not recorded as applied on this host; "
-                                                     "`fleetpatch status` shows what is", engine_version=version)
+        return HostResult(host.name, False, Status.ERROR, f"{host.name}: {name} is not recorded as applied on this "
+                                                          "host; `fleetpatch status` shows what is",
+                          engine_version=version)
     job.progress(host.name, "rollback", entry["label"])
-    req = dict(base_request(host, job), package_dir=reply["package_dir"], name=name, force=job.force,
-               unlock_on_error=True)
-    out = remote.call("rollback", req)
+    out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job), package_dir=reply["package_dir"],
+                                                           name=name, force=job.force))
     restored = {p: (rec or {}).get("sha256") for p, rec in out["files"].items()}
     bad = [p for p, rec in entry["files"].items() if restored.get(p) != rec["before"]]
     if bad:
-        unlock(remote, host, job)
-        return HostResult(host.name, False, "error", f"{host.name}: after restoring, {', '.join(bad)} do not match "
-                                                     "the recorded original sha256", engine_version=version,
+        return HostResult(host.name, False, Status.ERROR, f"{host.name}: after restoring, {', '.join(bad)} do not "
+                                                          "match the recorded original sha256", engine_version=version,
                           files=restored)
     patch = job.patch if job.patch and job.patch.name == name else load_named(job, name)
-    launch = running_launch(host, {})
-    timeout = job.timeout if job.timeout is not None else float(host.server.ready_timeout)
-    verdicts, timings = follow_and_judge(remote, host, job, start=restart_start(out), version=version,
-                                         launch=launch, patches=[patch], labels=[entry["label"]],
-                                         want_markers=False, timeout=timeout)
+    verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
+                                         version=version, launch=running_launch(host, {}), patches=[patch],
+                                         labels=[entry["label"]], want_markers=False, timeout=_timeout(job, host),
+                                         lock=lock, ends_work=lambda ok: last or not ok)
     result = verdict_result(host, version, verdicts, [entry["label"]], timings)
     result.files = restored
     if result.ok:
-        result.status = "rolled-back"
+        result.status = Status.ROLLED_BACK
         result.message = (f"{host.name}: {entry['label']} rolled back; {len(restored)} files restored to their "
                           f"original sha256; server back without the patch's markers")
     return result
@@ -662,27 +786,28 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, reply: dict, name: st
 
 @host_step
 def verify_logs(job: Job, host: Host, remote: Remote) -> HostResult:
-    reply = probe(remote, host, job, [], content=False, lock=False)
+    reply = probe(remote, host, job, [], content=False)
     ledger = reply.get("ledger") or {}
     version = reply.get("version")
     last = ledger.get("last_restart")
     if not last:
-        return HostResult(host.name, False, "error", f"{host.name}: fleetpatch has not restarted this server yet, so "
-                                                     "there is no log window to read; deploy first",
+        return HostResult(host.name, False, Status.ERROR, f"{host.name}: fleetpatch has not restarted this server "
+                                                          "yet, so there is no log window to read; deploy first",
                           engine_version=version)
+    recorded = ledger.get("patches", {})
     if job.patch:
-        patches, labels = [job.patch], [f"{job.patch.name}@{ledger.get('patches', {}).get(job.patch.name, {}).get('rev', '?')}"]
+        patches = [job.patch]
+        labels = [f"{job.patch.name}@{recorded.get(job.patch.name, {}).get('rev', '?')}"]
     else:
-        names = sorted(ledger.get("patches", {}))
+        names = sorted(recorded)
         if not names:
-            return HostResult(host.name, False, "error", f"{host.name}: no patch recorded as applied; name one with "
-                                                         "--patch", engine_version=version)
+            return HostResult(host.name, False, Status.ERROR, f"{host.name}: no patch recorded as applied; name one "
+                                                              "with --patch", engine_version=version)
         patches = [load_named(job, n) for n in names]
-        labels = [ledger["patches"][n]["label"] for n in names]
-    launch = running_launch(host, reply)
-    start = {"inode": last.get("inode"), "offset": last.get("offset", 0), "pid": last.get("pid")}
-    # This run's token matches no lock, so the unlock sent with the verdict is a no-op.
-    return _verify(job, host, remote, version, launch, patches, labels, start)
+        labels = [recorded[n]["label"] for n in names]
+    # No lock: verify-logs reads, and records only its verdict.
+    return _verify(job, host, remote, version, running_launch(host, reply), patches, labels,
+                   protocol.log_window(last))
 
 
 # ---------------------------------------------------------------- status
@@ -690,7 +815,8 @@ def verify_logs(job: Job, host: Host, remote: Remote) -> HostResult:
 @host_step
 def status(job: Job, host: Host, remote: Remote) -> HostResult:
     profile = get_profile(host.engine.kind)
-    reply = remote.call("probe", dict(base_request(host, job), files=[], content=False, ledger_files=True))
+    reply = remote.call("probe", protocol.ProbeRequest(**base_request(host, job), files=[], content=False,
+                                                      ledger_files=True))
     ledger = reply.get("ledger") or {}
     reply_files = reply.get("files") or {}
     # Patches stack: a file is expected to hold what the last patch that wrote it left there.
@@ -709,5 +835,5 @@ def status(job: Job, host: Host, remote: Remote) -> HostResult:
                "lock": reply.get("lock"), "known_version": profile.knows(reply.get("version") or "")}
     ok = not drift
     msg = f"{host.name}: " + ("drift in " + ", ".join(drift) if drift else "ok")
-    return HostResult(host.name, ok, "ok" if ok else "drift", msg, engine_version=reply.get("version"),
+    return HostResult(host.name, ok, Status.OK if ok else Status.DRIFT, msg, engine_version=reply.get("version"),
                       details=details)

@@ -1,0 +1,290 @@
+"""The agent protocol: every request, reply and ledger record, defined once.
+
+Imported by the laptop side (`steps`, `remote`) and by the host agent, which
+receives this source together with its own, so a host needs nothing
+installed. Stdlib only, Python 3.8+ (a test parses it with feature_version
+(3, 8) and checks its imports).
+
+Wire format: the agent reads one JSON request per line on stdin and writes
+JSON lines on stdout, each prefixed with REPLY_PREFIX so that whatever a
+login shell or a `.pth` file prints can never be mistaken for an answer. The
+last line of one request's answer is a `Result`. `follow` is the one op that
+reads more from stdin: the laptop's follow-up requests once it has its verdict
+(a JSON list of requests, run in order on the same channel, saving a round trip).
+
+The records are TypedDicts, so at run time they are the plain dicts that go
+through `json`; a type checker sees a misspelt field on either side.
+"""
+import base64
+import zlib
+from typing import Any, Dict, List, Optional
+
+try:  # Python 3.8 has TypedDict in typing
+    from typing import TypedDict
+except ImportError:  # pragma: no cover - 3.7 is not supported, but fail clearly
+    raise ImportError("fleetpatch's host agent needs Python 3.8 or newer")
+
+REPLY_PREFIX = "@@fleetpatch "
+LEDGER_FILE = "ledger.json"
+LOCK_FILE = "lock"
+LEDGER_VERSION = 1
+
+# Name under which the agent finds this module when both are sent to a host.
+AGENT_MODULE_NAME = "fleetpatch_protocol"
+
+
+def pack(data):
+    """File bytes for JSON: zlib then base64 (source text shrinks about 4x)."""
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+
+
+def unpack(text):
+    return zlib.decompress(base64.b64decode(text))
+
+
+# ------------------------------------------------------------- requests
+
+class RestartSettings(TypedDict, total=False):
+    """The inventory's server.restart as the agent needs it (argv already split)."""
+    kind: str                   # command | systemd | supervisor
+    argv: List[str]             # command: the start command line, tokenised on the laptop
+    env: Dict[str, str]
+    workdir: Optional[str]
+    pidfile: Optional[str]
+    stop_grace: float
+    unit: Optional[str]         # systemd
+    program: Optional[str]      # supervisor
+    config: Optional[str]       # supervisor: supervisord.conf
+
+
+class LockClaim(TypedDict):
+    token: str                  # this run's; the lock file holds it
+    holder: str                 # "user@laptop pid N", shown to whoever finds the lock held
+    force: bool                 # --break-lock: remove whatever lock is there first
+
+
+class Request(TypedDict, total=False):
+    """What every request carries (`base_request` on the laptop)."""
+    op: str
+    state_dir: str
+    package: str                # the engine's import name, e.g. "sglang"
+    log: Optional[str]
+    restart: Optional[RestartSettings]   # None: apply without a restart (--no-restart)
+    health_url: Optional[str]
+    lock_token: str             # a mutating op refuses unless this run holds the lock
+
+
+class ProbeRequest(Request, total=False):
+    files: List[str]            # relative to the package directory
+    content: bool               # send the files' bytes (packed), not only their sha256
+    lock: LockClaim             # take the lock before reading anything
+    ledger_files: bool          # status: also describe every file the ledger names
+
+
+class ApplyFile(TypedDict):
+    path: str
+    before: str                 # sha256 the file must have now
+    after: str                  # sha256 of `content`
+    content: str                # packed new bytes
+
+
+class ApplyRequest(Request, total=False):
+    package_dir: str
+    name: str                   # the patch
+    rev: int
+    label: str                  # "name@rev"
+    diff_sha256: str
+    files: List[ApplyFile]
+
+
+class RestartRequest(Request, total=False):
+    reason: str
+
+
+class RollbackRequest(Request, total=False):
+    package_dir: str
+    name: str
+    force: bool                 # restore even over a file changed since fleetpatch wrote it
+
+
+class FollowRequest(Request, total=False):
+    inode: Optional[int]        # the log window: the log's inode and size just before the start
+    offset: int
+    pid: Optional[int]          # the server started by the restart
+    timeout: float
+    ready_line: str
+    server_info_url: Optional[str]
+
+
+class LedgerUpdate(TypedDict, total=False):
+    verification: Dict[str, "Verification"]    # per patch name
+    last_verification: "LastVerification"
+
+
+class RecordRequest(Request, total=False):
+    """Write a verification verdict into the ledger (follow-up of `follow`)."""
+    ledger_update: LedgerUpdate
+
+
+# --------------------------------------------------------------- replies
+
+class FileInfo(TypedDict, total=False):
+    sha256: str
+    size: int
+    mode: int
+    content: str                # packed, when asked for
+
+
+class ServerState(TypedDict, total=False):
+    pid: Optional[int]
+    alive: bool
+    healthy: bool
+    argv: Optional[List[str]]   # from /proc, while it runs
+    env: Optional[Dict[str, str]]
+
+
+class LockRecord(TypedDict, total=False):
+    token: str
+    holder: str
+    since: str
+
+
+class LogPosition(TypedDict):
+    inode: Optional[int]
+    offset: int
+
+
+class ProbeReply(TypedDict, total=False):
+    python: str
+    python_version: str
+    locked: bool
+    package_dir: str
+    version: Optional[str]
+    files: Dict[str, Optional[FileInfo]]     # None: the file does not exist
+    ledger: "Ledger"
+    lock: Optional[LockRecord]
+    server: ServerState
+    log: LogPosition
+
+
+class JournalWindow(TypedDict, total=False):
+    unit: str
+    invocation: Optional[str]
+    since: float
+
+
+class RestartReply(TypedDict, total=False):
+    """What one restart did; `inode`/`offset` are the log window it opened."""
+    kind: str
+    pid: Optional[int]
+    inode: Optional[int]
+    offset: int
+    stopped: Optional[int]      # command: the pid stopped (None: nothing ran)
+    signal: str                 # command: TERM or KILL
+    unit: str
+    program: str
+    journal: JournalWindow      # systemd unit logging to the journal
+    start_error: str            # supervisor: what it said when the program died starting
+
+
+class ApplyReply(TypedDict, total=False):
+    written: List[str]
+    restart: RestartReply
+
+
+class RollbackReply(TypedDict, total=False):
+    restored: List[str]
+    files: Dict[str, Optional[FileInfo]]
+    restart: RestartReply
+
+
+class FollowReply(TypedDict, total=False):
+    ended: str                  # finished | deadline | stdin closed
+    then: List[Dict[str, Any]]  # the results of the follow-up requests, in order
+
+
+class Result(TypedDict, total=False):
+    """The last line of every answer."""
+    t: str                      # "result"
+    ok: bool
+    result: Dict[str, Any]
+    code: str                   # when not ok: the host's status (locked, drift, ...)
+    message: str
+    traceback: str
+
+
+# Events of `follow`, before its Result (the field `t` names the kind):
+#   lines        {file, first_line_no, lines}
+#   state        {alive, healthy, elapsed}
+#   server_info  {data}
+#   launch       {pid, argv, env}
+#   tick         {elapsed}
+#   deadline     {}
+FOLLOW_EVENTS = ("lines", "state", "server_info", "launch", "tick", "deadline")
+
+
+# ---------------------------------------------------------------- ledger
+
+class LedgerFile(TypedDict):
+    before: str                 # sha256 of the original
+    after: str                  # sha256 fleetpatch wrote
+    backup: str                 # the original's copy, relative to the state dir
+
+
+class Verification(TypedDict):
+    status: str
+    executed_path: Optional[str]
+    at: str
+
+
+class LedgerEntry(TypedDict, total=False):
+    rev: int
+    label: str
+    diff_sha256: str
+    applied_at: str
+    seq: int                    # order of application: later patches stack on earlier ones
+    files: Dict[str, LedgerFile]
+    verification: Optional[Verification]
+
+
+class LastRestart(TypedDict, total=False):
+    at: str
+    epoch: float
+    log: Optional[str]
+    inode: Optional[int]
+    offset: int
+    pid: Optional[int]
+    reason: str
+    journal: JournalWindow
+
+
+class LastVerification(TypedDict):
+    at: str
+    status: str
+    labels: List[str]
+
+
+class RolledBack(TypedDict):
+    label: str
+    at: str
+
+
+class Ledger(TypedDict, total=False):
+    """state_dir/ledger.json: what fleetpatch did to this host."""
+    version: int
+    patches: Dict[str, LedgerEntry]
+    restart_pending: bool
+    last_restart: Optional[LastRestart]
+    last_verification: LastVerification
+    rolled_back: Dict[str, RolledBack]
+
+
+def empty_ledger():
+    # type: () -> Ledger
+    return Ledger(version=LEDGER_VERSION, patches={}, restart_pending=False, last_restart=None)
+
+
+def log_window(restart):
+    # type: (RestartReply) -> dict
+    """The follow window a restart opened (the same names as FollowRequest)."""
+    return {"inode": restart.get("inode"), "offset": restart.get("offset", 0), "pid": restart.get("pid")}
