@@ -1047,7 +1047,7 @@ class Follow(object):
             return None
         line = self.stdin_buf.split(b"\n", 1)[0]
         requests = json.loads(line.decode("utf-8") or "[]")
-        return {"ended": "finished", "then": [dispatch(r) for r in requests]}
+        return {"ended": "finished", "then": [run_request(r) for r in requests]}
 
     def close(self):
         close = getattr(self.follower, "close", None)
@@ -1075,9 +1075,18 @@ def dispatch(req):
     return op(req)
 
 
+def run_request(req):
+    """One request and then its chained requests (`then`), in order, in this process:
+    the laptop chains what must follow a success, e.g. the release of its lock."""
+    result = dispatch(req)
+    if req.get("then"):
+        result["then"] = [run_request(r) for r in req["then"]]
+    return result
+
+
 def main(req):
     try:
-        emit({"t": "result", "ok": True, "result": dispatch(req)})
+        emit({"t": "result", "ok": True, "result": run_request(req)})
     except AgentError as e:
         emit({"t": "result", "ok": False, "code": e.code, "message": e.message})
     except Exception as e:  # a bug or an OS error: report it, don't hang the laptop

@@ -8,9 +8,11 @@ installed. Stdlib only, Python 3.8+ (a test parses it with feature_version
 Wire format: the agent reads one JSON request per line on stdin and writes
 JSON lines on stdout, each prefixed with REPLY_PREFIX so that whatever a
 login shell or a `.pth` file prints can never be mistaken for an answer. The
-last line of one request's answer is a `Result`. `follow` is the one op that
-reads more from stdin: the laptop's follow-up requests once it has its verdict
-(a JSON list of requests, run in order on the same channel, saving a round trip).
+last line of one request's answer is a `Result`. A request may chain requests
+to run after it succeeds (`then`, e.g. the release of the lock after an apply
+without restart). `follow` is the one op that reads more from stdin: the
+laptop's follow-up requests once it has its verdict (a JSON list of requests,
+run in order on the same channel). Both save a round trip.
 
 The records are TypedDicts, so at run time they are the plain dicts that go
 through `json`; a type checker sees a misspelt field on either side.
@@ -72,6 +74,7 @@ class Request(TypedDict, total=False):
     restart: Optional[RestartSettings]   # None: apply without a restart (--no-restart)
     health_url: Optional[str]
     lock_token: str             # a mutating op refuses unless this run holds the lock
+    then: List["Request"]       # run after this one succeeds, in the same agent process
 
 
 class ProbeRequest(Request, total=False):

@@ -146,13 +146,14 @@ class HostLock:
     it ends: a refusal, a HostFailure, a bug in this process. A rollback that
     follows a failure runs inside the same block, so it keeps the lock.
 
-    The release costs no round trip when the block's work ends with a follow: it
-    rides on that channel (`followups`). Otherwise `__exit__` sends it."""
+    The release costs no round trip when the block's work ends with an agent
+    request: it is chained onto that request (`release_followup`). Otherwise
+    `__exit__` sends it."""
 
     def __init__(self, remote: Remote, host: Host, job: Job):
         self.remote, self.host, self.job = remote, host, job
         self.held = False       # this run may hold the lock: release it at the end
-        self._riding = False    # the release was sent as a follow-up of the running follow
+        self._riding = False    # the release was chained onto the running request
 
     def __enter__(self) -> "HostLock":
         return self
@@ -168,14 +169,14 @@ class HostLock:
             raise
 
     def release_followup(self) -> list[protocol.Request]:
-        """The unlock request to run at the end of a follow, when that ends the work."""
+        """The unlock request to chain onto the request (or follow) that ends the work."""
         if not self.held:
             return []
         self._riding = True
         return [dict(base_request(self.host, self.job), op="unlock")]
 
-    def follow_done(self) -> None:
-        """The follow ended with every follow-up done: a release that rode on it happened."""
+    def chained_done(self) -> None:
+        """The request answered with its chained requests done: a release that rode on it happened."""
         if self._riding:
             self.held = self._riding = False
 
@@ -572,7 +573,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
 
     remote.stream("follow", req, on_event, timeout=timeout)
     if lock is not None:
-        lock.follow_done()
+        lock.chained_done()
     if judging.verdicts is None:  # the stream ended before a decision (the server host went away)
         judging.verdicts = judging.judge(True)
     return judging.verdicts, judging.timings
@@ -628,7 +629,8 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
                                       name=job.patch.name, rev=revision.rev, label=plan.label,
                                       diff_sha256=revision.diff_sha256, files=files)
     if job.no_restart:
-        remote.call("apply", dict(apply_req, restart=None))
+        remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup()))
+        lock.chained_done()
         return HostResult(host.name, True, Status.APPLIED,
                           f"{host.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", engine_version=plan.version,
