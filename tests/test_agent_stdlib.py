@@ -1,0 +1,56 @@
+"""The code sent to hosts runs on the engine's own interpreter: stdlib only,
+Python 3.8+. Checked on the sources exactly as `remote` sends them."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+from fleetpatch import protocol, remote
+
+SENT = {"hostagent": remote.AGENT_SOURCE, "protocol": remote.PROTOCOL_SOURCE}
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(SENT))
+def test_the_sent_source_parses_as_python_3_8_and_imports_only_the_standard_library(name):
+    source = zlib.decompress(SENT[name]).decode()
+    tree = ast.parse(source, filename=name, feature_version=(3, 8))
+    outside = imported_modules(tree) - set(sys.stdlib_module_names)
+    # the agent's one non-stdlib name is the protocol, sent beside it (on the laptop: fleetpatch.protocol)
+    assert outside <= {"fleetpatch"}, f"{name} imports {sorted(outside)}, which a host may not have"
+
+
+def test_feature_version_really_refuses_newer_syntax():
+    """The check above can fail: 3.10's match statement is not 3.8."""
+    with pytest.raises(SyntaxError):
+        ast.parse("match x:\n    case 1:\n        pass\n", feature_version=(3, 8))
+
+
+def test_the_agent_runs_with_no_fleetpatch_installed(tmp_path):
+    """The bootstrap alone (what the SSH command line carries) runs the sent sources: a
+    `probe` answers, from an interpreter that cannot import fleetpatch."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True)
+    python = str(tmp_path / "env" / "bin" / "python")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    req = {"op": "probe", "state_dir": str(tmp_path / "state"), "package": "json", "files": [], "content": False}
+    proc = subprocess.run([python, "-c", remote.BOOTSTRAP], input=remote.agent_payload(req),
+                          capture_output=True, env=env, timeout=60)
+    lines = [remote.parse_reply(l) for l in proc.stdout.splitlines()]
+    result = [l for l in lines if l and l.get("t") == "result"]
+    assert result and result[-1]["ok"], proc.stderr.decode()
+    assert result[-1]["result"]["ledger"] == protocol.empty_ledger()
+    check = subprocess.run([python, "-c", "import fleetpatch"], capture_output=True, env=env)
+    assert check.returncode != 0, "the test interpreter must not see fleetpatch"
