@@ -5,6 +5,7 @@ directory tree, no sshd. Each test takes about a second; a change to
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -258,8 +259,8 @@ def test_a_clock_step_does_not_cut_the_stop_grace(tmp_path, monkeypatch):
     assert proc.stdout.readline() == b"up\n"
     pidfile = tmp_path / "server.pid"
     pidfile.write_text(f"{proc.pid}\n")
-    real = time.time
-    monkeypatch.setattr(hostagent.time, "time", lambda: real() + 3600)
+    real, calls = time.time, itertools.count()
+    monkeypatch.setattr(hostagent.time, "time", lambda: real() + (3600 if next(calls) else 0))  # steps after 1 read
     try:
         out = hostagent.stop_command_server({"pidfile": str(pidfile), "stop_grace": 5})
     finally:
