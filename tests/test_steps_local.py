@@ -296,3 +296,11 @@ def test_a_clock_step_does_not_end_follow_early(tmp_path, monkeypatch, capsys):
     assert out["ended"] == "finished", out
     assert time.monotonic() - t0 >= 1.0
     assert '"t": "deadline"' not in capsys.readouterr().out
+
+
+def test_a_supervisor_program_name_with_a_space_fails_the_probe_and_releases_the_lock(lh):
+    host = lh.host(kind="supervisor", program="sglang server", config=str(lh.root / "supervisord.conf"),
+                   start=None, pidfile=None, workdir=None, env={})
+    r = steps.deploy(job(lh, host=host)[0], host)
+    assert r.status == "error" and "'sglang server' is not one supervisor program name" in r.message
+    assert not lh.lock.exists() and lh.is_pristine()

@@ -527,8 +527,8 @@ def restart_server(req, ledger, reason):
         result.update(extra)
     else:
         raise AgentError("error", "unknown restart kind %r" % kind)
-    ledger["last_restart"] = {"at": now_iso(), "epoch": time.time(), "log": log, "inode": pos["inode"],
-                              "offset": pos["offset"], "pid": pid, "reason": reason}
+    ledger["last_restart"] = protocol.LastRestart(at=now_iso(), epoch=time.time(), log=log, inode=pos["inode"],
+                                                  offset=pos["offset"], pid=pid, reason=reason)
     if result.get("journal"):
         ledger["last_restart"]["journal"] = result["journal"]
     ledger["restart_pending"] = False
@@ -688,11 +688,11 @@ def op_apply(req):
         atomic_write(dest, ch["original"], like=None)
     ledger["restart_pending"] = True
     seq = 1 + max([e.get("seq", 0) for e in ledger.get("patches", {}).values()] or [0])
-    entry = {"rev": req["rev"], "label": label, "diff_sha256": req["diff_sha256"], "applied_at": now_iso(),
-             "seq": seq,
-             "files": dict((f["path"], {"before": f["before"], "after": f["after"],
-                                        "backup": os.path.join("backups", label, f["path"])}) for f in req["files"]),
-             "verification": None}
+    files = dict((f["path"], protocol.LedgerFile(before=f["before"], after=f["after"],
+                                                 backup=os.path.join("backups", label, f["path"])))
+                 for f in req["files"])
+    entry = protocol.LedgerEntry(rev=req["rev"], label=label, diff_sha256=req["diff_sha256"], applied_at=now_iso(),
+                                 seq=seq, files=files, verification=None)
     ledger.setdefault("patches", {})[req["name"]] = entry
     # The ledger says "restart pending" before any engine file changes: a run that
     # dies between the write and the restart is finished by the next run.
@@ -741,7 +741,7 @@ def op_rollback(req):
     save_ledger(req, ledger)
     write_all_or_nothing(root, changes)
     del ledger["patches"][req["name"]]
-    ledger.setdefault("rolled_back", {})[req["name"]] = {"label": entry["label"], "at": now_iso()}
+    ledger.setdefault("rolled_back", {})[req["name"]] = protocol.RolledBack(label=entry["label"], at=now_iso())
     out = {"restored": [c["path"] for c in changes],
            "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
     save_ledger(req, ledger)  # the originals are back: record it before a restart that may fail
