@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -286,7 +287,6 @@ def test_a_clock_step_does_not_end_follow_early(tmp_path, monkeypatch, capsys):
         time.sleep(1.0)
         os.write(w, b"[]\n")
 
-    import threading
     threading.Thread(target=answer, daemon=True).start()
     try:
         out = hostagent.op_follow(req)
@@ -304,3 +304,35 @@ def test_a_supervisor_program_name_with_a_space_fails_the_probe_and_releases_the
     r = steps.deploy(job(lh, host=host)[0], host)
     assert r.status == "error" and "'sglang server' is not one supervisor program name" in r.message
     assert not lh.lock.exists() and lh.is_pristine()
+
+
+def test_at_its_deadline_follow_still_runs_the_decision_so_the_lock_is_released(tmp_path, monkeypatch, capsys):
+    """The agent's own deadline passes first: it says so, and the laptop's answer to
+    that event (record the timeout, release the lock) still runs."""
+    state = tmp_path / "state"
+    req = {"log": str(tmp_path / "server.log"), "state_dir": str(state), "timeout": -5,
+           "restart": {"kind": "command"}, "lock_token": "t1"}
+    hostagent.take_lock(req, {"token": "t1", "holder": "me", "force": False})
+    r, w = os.pipe()
+    stdin = os.fdopen(r, "rb")
+    monkeypatch.setattr(hostagent.sys, "stdin", stdin)
+    update = {"last_verification": {"at": "now", "status": "timeout", "labels": ["x@1"]}}
+    decision = [dict(req, op="record", ledger_update=update), dict(req, op="unlock")]
+    threading.Timer(0.3, lambda: os.write(w, json.dumps(decision).encode() + b"\n")).start()
+    try:
+        out = hostagent.op_follow(req)
+    finally:
+        os.close(w)
+        stdin.close()
+    assert '"t": "deadline"' in capsys.readouterr().out
+    assert out == {"ended": "deadline", "then": [{"recorded": True}, {"unlocked": True}]}
+    assert not (state / "lock").exists()
+    assert hostagent.load_ledger(req)["last_verification"]["status"] == "timeout"
+
+
+def test_a_server_that_never_gets_ready_times_out_and_the_lock_is_released(lh):
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "60"})
+    r = steps.deploy(job(lh, host=host, timeout=2)[0], host)
+    assert r.status == "timeout", r.message
+    assert not lh.lock.exists()
+    assert lh.ledger()["last_verification"]["status"] == "timeout"

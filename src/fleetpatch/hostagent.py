@@ -955,6 +955,7 @@ class Follow(object):
     timeout passes. Deadlines use the monotonic clock."""
 
     POLL_S = 0.05
+    DECISION_WAIT_S = 10.0
 
     def __init__(self, req):
         self.req = req
@@ -987,11 +988,21 @@ class Follow(object):
                 self.send_lines()
             self.send_state(now, alive, self.check_health(now, alive))
             if now > self.deadline:
-                emit({"t": "deadline"})
-                return {"ended": "deadline"}
+                return self.at_deadline()
             followups = self.read_followups()
             if followups is not None:
                 return followups
+
+    def at_deadline(self):
+        """Say the time is up, then wait a bounded moment for the laptop's decision on it
+        (its record and its release of the lock), which it sends when it sees this."""
+        emit({"t": "deadline"})
+        until = time.monotonic() + self.DECISION_WAIT_S
+        while time.monotonic() < until:
+            followups = self.read_followups()
+            if followups is not None:
+                return dict(followups, ended="deadline") if "then" in followups else followups
+        return {"ended": "deadline"}
 
     def send_launch(self):
         if self.pid and not self.launch_sent and pid_alive(self.pid):

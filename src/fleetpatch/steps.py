@@ -175,10 +175,12 @@ class HostLock:
         self._riding = True
         return [dict(base_request(self.host, self.job), op="unlock")]
 
-    def chained_done(self) -> None:
-        """The request answered with its chained requests done: a release that rode on it happened."""
-        if self._riding:
-            self.held = self._riding = False
+    def chained_done(self, reply: dict) -> None:
+        """The request answered: if the release rode on it and the agent ran it, the lock is free.
+        (A follow that ended at its deadline before the decision arrived ran nothing.)"""
+        if self._riding and any(r.get("unlocked") for r in reply.get("then") or []):
+            self.held = False
+        self._riding = False
 
     def __exit__(self, *exc) -> bool:
         self._riding = False
@@ -571,9 +573,9 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
             followups += lock.release_followup()
         return followups
 
-    remote.stream("follow", req, on_event, timeout=timeout)
+    reply = remote.stream("follow", req, on_event, timeout=timeout)
     if lock is not None:
-        lock.chained_done()
+        lock.chained_done(reply)
     if judging.verdicts is None:  # the stream ended before a decision (the server host went away)
         judging.verdicts = judging.judge(True)
     return judging.verdicts, judging.timings
@@ -629,8 +631,7 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
                                       name=job.patch.name, rev=revision.rev, label=plan.label,
                                       diff_sha256=revision.diff_sha256, files=files)
     if job.no_restart:
-        remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup()))
-        lock.chained_done()
+        lock.chained_done(remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup())))
         return HostResult(host.name, True, Status.APPLIED,
                           f"{host.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", engine_version=plan.version,
