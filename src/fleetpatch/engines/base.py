@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Pattern, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -137,13 +137,13 @@ class EngineProfile:
     kind: str = ""                      # the inventory's engine.kind, e.g. "sglang"
     package: str = ""                   # the import package whose files patches change
     ready_line: str = ""                # the log line that says the server accepts requests
-    log_prefix: Optional[Pattern[str]] = None   # what the engine puts before each message
+    log_prefix: Optional[re.Pattern] = None   # what the engine puts before each message
     launch_env_prefixes: Tuple[str, ...] = ()   # environment variables read from /proc (the rest may be secret)
     fact_keys: Tuple[str, ...] = ()     # the settings that pick the path, in the order messages name them
     path_noun: str = "code path"        # what a code path is, for "the server runs no <path_noun>"
     path_noun_short: str = ""           # the same, shorter ("no <path_noun_short> runs"); path_noun if empty
     whole_evidence: Tuple[str, ...] = ()  # log evidence starting so is a summary fleetpatch wrote: never cut
-    exception_line: Pattern[str] = PYTHON_EXCEPTION_LINE
+    exception_line: re.Pattern = PYTHON_EXCEPTION_LINE
     sibling_pairs: Sequence[Tuple[str, str]] = ()   # files that serve one role on two paths
 
     # ---------------------------------------------------------- the log

@@ -531,6 +531,8 @@ class SGLangProfile(EngineProfile):
     log_prefix = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\] ")
     # SGLANG_ENABLE_SPEC_V2 routes the worker; the rest of a server's environment may hold secrets
     launch_env_prefixes = ("SGLANG_",)
+    # Facts.values: "algorithm" (str, or None = no speculative decoding), "multi_layer" (bool),
+    # "overlap" (bool: overlap scheduling on, i.e. not disable_overlap_schedule)
     fact_keys = ("algorithm", "multi_layer", "overlap")
     path_noun, path_noun_short = "speculative decoding worker", "speculative worker"
     whole_evidence = (DUMP_PREFIX + "...",)   # log_facts' summary of the (very long) ServerArgs dump
