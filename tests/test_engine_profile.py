@@ -180,7 +180,8 @@ def test_0_5_15_has_no_v1_worker_in_tree():
     tree = sglang_tree("0.5.15")
     assert not (tree / "sglang/srt/speculative/eagle_worker.py").exists()
     assert (tree / "sglang/srt/speculative/eagle_worker_v2.py").exists()
-    assert "EAGLEWorker" not in PROFILE.code_paths("0.5.15")
+    assert PROFILE.file_of_path("EAGLEWorker", "0.5.15") is None
+    assert "EAGLEWorker" not in PROFILE.range_for("0.5.15").path_names
 
 
 @pytest.mark.parametrize("version", ALL_VERSIONS)
@@ -302,15 +303,22 @@ def test_every_signature_is_in_that_wheel_at_the_recorded_line(version):
     assert checked >= 8
 
 
+def routing_signature(version, key):
+    """The routing line `key` that log_facts looks for in a `version` log (None: it looks for none)."""
+    return next((s for s in PROFILE.range_for(version).signatures if s.key == key), None)
+
+
 def test_signatures_named_in_the_brief():
     for v in ("0.5.7", "0.5.9", "0.5.10"):
-        assert PROFILE.signature(v, "W1").text.startswith("Overlap scheduler is disabled when spec v2 is off")
-        assert PROFILE.signature(v, "W2").text.startswith("Spec v2 is enabled for eagle/eagle3")
-        assert PROFILE.signature(v, "W3").text.startswith("The overlap scheduler and mixed chunked prefill")
-    assert PROFILE.signature("0.5.9", "W1").line_in("0.5.9") == 2386
-    assert PROFILE.signature("0.5.9", "W2").line_in("0.5.9") == 2374
-    assert PROFILE.signature("0.5.15", "W2") is None        # 0.5.14+ prints nothing when overlap is on
-    assert PROFILE.signature("0.5.15", "DUMP").text == "server_args=ServerArgs("
+        assert routing_signature(v, "W1").text.startswith("Overlap scheduler is disabled when spec v2 is off")
+        assert routing_signature(v, "W2").text.startswith("Spec v2 is enabled for eagle/eagle3")
+        assert routing_signature(v, "W3").text.startswith("The overlap scheduler and mixed chunked prefill")
+    assert routing_signature("0.5.9", "W1").line_in("0.5.9") == 2386
+    assert routing_signature("0.5.9", "W2").line_in("0.5.9") == 2374
+    assert routing_signature("0.5.15", "W2") is None        # 0.5.14+ prints nothing when overlap is on
+    assert sg.DUMP.text == sg.DUMP_PREFIX == "server_args=ServerArgs("
+    # and the warning alone is what log_facts reads the overlap setting from
+    assert PROFILE.log_facts("0.5.9", [routing_signature("0.5.9", "W1").text]).values == {"overlap": False}
 
 
 @pytest.mark.parametrize("version", ALL_VERSIONS)
@@ -462,16 +470,34 @@ def test_argv_forms():
     assert any("--config" in n for n in cfg.notes)
 
 
-def test_infer_from_server_info():
+def log_path(version, lines, first_line_no=1, fill=None):
+    """The path the log window shows, as evidence.judge combines it: the log's facts
+    over `fill` (the launch's); None when the log states nothing or the path is open."""
+    facts = PROFILE.log_facts(version, lines, first_line_no)
+    if not facts.values:
+        return None
+    res = PROFILE.resolve(version, {**(fill or {}), **facts.values})
+    return res.path if res.determined else None
+
+
+def server_info_path(version, info):
+    facts = PROFILE.server_info_facts(version, info)
+    if facts is None:
+        return None, None
+    res = PROFILE.resolve(version, facts.values)
+    return (res.path if res.determined else None), next(iter(facts.evidence.values()))
+
+
+def test_server_info_facts_resolve_to_the_worker():
     info = {"speculative_algorithm": "EAGLE3", "disable_overlap_schedule": True, "enable_multi_layer_eagle": False,
             "version": "0.5.9"}
-    path, ev = PROFILE.infer_from_server_info("0.5.9", info)
+    path, ev = server_info_path("0.5.9", info)
     assert path == "EAGLEWorker" and ev.source == "server_info" and "disable_overlap_schedule=True" in ev.text
-    assert PROFILE.infer_from_server_info("0.5.9", {**info, "disable_overlap_schedule": False})[0] == "EAGLEWorkerV2"
-    assert PROFILE.infer_from_server_info("0.5.15", {**info, "disable_overlap_schedule": True})[0] == "EAGLEWorkerV2"
-    assert PROFILE.infer_from_server_info("0.5.9", {**info, "speculative_algorithm": None})[0] is None
-    assert PROFILE.infer_from_server_info("0.5.23", info)[0] is None
-    assert PROFILE.infer_from_server_info("0.5.9", {"version": "0.5.9"}) == (None, None)
+    assert server_info_path("0.5.9", {**info, "disable_overlap_schedule": False})[0] == "EAGLEWorkerV2"
+    assert server_info_path("0.5.15", {**info, "disable_overlap_schedule": True})[0] == "EAGLEWorkerV2"
+    assert server_info_path("0.5.9", {**info, "speculative_algorithm": None})[0] is None
+    assert server_info_path("0.5.23", info)[0] is None
+    assert server_info_path("0.5.9", {"version": "0.5.9"}) == (None, None)
 
 
 # ----------------------------------------------------------------- the wheel's own routing code
@@ -709,7 +735,7 @@ def test_predict_and_log_agree_with_the_wheels_own_routing(version):
                 mismatches.append((case, "overlap", not real.args.disable_overlap_schedule, pred))
             # the log: the warnings that code printed, then the ServerArgs dump
             window = real.lines + [_dump_line(real.args), "[2026-01-05 10:12:00] " + sg.READY_LINE]
-            path, ev = PROFILE.infer_from_log(version, window, 100)
+            path = log_path(version, window, 100)
             if path != name:
                 mismatches.append((case, "log with dump", name, path, window))
             # warnings alone (no dump: e.g. --log-level warning), the rest from the launch
@@ -718,7 +744,7 @@ def test_predict_and_log_agree_with_the_wheels_own_routing(version):
                 mismatches.append((case, "warning says overlap", facts.values, real.lines))
             fill = {"algorithm": pred.algorithm, "multi_layer": pred.multi_layer, "overlap": pred.overlap}
             expected = name if facts.values else None   # a log that says nothing shows nothing (0.5.14+ v2)
-            if PROFILE.infer_from_log(version, real.lines, 1, fill=fill)[0] != expected:
+            if log_path(version, real.lines, 1, fill=fill) != expected:
                 mismatches.append((case, "log warnings + launch", expected, real.lines))
     assert not mismatches, "\n".join(map(str, mismatches[:10]))
 
@@ -738,5 +764,5 @@ def test_real_warnings_match_the_stored_signatures_exactly():
         if key is None:
             assert routing == []           # 0.5.14+: overlap on prints nothing
             continue
-        sig = PROFILE.signature(version, key)
+        sig = routing_signature(version, key)
         assert any(sig.matches(l) for l in routing), (version, routing)

@@ -462,4 +462,4 @@ def test_verdict_fields_and_statuses():
     assert v.status in evidence.STATUSES
     assert evidence.shorten("Overlap scheduler is disabled when spec v2 is off or using unsupported", 50) == \
         "Overlap scheduler is disabled when spec v2 is off ..."
-    assert evidence.strip_prefix("[2026-01-05 10:11:12 DP0 TP3] hello") == "hello"
+    assert PROFILE.strip_prefix("[2026-01-05 10:11:12 DP0 TP3] hello") == "hello"

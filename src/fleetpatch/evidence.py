@@ -1,18 +1,20 @@
 """Did the patched code path execute?  Pure: a log window, /server_info and the
 launch configuration in, a Verdict out.  No SSH, no clock (times come in the
-Observation).
+Observation), and no engine: what the log lines mean (the ready line, the log
+prefix, which settings pick the path) comes from the engine profile
+(`fleetpatch.engines.base.EngineProfile`).
 
 Which path runs is worked out by the engine profile, in this order of trust:
 
-1. the log window: the ServerArgs dump (final values) and the version's
-   routing warnings (W1/W2/W3 ...);
+1. the log window: for SGLang the ServerArgs dump (final values) and the
+   version's routing warnings;
 2. /server_info, when the server answered it;
 3. the launch configuration (argv + environment), as the fallback and as the
    human cause.
 
 The log and /server_info must agree; if they name different paths the verdict
 is a final "not-executed" with an "evidence conflict" cause.  Only the marker of
-the path that runs (or of a worker class it inherits from) can verify; a marker
+the path that runs (or of a code path it inherits from) can verify; a marker
 of another path never does.
 
 Markers are used only through `.matches(line)` and `.describe()` (and, when it
@@ -22,13 +24,16 @@ line "Dynamic speculation disable enabled ... V2").
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-STATUSES = ("verified", "not-executed", "restart-failed", "timeout", "pending", "rolled-back", "error")
+from .engines.base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Resolution
+from .errors import Status
+
+STATUSES = (Status.VERIFIED, Status.NOT_EXECUTED, Status.RESTART_FAILED, Status.TIMEOUT, Status.PENDING,
+            Status.ROLLED_BACK, Status.ERROR)
 # Rollback check that still finds a marker of the patch: the patched code still runs.
-ROLLBACK_STILL_PATCHED = "error"
+ROLLBACK_STILL_PATCHED = Status.ERROR
 
 LAST_LINES = 15
 EVIDENCE_WIDTH = 50        # "Overlap scheduler is disabled when spec v2 is off ..."
@@ -48,13 +53,6 @@ class Observation:
 
 
 @dataclass
-class Evidence:
-    source: str                    # "log" | "server_info" | "launch"
-    line_no: Optional[int]
-    text: str
-
-
-@dataclass
 class Verdict:
     status: str                    # one of STATUSES
     final: bool
@@ -66,16 +64,36 @@ class Verdict:
     message: str                   # the loud multi-line explanation (contract format)
 
 
+@dataclass
+class Subject:
+    """The server being judged: the same for every look at one host's restart
+    (but `launch`, which the agent may report once the new process runs)."""
+
+    profile: EngineProfile
+    version: Optional[str]
+    launch: Optional[LaunchConfig]
+    host: str
+    settle_s: float = 2.0          # after the ready line, how long a missing marker may still come
+
+
+@dataclass
+class Check:
+    """What one patch asks of the window."""
+
+    label: str                     # "name@rev", for messages
+    markers: Dict[str, Any]        # code path -> marker
+    expect: List[str] = field(default_factory=list)
+    forbid: List[str] = field(default_factory=list)
+    want_markers: bool = True      # False: a rollback check (no marker may appear)
+
+    @classmethod
+    def of(cls, patch, label: str, want_markers: bool = True) -> "Check":
+        """The check of a patchset.Patch (anything with markers, expect and forbid)."""
+        return cls(label, dict(patch.markers or {}), [e for e in (patch.expect or []) if e],
+                   [f for f in (patch.forbid or []) if f], want_markers)
+
+
 # ----------------------------------------------------------------- helpers
-_PREFIX = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\] ")
-_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::|$)")
-
-
-def strip_prefix(line: str) -> str:
-    """A log line without SGLang's "[2026-01-05 10:11:12 DP0 TP0] " prefix."""
-    return _PREFIX.sub("", line.rstrip("\r\n"), count=1)
-
-
 def shorten(text: str, width: int) -> str:
     """`text` cut at a word boundary to at most `width` characters, plus " ..."."""
     text = text.strip()
@@ -86,15 +104,6 @@ def shorten(text: str, width: int) -> str:
     if space >= width // 2:
         cut = cut[:space]
     return cut.rstrip() + " ..."
-
-
-def _show(ev: Evidence) -> str:
-    if ev.source == "log":
-        text = ev.text if ev.text.startswith("server_args=ServerArgs(...") else shorten(ev.text, EVIDENCE_WIDTH)
-        return f'log line {ev.line_no} "{text}"'
-    if ev.source == "server_info":
-        return ev.text
-    return ev.text
 
 
 def _matches(marker, line: str) -> bool:
@@ -124,26 +133,18 @@ def attribute_markers(lines: Sequence[str], markers: Mapping[str, Any]) -> List[
     return out
 
 
-def _fmt_value(v) -> str:
-    return repr(v) if isinstance(v, str) else str(v)
+class _Window:
+    """One observation read through the engine profile, and how to quote it."""
 
-
-def _facts_text(values: Mapping[str, object]) -> str:
-    parts = []
-    if "algorithm" in values:
-        parts.append(f"speculative_algorithm={_fmt_value(values['algorithm'])}")
-    if "multi_layer" in values:
-        parts.append(f"enable_multi_layer_eagle={values['multi_layer']}")
-    if "overlap" in values:
-        parts.append(f"disable_overlap_schedule={not values['overlap']}")
-    return ", ".join(parts)
-
-
-class _Ctx:
-    """Everything one judgement needs to write its message."""
-
-    def __init__(self, host: str, label: str, lines: List[str], first: int):
-        self.host, self.label, self.lines, self.first = host, label, lines, first
+    def __init__(self, obs: Observation, subject: Subject, label: str):
+        self.obs, self.subject, self.profile, self.version = obs, subject, subject.profile, subject.version
+        self.host, self.label = subject.host, label
+        self.lines = [str(l).rstrip("\r\n") for l in (obs.lines or [])]
+        self.first = obs.first_line_no or 1
+        ready_line = self.profile.ready_line
+        self.ready = obs.since_ready_s is not None or any(ready_line in l for l in self.lines)
+        self.settled = obs.since_ready_s is not None and obs.since_ready_s >= subject.settle_s
+        self.health_ok = obs.healthy is True or (obs.healthy is None and self.ready)
 
     def head(self, ok: bool, text: str, tag: Optional[str] = None) -> str:
         tag = tag or ("OK" if ok else "FAIL")
@@ -152,8 +153,17 @@ class _Ctx:
     def no(self, i: int) -> int:
         return self.first + i
 
+    def text(self, i: int) -> str:
+        return self.profile.strip_prefix(self.lines[i])
+
     def quote(self, i: int, width: int = MARKER_WIDTH) -> str:
-        return f'log line {self.no(i)} "{shorten(strip_prefix(self.lines[i]), width)}"'
+        return f'log line {self.no(i)} "{shorten(self.text(i), width)}"'
+
+    def show(self, ev: Evidence) -> str:
+        if ev.source != "log":
+            return ev.text
+        whole = any(ev.text.startswith(p) for p in self.profile.whole_evidence)
+        return f'log line {ev.line_no} "{ev.text if whole else shorten(ev.text, EVIDENCE_WIDTH)}"'
 
     def tail(self) -> List[str]:
         if not self.lines:
@@ -168,11 +178,58 @@ class _Ctx:
             out.append(f"    {self.no(i):>{width}} | {line}")
         return out
 
+    def wait(self, missing: List[str], path, used, cause, seen) -> Verdict:
+        msg = self.head(False, "waiting for " + (missing[0] if missing else "the server"), tag="WAIT")
+        return Verdict(Status.PENDING, False, path, used, cause, seen, missing, msg)
+
+
+@dataclass
+class _Seen:
+    """The patch's marker lines in the window."""
+
+    by_key: Dict[str, List[int]]   # code path -> indexes of the lines credited to its marker
+    listed: List[dict]             # Verdict.markers_seen
+
+    @classmethod
+    def of(cls, w: _Window, markers: Mapping[str, Any]) -> "_Seen":
+        hits = attribute_markers(w.lines, markers)
+        by_key: Dict[str, List[int]] = {}
+        for i, keys in hits:
+            for k in keys:
+                by_key.setdefault(k, []).append(i)
+        listed = [{"path": k, "line_no": w.no(i), "text": shorten(w.text(i), TAIL_WIDTH)}
+                  for i, keys in hits for k in keys][:100]
+        return cls(by_key, listed)
+
+
+@dataclass
+class _Route:
+    """Which path runs, what says so, and why."""
+
+    res: Resolution
+    pred: Optional[Prediction]
+    used: List[Evidence]           # the evidence that decided, log first
+    cause: str
+    conflict: Optional[tuple] = None   # (log path, server_info path, log evidence, server_info facts)
+    lineage: List[str] = field(default_factory=list)   # the path, then the paths it inherits from
+    file: Optional[str] = None
+
+    @property
+    def path(self) -> Optional[str]:
+        return self.res.path if self.res.determined else None
+
 
 # ----------------------------------------------------------------- judge
 def judge(obs: Observation, profile, version: Optional[str], launch, markers: Mapping[str, Any],
           expect: Iterable[str], forbid: Iterable[str], label: str, host: str, *,
           want_markers: bool = True, settle_s: float = 2.0) -> Verdict:
+    """`verdict` with its inputs spelled out (the call steps.py makes)."""
+    check = Check(label, dict(markers or {}), [e for e in (expect or []) if e], [f for f in (forbid or []) if f],
+                  want_markers)
+    return verdict(obs, Subject(profile, version, launch, host, settle_s), check)
+
+
+def verdict(obs: Observation, subject: Subject, check: Check) -> Verdict:
     """The verdict on one patch for one host, from what was observed since the restart.
 
     Only `obs.lines` is read (the caller cuts the window at the restart).  Final
@@ -180,188 +237,91 @@ def judge(obs: Observation, profile, version: Optional[str], launch, markers: Ma
     ROLLBACK_STILL_PATCHED ("error"); "pending" (final False) means: look again
     when more has been observed.
     """
-    lines = [str(l).rstrip("\r\n") for l in (obs.lines or [])]
-    first = obs.first_line_no or 1
-    markers = dict(markers or {})
-    expect = [e for e in (expect or []) if e]
-    forbid = [f for f in (forbid or []) if f]
-    ctx = _Ctx(host, label, lines, first)
+    w = _Window(obs, subject, check.label)
+    pred, launch_error = _predict(subject)
+    seen = _Seen.of(w, check.markers)
+    failed = _failure(w, check, pred, seen)
+    if failed is not None:
+        return failed
+    route = _route(w, pred, launch_error)
+    if route.conflict is not None:
+        return _conflict(w, route, seen)
+    if not check.want_markers:
+        return _rollback(w, seen, route)
+    return _marker_verdict(w, check, seen, route)
 
-    ready_line = getattr(profile, "ready_line", "The server is fired up and ready to roll!")
-    ready_idx = next((i for i, l in enumerate(lines) if ready_line in l), None)
-    ready = ready_idx is not None or obs.since_ready_s is not None
-    settled = obs.since_ready_s is not None and obs.since_ready_s >= settle_s
-    health_ok = obs.healthy is True or (obs.healthy is None and ready)
 
-    pred = None
-    if launch is not None:
-        try:
-            pred = profile.predict(version, launch)
-        except Exception as e:  # a launch we cannot read must not hide the log's evidence
-            pred = None
-            launch_error = f"{type(e).__name__}: {e}"
-        else:
-            launch_error = None
-    else:
-        launch_error = None
+def _predict(subject: Subject) -> Tuple[Optional[Prediction], Optional[str]]:
+    if subject.launch is None:
+        return None, None
+    try:
+        return subject.profile.predict(subject.version, subject.launch), None
+    except Exception as e:  # a launch we cannot read must not hide the log's evidence
+        return None, f"{type(e).__name__}: {e}"
 
-    # markers, by path, crediting each line to its most specific marker
-    hits = attribute_markers(lines, markers)
-    by_key: Dict[str, List[int]] = {}
-    for i, keys in hits:
-        for k in keys:
-            by_key.setdefault(k, []).append(i)
-    markers_seen = [{"path": k, "line_no": ctx.no(i), "text": shorten(strip_prefix(lines[i]), TAIL_WIDTH)}
-                    for i, keys in hits for k in keys][:100]
 
-    # --------------------------------------------------------- failures first
-    forbid_hit = next(((i, f) for i, l in enumerate(lines) for f in forbid if f in l), None)
-    failures = profile.find_failures(version, lines)
-    if forbid_hit is not None or failures or obs.alive is False:
-        return _restart_failed(ctx, obs, pred, forbid_hit, failures, markers_seen, by_key)
-
-    # --------------------------------------------------------- which path runs
-    log_f = profile.log_facts(version, lines, first)
-    si_f = profile.server_info_facts(version, obs.server_info) if obs.server_info else None
-    la_f = profile.launch_facts(pred, launch) if pred is not None else None
-
-    conflict = None
-    if log_f.values and si_f is not None:
-        r_log = profile.resolve(version, {**si_f.values, **log_f.values})
-        r_si = profile.resolve(version, si_f.values)
-        if r_log.determined and r_si.determined and r_log.path != r_si.path:
-            key = next((k for k in ("algorithm", "multi_layer", "overlap")
-                        if k in log_f.values and k in si_f.values
-                        and _same(log_f.values[k], si_f.values[k]) is False), None)
-            ev = log_f.evidence.get(key) if key else None
-            ev = ev or (log_f.all_evidence() or [None])[0]
-            conflict = (r_log.path, r_si.path, ev, si_f)
-
+# ----------------------------------------------------------------- which path runs
+def _route(w: _Window, pred: Optional[Prediction], launch_error: Optional[str]) -> _Route:
+    """The path from the log, /server_info and the launch (later sources win a fact)."""
+    profile, version = w.profile, w.version
+    log_f = profile.log_facts(version, w.lines, w.first)
+    si_f = profile.server_info_facts(version, w.obs.server_info) if w.obs.server_info else None
+    la_f = profile.launch_facts(pred, w.subject.launch) if pred is not None else None
     combined: Dict[str, object] = {}
-    provider: Dict[str, Any] = {}
+    provider: Dict[str, Facts] = {}
     for facts in (la_f, si_f, log_f):
-        if facts is None:
-            continue
-        for k, v in facts.values.items():
-            combined[k] = v
-            provider[k] = facts
+        for k, v in (facts.values.items() if facts is not None else ()):
+            combined[k], provider[k] = v, facts
     res = profile.resolve(version, combined)
-    path = res.path if res.determined else None
+    route = _Route(res, pred, _used(provider, log_f, si_f, la_f),
+                   _cause(profile, res, pred, w.subject.launch, combined, launch_error),
+                   conflict=_log_vs_server_info(profile, version, log_f, si_f))
+    if route.path:
+        route.file = profile.file_of_path(route.path, version)
+        route.lineage = [route.path] + profile.ancestors(route.path, version)
+    return route
 
+
+def _used(provider: Dict[str, Facts], log_f: Facts, *others: Optional[Facts]) -> List[Evidence]:
+    """The evidence of every fact that decided, plus the log's supporting lines; log first."""
     used: List[Evidence] = []
-    for facts in (log_f, si_f, la_f):
+    for facts in (log_f, *others):
         if facts is None:
             continue
-        if facts is log_f:
-            evs = [facts.evidence[k] for k in facts.evidence if provider.get(k) is facts] + list(facts.notes)
-        else:
-            evs = [facts.evidence[k] for k in facts.evidence if provider.get(k) is facts]
-        for ev in evs:
+        evs = [facts.evidence[k] for k in facts.evidence if provider.get(k) is facts]
+        for ev in evs + (list(facts.notes) if facts is log_f else []):
             if ev not in used:
                 used.append(ev)
     used.sort(key=lambda e: ({"log": 0, "server_info": 1, "launch": 2}.get(e.source, 3), e.line_no or 0))
+    return used
 
-    cause = _cause(res, pred, launch, combined, launch_error)
-    if conflict is not None:
-        return _conflict(ctx, conflict, used, markers_seen)
 
-    file = profile.file_of_path(path, version) if path else None
-    lineage = [path] + profile.ancestors(path, version) if path else []
+def _log_vs_server_info(profile, version, log_f: Facts, si_f: Optional[Facts]) -> Optional[tuple]:
+    """(log path, server_info path, log evidence, si facts) when the two name different paths."""
+    if not log_f.values or si_f is None:
+        return None
+    r_log = profile.resolve(version, {**si_f.values, **log_f.values})
+    r_si = profile.resolve(version, si_f.values)
+    if not (r_log.determined and r_si.determined and r_log.path != r_si.path):
+        return None
+    key = next((k for k in profile.fact_keys if k in log_f.values and k in si_f.values
+                and not profile.same_fact(k, log_f.values[k], si_f.values[k])), None)
+    ev = log_f.evidence.get(key) if key else None
+    return r_log.path, r_si.path, ev or (log_f.all_evidence() or [None])[0], si_f
 
-    if not want_markers:
-        return _rollback(ctx, obs, markers, by_key, markers_seen, used, cause, path, ready, settled,
-                         health_ok, ready_line)
 
-    key = next((k for k in lineage if k in markers), None)
-    own = by_key.get(key, []) if key else []
-    marker_ok = bool(res.determined and path and own)
-    expect_missing = [e for e in expect if not any(e in l for l in lines)]
-
-    missing: List[str] = []
-    if not ready:
-        missing.append("the server to be ready")
-    if not marker_ok:
-        if key:
-            missing.append(f"marker for {key}: {markers[key].describe()}")
-        elif path:
-            missing.append(f"a marker for {path}")
-        elif res.determined:
-            missing.append("a speculative decoding worker (none runs)")
-        else:
-            missing.append("the code path the server runs")
-    missing += [f'expected line "{e}"' for e in expect_missing]
-    if ready and not health_ok:
-        missing.append("a healthy /health answer")
-
-    others = [(k, by_key[k][0]) for k in by_key if k not in lineage]
-
-    if marker_ok and not expect_missing and ready and health_ok:
-        i0 = own[0]
-        via = f" via {key} code" if key != path else ""
-        count = f"; seen {len(own)} times" if len(own) > 1 else ""
-        msg = [ctx.head(True, f"verified on {path}{via} ({ctx.quote(i0)}{count})")]
-        msg += _runs_block(path, file, used, cause)
-        return Verdict("verified", True, path, used, cause, markers_seen, [], "\n".join(msg))
-
-    if obs.timed_out and not ready:
-        msg = [ctx.head(False, "timed out: the server never became ready"),
-               f'  no "{ready_line}" in the {len(lines)} log lines since the restart']
-        if pred is not None and not pred.starts:
-            msg.append(f"    cause: {pred.cause}")
-        msg += ctx.tail()
-        return Verdict("timeout", True, path, used, cause, markers_seen, missing, "\n".join(msg))
-
-    decide = obs.timed_out or (ready and settled and not marker_ok)
-    if not decide:
-        msg = ctx.head(False, "waiting for " + (missing[0] if missing else "the server"), tag="WAIT")
-        return Verdict("pending", False, path, used, cause, markers_seen, missing, msg)
-
-    if marker_ok and not expect_missing and not health_ok:
-        msg = [ctx.head(False, "restart failed: the server is not healthy"),
-               f"  {ctx.quote(own[0])} shows {path} ran, but the health check does not answer 200"]
-        msg += ctx.tail()
-        return Verdict("restart-failed", True, path, used, cause, markers_seen, missing, "\n".join(msg))
-
-    # not-executed
+def _cause(profile, res: Resolution, pred, launch, combined, launch_error) -> str:
+    src = getattr(launch, "source", "launch") if launch is not None else "launch"
     if not res.determined:
-        msg = [ctx.head(False, "not verified: the code path the server runs is unknown"),
-               "  fleetpatch cannot tell which code path the server runs"]
-        msg += [f"    evidence: {_show(ev)}" for ev in _shown(used)]
-        msg.append(f"    cause: {res.reason}")
-        for k, i in others:
-            msg.append(f"  marker for {k} seen ({ctx.quote(i)}), but a marker proves nothing unless it "
-                       "belongs to the path that runs")
-        if not others and markers:
-            msg.append(f"  no marker of {label} was seen")
-        return Verdict("not-executed", True, None, used, res.reason, markers_seen, missing, "\n".join(msg))
-
-    title = "never executed" if not marker_ok else "not verified"
-    msg = [ctx.head(False, title)]
-    msg += _runs_block(path, file, used, cause, pred)
-    if path is None:
-        names = ", ".join(markers) if markers else "none"
-        msg.append(f"  none of the patch's markers ({names}) can appear: no speculative worker runs")
-    elif not marker_ok:
-        if key:
-            via = f" (inherited by {path})" if key != path else ""
-            msg.append(f"  marker for {key}{via} not seen: {markers[key].describe()}")
-        else:
-            patched = ", ".join(markers) if markers else "no code path"
-            msg.append(f"  {label} has no marker for {path}: it carries markers for {patched} only")
-    for k, i in others:
-        msg.append(f"  marker for {k} seen ({ctx.quote(i)}), but the server does not run {k}")
-    for e in expect_missing:
-        msg.append(f'  expected line not seen: "{e}"')
-    return Verdict("not-executed", True, path, used, cause, markers_seen, missing, "\n".join(msg))
-
-
-# ----------------------------------------------------------------- pieces
-def _same(a, b) -> Optional[bool]:
-    if isinstance(a, str) or isinstance(b, str):
-        na = None if a is None else str(a).upper().replace("NEXTN", "EAGLE")
-        nb = None if b is None else str(b).upper().replace("NEXTN", "EAGLE")
-        return na == nb
-    return a == b
+        return res.reason
+    if pred is None:
+        base = f"the server runs with {profile.facts_text(combined)}" if combined else ""
+        return base + (f" (the launch configuration could not be read: {launch_error})" if launch_error else "")
+    if not pred.known_version or (pred.starts and pred.path == res.path):
+        return pred.cause
+    predicted = pred.path or ("a server that does not start" if not pred.starts else f"no {profile.short_noun()}")
+    return (f"the server runs with {profile.facts_text(combined)}, but the {src} launch configuration predicts "
+            f"{predicted} ({pred.cause}): the server was started differently, or the model changed the settings")
 
 
 def _shown(used: List[Evidence]) -> List[Evidence]:
@@ -371,115 +331,199 @@ def _shown(used: List[Evidence]) -> List[Evidence]:
     return direct or [e for e in used if e.source == "launch"]
 
 
-def _runs_block(path, file, used, cause, pred=None) -> List[str]:
-    if path:
-        out = [f"  the server runs {path}" + (f" ({file})" if file else "")]
+def _runs_block(w: _Window, route: _Route, notes: bool = False) -> List[str]:
+    if route.path:
+        out = [f"  the server runs {route.path}" + (f" ({route.file})" if route.file else "")]
     else:
-        out = ["  the server runs no speculative decoding worker"]
-    out += [f"    evidence: {_show(ev)}" for ev in _shown(used)]
-    if cause:
-        out.append(f"    cause: {cause}")
-    for note in (getattr(pred, "notes", None) or []):
+        out = [f"  the server runs no {w.profile.path_noun}"]
+    out += [f"    evidence: {w.show(ev)}" for ev in _shown(route.used)]
+    if route.cause:
+        out.append(f"    cause: {route.cause}")
+    for note in ((getattr(route.pred, "notes", None) or []) if notes else []):
         out.append(f"    note: {note}")
     return out
 
 
-def _cause(res, pred, launch, combined, launch_error) -> str:
-    src = getattr(launch, "source", "launch") if launch is not None else "launch"
-    if not res.determined:
-        return res.reason
-    if pred is None:
-        base = f"the server runs with {_facts_text(combined)}" if combined else ""
-        return base + (f" (the launch configuration could not be read: {launch_error})" if launch_error else "")
-    if not pred.known_version:
-        return pred.cause
-    if pred.starts and pred.path == res.path:
-        return pred.cause
-    predicted = pred.path or ("a server that does not start" if not pred.starts else "no speculative worker")
-    return (f"the server runs with {_facts_text(combined)}, but the {src} launch configuration predicts "
-            f"{predicted} ({pred.cause}): the server was started differently, or the model changed the settings")
+# ----------------------------------------------------------------- the marker verdict
+@dataclass
+class _Markers:
+    """The patch's markers against the path that runs."""
+
+    key: Optional[str]             # the marker that can verify: of the path, or of a path it inherits from
+    own: List[int]                 # its lines
+    ok: bool                       # the path is known and its marker was seen
+    expect_missing: List[str]
+    others: List[Tuple[str, int]]  # markers of paths that do not run: (path, first line index)
+    missing: List[str]
+
+    @classmethod
+    def of(cls, w: _Window, check: Check, seen: _Seen, route: _Route) -> "_Markers":
+        key = next((k for k in route.lineage if k in check.markers), None)
+        own = seen.by_key.get(key, []) if key else []
+        ok = bool(route.res.determined and route.path and own)
+        expect_missing = [e for e in check.expect if not any(e in l for l in w.lines)]
+        others = [(k, seen.by_key[k][0]) for k in seen.by_key if k not in route.lineage]
+        missing = ([] if w.ready else ["the server to be ready"])
+        if not ok:
+            missing.append(_missing_marker(w, check, route, key))
+        missing += [f'expected line "{e}"' for e in expect_missing]
+        if w.ready and not w.health_ok:
+            missing.append("a healthy /health answer")
+        return cls(key, own, ok, expect_missing, others, missing)
 
 
-def _restart_failed(ctx: _Ctx, obs, pred, forbid_hit, failures, markers_seen, by_key) -> Verdict:
-    msg = [ctx.head(False, "restart failed")]
-    shown: List[str] = []
-    ev: List[Evidence] = []
-    if forbid_hit is not None:
-        i, f = forbid_hit
-        shown.append(f'  forbidden line at {ctx.quote(i, TAIL_WIDTH)} (forbid: "{f}")')
-        ev.append(Evidence("log", ctx.no(i), strip_prefix(ctx.lines[i])))
-    if failures:
-        i, sig = failures[0]
-        if forbid_hit is None or forbid_hit[0] != i:
-            shown.append(f"  {ctx.quote(i, TAIL_WIDTH)}")
-            ev.append(Evidence("log", ctx.no(i), strip_prefix(ctx.lines[i])))
-        exc = next((j for j in range(i, len(ctx.lines)) if _EXC_LINE.match(strip_prefix(ctx.lines[j]).strip())),
-                   None)
-        if exc is not None and exc != i and (forbid_hit is None or forbid_hit[0] != exc):
-            shown.append(f"  {ctx.quote(exc, TAIL_WIDTH)}")
-            ev.append(Evidence("log", ctx.no(exc), strip_prefix(ctx.lines[exc])))
-    if obs.alive is False:
-        shown.append("  the server process is not running")
-    msg += shown
-    cause = ""
-    if pred is not None and not pred.starts:
-        cause = pred.cause
-        msg.append(f"    cause: {cause}")
-    if by_key:
-        seen = ", ".join(sorted(by_key))
-        msg.append(f"  (markers seen before it failed: {seen})")
-    msg += ctx.tail()
-    missing = ["a server that stays up"]
-    return Verdict("restart-failed", True, None, ev, cause or shown[0].strip(), markers_seen, missing,
+def _missing_marker(w: _Window, check: Check, route: _Route, key: Optional[str]) -> str:
+    if key:
+        return f"marker for {key}: {check.markers[key].describe()}"
+    if route.path:
+        return f"a marker for {route.path}"
+    if route.res.determined:
+        return f"a {w.profile.path_noun} (none runs)"
+    return "the code path the server runs"
+
+
+def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Verdict:
+    m = _Markers.of(w, check, seen, route)
+    path, used, cause, obs = route.path, route.used, route.cause, w.obs
+    if m.ok and not m.expect_missing and w.ready and w.health_ok:
+        return _verified(w, route, m, seen)
+    if obs.timed_out and not w.ready:
+        msg = [w.head(False, "timed out: the server never became ready"),
+               f'  no "{w.profile.ready_line}" in the {len(w.lines)} log lines since the restart']
+        if route.pred is not None and not route.pred.starts:
+            msg.append(f"    cause: {route.pred.cause}")
+        return Verdict(Status.TIMEOUT, True, path, used, cause, seen.listed, m.missing, "\n".join(msg + w.tail()))
+    if not (obs.timed_out or (w.ready and w.settled and not m.ok)):
+        return w.wait(m.missing, path, used, cause, seen.listed)
+    if m.ok and not m.expect_missing and not w.health_ok:
+        msg = [w.head(False, "restart failed: the server is not healthy"),
+               f"  {w.quote(m.own[0])} shows {path} ran, but the health check does not answer 200"]
+        return Verdict(Status.RESTART_FAILED, True, path, used, cause, seen.listed, m.missing,
+                       "\n".join(msg + w.tail()))
+    if not route.res.determined:
+        return _path_unknown(w, check, seen, route, m)
+    return _not_executed(w, check, seen, route, m)
+
+
+def _verified(w: _Window, route: _Route, m: _Markers, seen: _Seen) -> Verdict:
+    via = f" via {m.key} code" if m.key != route.path else ""
+    count = f"; seen {len(m.own)} times" if len(m.own) > 1 else ""
+    msg = [w.head(True, f"verified on {route.path}{via} ({w.quote(m.own[0])}{count})")] + _runs_block(w, route)
+    return Verdict(Status.VERIFIED, True, route.path, route.used, route.cause, seen.listed, [], "\n".join(msg))
+
+
+def _path_unknown(w: _Window, check: Check, seen: _Seen, route: _Route, m: _Markers) -> Verdict:
+    msg = [w.head(False, "not verified: the code path the server runs is unknown"),
+           "  fleetpatch cannot tell which code path the server runs"]
+    msg += [f"    evidence: {w.show(ev)}" for ev in _shown(route.used)]
+    msg.append(f"    cause: {route.res.reason}")
+    for k, i in m.others:
+        msg.append(f"  marker for {k} seen ({w.quote(i)}), but a marker proves nothing unless it "
+                   "belongs to the path that runs")
+    if not m.others and check.markers:
+        msg.append(f"  no marker of {check.label} was seen")
+    return Verdict(Status.NOT_EXECUTED, True, None, route.used, route.res.reason, seen.listed, m.missing,
                    "\n".join(msg))
 
 
-def _conflict(ctx: _Ctx, conflict, used, markers_seen) -> Verdict:
-    log_path, si_path, ev, si_f = conflict
+def _not_executed(w: _Window, check: Check, seen: _Seen, route: _Route, m: _Markers) -> Verdict:
+    path, markers = route.path, check.markers
+    msg = [w.head(False, "never executed" if not m.ok else "not verified")] + _runs_block(w, route, notes=True)
+    if path is None:
+        names = ", ".join(markers) if markers else "none"
+        msg.append(f"  none of the patch's markers ({names}) can appear: no {w.profile.short_noun()} runs")
+    elif not m.ok and m.key:
+        via = f" (inherited by {path})" if m.key != path else ""
+        msg.append(f"  marker for {m.key}{via} not seen: {markers[m.key].describe()}")
+    elif not m.ok:
+        patched = ", ".join(markers) if markers else "no code path"
+        msg.append(f"  {check.label} has no marker for {path}: it carries markers for {patched} only")
+    for k, i in m.others:
+        msg.append(f"  marker for {k} seen ({w.quote(i)}), but the server does not run {k}")
+    for e in m.expect_missing:
+        msg.append(f'  expected line not seen: "{e}"')
+    return Verdict(Status.NOT_EXECUTED, True, path, route.used, route.cause, seen.listed, m.missing,
+                   "\n".join(msg))
+
+
+# ----------------------------------------------------------------- the other verdicts
+def _failure(w: _Window, check: Check, pred, seen: _Seen) -> Optional[Verdict]:
+    """restart-failed when a forbidden line, an engine failure line or a dead process is seen."""
+    forbid_hit = next(((i, f) for i, l in enumerate(w.lines) for f in check.forbid if f in l), None)
+    failures = w.profile.find_failures(w.version, w.lines)
+    if forbid_hit is None and not failures and w.obs.alive is not False:
+        return None
+    quoted = _failure_lines(w, forbid_hit, failures)
+    shown = [f'  forbidden line at {w.quote(forbid_hit[0], TAIL_WIDTH)} (forbid: "{forbid_hit[1]}")'] \
+        if forbid_hit is not None else []
+    shown += [f"  {w.quote(i, TAIL_WIDTH)}" for i in quoted if forbid_hit is None or i != forbid_hit[0]]
+    if w.obs.alive is False:
+        shown.append("  the server process is not running")
+    cause = pred.cause if pred is not None and not pred.starts else ""
+    msg = [w.head(False, "restart failed")] + shown + ([f"    cause: {cause}"] if cause else [])
+    if seen.by_key:
+        msg.append(f"  (markers seen before it failed: {', '.join(sorted(seen.by_key))})")
+    ev = [Evidence("log", w.no(i), w.text(i)) for i in quoted]
+    return Verdict(Status.RESTART_FAILED, True, None, ev, cause or shown[0].strip(), seen.listed,
+                   ["a server that stays up"], "\n".join(msg + w.tail()))
+
+
+def _failure_lines(w: _Window, forbid_hit, failures) -> List[int]:
+    """The lines a failure message quotes: the forbidden line, the engine's first
+    failure line and the exception after it (each once)."""
+    out = [forbid_hit[0]] if forbid_hit is not None else []
+    if failures:
+        i = failures[0][0]
+        exc = next((j for j in range(i, len(w.lines)) if w.profile.exception_line.match(w.text(j).strip())), None)
+        out += [j for j in (i, exc) if j is not None and j not in out]
+    return out
+
+
+def _conflict(w: _Window, route: _Route, seen: _Seen) -> Verdict:
+    log_path, si_path, ev, si_f = route.conflict
     where = f"line {ev.line_no}" if ev is not None and ev.line_no is not None else "the log"
     cause = f"evidence conflict: log says {log_path} ({where}), server_info says {si_path}"
     si_text = next(iter(si_f.evidence.values())).text if si_f.evidence else "/server_info"
-    msg = [ctx.head(False, "not verified: evidence conflict"),
+    msg = [w.head(False, "not verified: evidence conflict"),
            f"  the log says the server runs {log_path}",
-           f"    evidence: {_show(ev)}" if ev is not None else "    evidence: the log",
+           f"    evidence: {w.show(ev)}" if ev is not None else "    evidence: the log",
            f"  /server_info says it runs {si_path}",
            f"    evidence: {si_text}",
            f"    cause: {cause}",
            "  the server may have been restarted by something else; check the log window and /server_info"]
-    return Verdict("not-executed", True, None, used, cause, markers_seen, [], "\n".join(msg))
+    return Verdict(Status.NOT_EXECUTED, True, None, route.used, cause, seen.listed, [], "\n".join(msg))
 
 
-def _rollback(ctx: _Ctx, obs, markers, by_key, markers_seen, used, cause, path, ready, settled,
-              health_ok, ready_line) -> Verdict:
-    if by_key:
-        msg = [ctx.head(False, "still executes after the rollback")]
-        for k in by_key:
-            i = by_key[k][0]
-            count = f" ({len(by_key[k])} times)" if len(by_key[k]) > 1 else ""
-            msg.append(f"  marker for {k} seen at {ctx.quote(i)}{count}: the patched code still runs")
-        if path:
-            msg.append(f"  the server runs {path}")
-        return Verdict(ROLLBACK_STILL_PATCHED, True, path, used, "a marker of the patch appeared after the rollback",
-                       markers_seen, [], "\n".join(msg))
-    missing = []
-    if not ready:
-        missing.append("the server to be ready")
-    elif not health_ok:
-        missing.append("a healthy /health answer")
-    if ready and health_ok and (settled or obs.timed_out):
-        msg = (ctx.head(True, "rolled back: the server is ready and healthy, and no marker of the patch "
-                              f"appeared in the {len(ctx.lines)} log lines since the restart"))
-        return Verdict("rolled-back", True, path, used, cause, [], [], msg)
-    if obs.timed_out and not ready:
-        msg = [ctx.head(False, "timed out: the server never became ready after the rollback"),
-               f'  no "{ready_line}" in the {len(ctx.lines)} log lines since the restart']
-        msg += ctx.tail()
-        return Verdict("timeout", True, path, used, cause, [], missing, "\n".join(msg))
+def _rollback(w: _Window, seen: _Seen, route: _Route) -> Verdict:
+    """After a rollback: no marker of the patch may appear, and the server must come up."""
+    path, used, cause, obs = route.path, route.used, route.cause, w.obs
+    if seen.by_key:
+        return _still_patched(w, seen, route)
+    missing = [] if w.ready and w.health_ok else ["the server to be ready" if not w.ready
+                                                    else "a healthy /health answer"]
+    lines = len(w.lines)
+    if w.ready and w.health_ok and (w.settled or obs.timed_out):
+        msg = w.head(True, "rolled back: the server is ready and healthy, and no marker of the patch "
+                           f"appeared in the {lines} log lines since the restart")
+        return Verdict(Status.ROLLED_BACK, True, path, used, cause, [], [], msg)
+    if obs.timed_out and not w.ready:
+        msg = [w.head(False, "timed out: the server never became ready after the rollback"),
+               f'  no "{w.profile.ready_line}" in the {lines} log lines since the restart'] + w.tail()
+        return Verdict(Status.TIMEOUT, True, path, used, cause, [], missing, "\n".join(msg))
     if obs.timed_out:
-        msg = [ctx.head(False, "restart failed: the server is not healthy after the rollback")]
-        msg += ctx.tail()
-        return Verdict("restart-failed", True, path, used, cause, [], missing, "\n".join(msg))
-    if ready and health_ok and not settled:
+        msg = [w.head(False, "restart failed: the server is not healthy after the rollback")] + w.tail()
+        return Verdict(Status.RESTART_FAILED, True, path, used, cause, [], missing, "\n".join(msg))
+    if w.ready and w.health_ok and not w.settled:
         missing.append("the server to settle")
-    msg = ctx.head(False, "waiting for " + (missing[0] if missing else "the server"), tag="WAIT")
-    return Verdict("pending", False, path, used, cause, [], missing, msg)
+    return w.wait(missing, path, used, cause, [])
+
+
+def _still_patched(w: _Window, seen: _Seen, route: _Route) -> Verdict:
+    msg = [w.head(False, "still executes after the rollback")]
+    for k, found in seen.by_key.items():
+        count = f" ({len(found)} times)" if len(found) > 1 else ""
+        msg.append(f"  marker for {k} seen at {w.quote(found[0])}{count}: the patched code still runs")
+    if route.path:
+        msg.append(f"  the server runs {route.path}")
+    return Verdict(ROLLBACK_STILL_PATCHED, True, route.path, route.used,
+                   "a marker of the patch appeared after the rollback", seen.listed, [], "\n".join(msg))

@@ -1,9 +1,23 @@
-"""Records shared by every engine profile: how a server was launched, and what
-the profile predicts from that launch."""
+"""The interface every engine profile implements, and the records it trades in.
+
+An engine profile is everything fleetpatch knows about one serving engine
+(SGLang today): which files and code paths it has per version, how a launch
+picks a code path, and how its log says which path runs.  The rest of
+fleetpatch (evidence, steps, patchset, the host agent's requests) knows only
+this interface, so a second engine is one new module in this package that sets
+`PROFILE = <its EngineProfile>` (see `engines.get`).
+
+The records here are plain data shared by both sides of that boundary:
+`LaunchConfig` (how a server was started), `Prediction` (what a launch selects),
+`Facts` (what one source says about the settings that pick the path),
+`Resolution` (the path those settings select), `Evidence` (a line that says so)
+and `Signature` (a line the engine prints that fleetpatch recognises).
+"""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -23,16 +37,165 @@ class Prediction:
     the rest are extras with defaults.
     """
 
-    path: Optional[str]          # "EAGLEWorker", "EAGLEWorkerV2", ... or None (no speculative decoding / unknown)
+    path: Optional[str]          # "EAGLEWorker", "EAGLEWorkerV2", ... or None (no patchable path / unknown)
     file: Optional[str]          # "sglang/srt/speculative/eagle_worker.py"
     starts: bool                 # False when the launch fails at startup (e.g. spec v2 + topk > 1)
     cause: str                   # human reason for the path (or for not starting)
     error: Optional[str]         # the startup error text when starts is False
     known_version: bool          # False: the profile does not know this engine version; nothing is guessed
     version: str = ""            # the engine version predicted for
-    algorithm: Optional[str] = None   # speculative algorithm as ServerArgs ends up with it (NEXTN -> EAGLE)
-    multi_layer: bool = False         # --enable-multi-layer-eagle
-    overlap: Optional[bool] = None    # overlap scheduling on (None: unknown / not applicable)
+    algorithm: Optional[str] = None   # SGLang: speculative algorithm as ServerArgs ends up with it
+    multi_layer: bool = False         # SGLang: --enable-multi-layer-eagle
+    overlap: Optional[bool] = None    # SGLang: overlap scheduling on (None: unknown / not applicable)
     range: Optional[str] = None       # the profile's version range, e.g. "0.5.8-0.5.10"
     inputs: str = ""                  # the launch settings the prediction used, for messages
     notes: List[str] = field(default_factory=list)  # caveats (e.g. --config file not read)
+
+
+@dataclass
+class Evidence:
+    """One line or record that says something about which path runs."""
+
+    source: str                    # "log" | "server_info" | "launch"
+    line_no: Optional[int]
+    text: str
+
+
+@dataclass
+class Facts:
+    """What one source says about the settings that pick the code path.
+
+    The keys of `values` are the profile's `fact_keys`; a key is present only
+    when the source states it.
+    """
+
+    source: str                                          # "log" | "server_info" | "launch"
+    values: Dict[str, object] = field(default_factory=dict)
+    evidence: Dict[str, Evidence] = field(default_factory=dict)   # key -> the line/record that said it
+    notes: List[Evidence] = field(default_factory=list)          # every routing line seen (supporting)
+
+    def all_evidence(self) -> List[Evidence]:
+        seen, out = set(), []
+        for ev in list(self.evidence.values()) + list(self.notes):
+            k = (ev.source, ev.line_no, ev.text)
+            if k not in seen:
+                seen.add(k)
+                out.append(ev)
+        return sorted(out, key=lambda e: (e.line_no is None, e.line_no or 0))
+
+
+@dataclass
+class Resolution:
+    path: Optional[str]      # the code path, or None (determined: none of the patchable paths runs)
+    determined: bool         # False: the facts do not say which path runs (see reason)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One line the engine prints, as fleetpatch recognises it in a log.
+
+    `text` is the fixed part as it appears in the log (matched as a substring,
+    or by `regex` when set).  `probe` is the part that is a literal in `source`
+    (defaults to `text`); `lines` records where that literal starts, per
+    verified version.
+    """
+
+    key: str
+    text: str
+    source: str
+    lines: Tuple[Tuple[str, int], ...]
+    sets: Tuple[Tuple[str, object], ...] = ()   # facts the line establishes
+    means: str = ""
+    regex: Optional[str] = None
+    probe: Optional[str] = None
+
+    def matches(self, line: str) -> bool:
+        if self.regex is not None:
+            return re.search(self.regex, line) is not None
+        return self.text in line
+
+    @property
+    def literal(self) -> str:
+        return self.probe if self.probe is not None else self.text
+
+    def line_in(self, version: str) -> Optional[int]:
+        return dict(self.lines).get(version)
+
+
+# A Python exception line ("ValueError: ...", "torch.OutOfMemoryError: ..."): the
+# error a failure message quotes after the engine's own failure line.
+PYTHON_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::|$)")
+
+
+class EngineProfile:
+    """The interface of an engine profile: a subclass sets the attributes below
+    and implements the methods that raise NotImplementedError; the others have
+    engine-neutral defaults it may keep."""
+
+    kind: str = ""                      # the inventory's engine.kind, e.g. "sglang"
+    package: str = ""                   # the import package whose files patches change
+    ready_line: str = ""                # the log line that says the server accepts requests
+    log_prefix: Optional[re.Pattern] = None   # what the engine puts before each message
+    launch_env_prefixes: Tuple[str, ...] = ()   # environment variables read from /proc (the rest may be secret)
+    fact_keys: Tuple[str, ...] = ()     # the settings that pick the path, in the order messages name them
+    path_noun: str = "code path"        # what a code path is, for "the server runs no <path_noun>"
+    path_noun_short: str = ""           # the same, shorter ("no <path_noun_short> runs"); path_noun if empty
+    whole_evidence: Tuple[str, ...] = ()  # log evidence starting so is a summary fleetpatch wrote: never cut
+    exception_line: re.Pattern = PYTHON_EXCEPTION_LINE
+    sibling_pairs: Sequence[Tuple[str, str]] = ()   # files that serve one role on two paths
+
+    # ---------------------------------------------------------- the log
+    def strip_prefix(self, line: str) -> str:
+        """A log line without the engine's own prefix (time, ranks)."""
+        line = line.rstrip("\r\n")
+        return self.log_prefix.sub("", line, count=1) if self.log_prefix is not None else line
+
+    def same_fact(self, key: str, a: object, b: object) -> bool:
+        """Whether two sources state the same value for fact `key`."""
+        return a == b
+
+    def facts_text(self, values: Mapping[str, object]) -> str:
+        """Facts as a user reads them in a cause line ("name=value, ...")."""
+        return ", ".join(f"{k}={values[k]!r}" for k in self.fact_keys if k in values)
+
+    def short_noun(self) -> str:
+        return self.path_noun_short or self.path_noun
+
+    # ---------------------------------------------------------- what a subclass implements
+    def knows(self, version: str) -> bool:
+        raise NotImplementedError
+
+    def fetch_files(self, version: Optional[str]) -> List[str]:
+        raise NotImplementedError
+
+    def siblings_for(self, specifier) -> List[Tuple[str, str]]:
+        return list(self.sibling_pairs)
+
+    def paths_of_file(self, path: str) -> List[str]:
+        raise NotImplementedError
+
+    def file_of_path(self, path_name: Optional[str], version: Optional[str] = None) -> Optional[str]:
+        raise NotImplementedError
+
+    def ancestors(self, path_name: Optional[str], version: Optional[str]) -> List[str]:
+        return []
+
+    def predict(self, version: str, launch: LaunchConfig) -> Prediction:
+        raise NotImplementedError
+
+    def find_failures(self, version: Optional[str], lines: Sequence[str]) -> List[Tuple[int, Signature]]:
+        raise NotImplementedError
+
+    def log_facts(self, version: Optional[str], lines: Sequence[str], first_line_no: int = 1) -> Facts:
+        raise NotImplementedError
+
+    def server_info_facts(self, version: Optional[str], info: Optional[dict]) -> Optional[Facts]:
+        return None
+
+    def launch_facts(self, prediction: Optional[Prediction], launch: Optional[LaunchConfig]) -> Optional[Facts]:
+        return None
+
+    def resolve(self, version: Optional[str], values: Dict[str, object]) -> Resolution:
+        raise NotImplementedError

@@ -40,13 +40,12 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..evidence import Evidence
-from .base import LaunchConfig, Prediction
+from .base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Resolution, Signature
 
 SPEC = "sglang/srt/speculative/"
 SERVER_ARGS = "sglang/srt/server_args.py"
@@ -99,38 +98,6 @@ TRACEBACK = "Traceback (most recent call last):"
 
 
 # ----------------------------------------------------------------- signatures
-@dataclass(frozen=True)
-class Signature:
-    """One line SGLang prints, as fleetpatch recognises it in a log.
-
-    `text` is the fixed part as it appears in the log (matched as a substring:
-    warnings are printed bare, INFO lines carry "[date time DPx TPy] ").
-    `probe` is the part that is a literal in `source` (defaults to `text`);
-    `lines` records where that literal starts, per verified version.
-    """
-
-    key: str
-    text: str
-    source: str
-    lines: Tuple[Tuple[str, int], ...]
-    sets: Tuple[Tuple[str, object], ...] = ()   # facts the line establishes
-    means: str = ""
-    regex: Optional[str] = None
-    probe: Optional[str] = None
-
-    def matches(self, line: str) -> bool:
-        if self.regex is not None:
-            return re.search(self.regex, line) is not None
-        return self.text in line
-
-    @property
-    def literal(self) -> str:
-        return self.probe if self.probe is not None else self.text
-
-    def line_in(self, version: str) -> Optional[int]:
-        return dict(self.lines).get(version)
-
-
 def _sig(key, text, source, lines, sets=(), means="", regex=None, probe=None) -> Signature:
     return Signature(key, text, source, tuple(sorted(lines.items(), key=lambda kv: Version(kv[0]))),
                      tuple(sets), means, regex, probe)
@@ -409,37 +376,6 @@ RANGES: Tuple[VersionRange, ...] = (R_0_5_7, R_0_5_8, R_0_5_11, R_0_5_12, R_0_5_
 
 
 # ----------------------------------------------------------------- facts
-@dataclass
-class Facts:
-    """What one source says about the settings that pick the worker.
-
-    values: "algorithm" (str, or None = no speculative decoding), "multi_layer"
-    (bool), "overlap" (bool: overlap scheduling on, i.e. not disable_overlap_schedule).
-    A key is present only when the source states it.
-    """
-
-    source: str                                          # "log" | "server_info" | "launch"
-    values: Dict[str, object] = field(default_factory=dict)
-    evidence: Dict[str, Evidence] = field(default_factory=dict)   # key -> the line/record that said it
-    notes: List[Evidence] = field(default_factory=list)          # every routing line seen (supporting)
-
-    def all_evidence(self) -> List[Evidence]:
-        seen, out = set(), []
-        for ev in list(self.evidence.values()) + list(self.notes):
-            k = (ev.source, ev.line_no, ev.text)
-            if k not in seen:
-                seen.add(k)
-                out.append(ev)
-        return sorted(out, key=lambda e: (e.line_no is None, e.line_no or 0))
-
-
-@dataclass
-class Resolution:
-    path: Optional[str]      # the worker class, or None
-    determined: bool         # False: the facts do not say which path runs (see reason)
-    reason: str = ""
-
-
 _DUMP_FIELDS = {
     "speculative_algorithm": re.compile(r"(?<![A-Za-z0-9_])speculative_algorithm=(None|'([^']*)')"),
     "enable_multi_layer_eagle": re.compile(r"(?<![A-Za-z0-9_])enable_multi_layer_eagle=(True|False)"),
@@ -587,10 +523,19 @@ def env_flag(raw: Optional[str], default: Optional[bool]) -> Tuple[Optional[bool
 
 
 # ----------------------------------------------------------------- the profile
-class SGLangProfile:
+class SGLangProfile(EngineProfile):
     kind = "sglang"
     package = "sglang"
     ready_line = READY_LINE
+    # "[2026-01-05 10:11:12 DP0 TP0] ": logging's time, then the data/tensor parallel ranks
+    log_prefix = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\] ")
+    # SGLANG_ENABLE_SPEC_V2 routes the worker; the rest of a server's environment may hold secrets
+    launch_env_prefixes = ("SGLANG_",)
+    # Facts.values: "algorithm" (str, or None = no speculative decoding), "multi_layer" (bool),
+    # "overlap" (bool: overlap scheduling on, i.e. not disable_overlap_schedule)
+    fact_keys = ("algorithm", "multi_layer", "overlap")
+    path_noun, path_noun_short = "speculative decoding worker", "speculative worker"
+    whole_evidence = (DUMP_PREFIX + "...",)   # log_facts' summary of the (very long) ServerArgs dump
     ranges = RANGES
 
     def __init__(self) -> None:
@@ -670,10 +615,6 @@ class SGLangProfile:
             return f
         return f if f in rng.files else None
 
-    def code_paths(self, version: Optional[str] = None) -> List[str]:
-        rng = self.range_for(version)
-        return list(PATH_FILES) if rng is None else rng.path_names
-
     def ancestors(self, path_name: Optional[str], version: Optional[str]) -> List[str]:
         """Worker classes `path_name` inherits from (nearest first): code in their
         files runs on `path_name` too."""
@@ -686,21 +627,6 @@ class SGLangProfile:
             cur = bases[cur]
             out.append(cur)
         return out
-
-    # ---------------------------------------------------------- signatures
-    def signatures(self, version: str) -> List[Signature]:
-        rng = self.range_for(version)
-        return list(rng.signatures) if rng else []
-
-    def signature(self, version: str, key: str) -> Optional[Signature]:
-        for s in self.signatures(version):
-            if s.key == key:
-                return s
-        if key == "DUMP":
-            return DUMP
-        if key == "READY":
-            return READY
-        return None
 
     def failure_signatures(self, version: Optional[str]) -> List[Signature]:
         rng = self.range_for(version)
@@ -784,7 +710,7 @@ class SGLangProfile:
                 continue
             for s in sigs:
                 if s.matches(line):
-                    ev = Evidence("log", n, _strip_prefix(line))
+                    ev = Evidence("log", n, self.strip_prefix(line))
                     warn.notes.append(ev)
                     for k, v in s.sets:
                         warn.values[k] = v
@@ -827,164 +753,195 @@ class SGLangProfile:
             f.evidence["overlap"] = ev
         return f
 
-    def infer_from_log(self, version: Optional[str], lines: Sequence[str], first_line_no: int = 1,
-                       fill: Optional[Dict[str, object]] = None) -> Tuple[Optional[str], List[Evidence]]:
-        """The path the log window shows, and the lines that show it.  Facts the log
-        does not state may come from `fill` (e.g. server_info or launch values).
-        None when the window does not determine the path (or shows no speculative decoding)."""
-        facts = self.log_facts(version, lines, first_line_no)
-        if not facts.values:
-            return None, facts.all_evidence()
-        res = self.resolve(version, {**(fill or {}), **facts.values})
-        return (res.path if res.determined else None), facts.all_evidence()
+    def same_fact(self, key: str, a: object, b: object) -> bool:
+        # "NEXTN" is an alias ServerArgs turns into "EAGLE"; the case of free text is not kept (0.5.12+)
+        if isinstance(a, str) or isinstance(b, str):
+            return _norm_algorithm(a) == _norm_algorithm(b)  # type: ignore[arg-type]
+        return a == b
 
-    def infer_from_server_info(self, version: Optional[str], info: Optional[dict]
-                               ) -> Tuple[Optional[str], Optional[Evidence]]:
-        facts = self.server_info_facts(version, info)
-        if facts is None:
-            return None, None
-        res = self.resolve(version, facts.values)
-        ev = next(iter(facts.evidence.values()))
-        return (res.path if res.determined else None), ev
+    def facts_text(self, values: Mapping[str, object]) -> str:
+        """The facts under their ServerArgs names, as the dump and /server_info show them."""
+        parts = []
+        if "algorithm" in values:
+            v = values["algorithm"]
+            parts.append(f"speculative_algorithm={v!r}" if isinstance(v, str) else f"speculative_algorithm={v}")
+        if "multi_layer" in values:
+            parts.append(f"enable_multi_layer_eagle={values['multi_layer']}")
+        if "overlap" in values:
+            parts.append(f"disable_overlap_schedule={not values['overlap']}")
+        return ", ".join(parts)
 
     # ---------------------------------------------------------- prediction
     def predict(self, version: str, launch: LaunchConfig) -> Prediction:
+        """The worker a launch selects on `version`, as ServerArgs and create_worker decide it."""
         args = parse_argv(launch.argv or [])
-        env = {**(launch.env or {}), **args.env}
-        raw_env = env.get(ENV_SPEC_V2)
-        rng = self.range_for(version)
-        inputs = self._inputs(args, raw_env)
-        notes = []
-        if args.config:
-            notes.append(f"--config {args.config} is not read: settings in that file are not part of "
-                         "this prediction (the log decides)")
-
-        def result(path, starts, cause, error=None, algorithm=None, overlap=None):
-            return Prediction(path=path, file=self.file_of_path(path, version) if path else None,
-                              starts=starts, cause=cause, error=error, known_version=rng is not None,
-                              version=version or "", algorithm=algorithm, multi_layer=args.multi_layer,
-                              overlap=overlap, range=rng.name if rng else None, inputs=inputs, notes=notes)
-
-        if rng is None:
-            return result(None, True, f"sglang {version or '(version unknown)'} is not in fleetpatch's engine "
-                                      f"profile (known: {self.known_versions()}): the code path cannot be "
-                                      "predicted, and is not guessed")
-        if args.errors:
-            return result(None, False, f"the command line is invalid ({args.errors[0]}): the server would not "
-                                       "start", error=args.errors[0])
-        if args.algorithm is None:
-            return result(None, True, "--speculative-algorithm is not set: no speculative decoding worker runs")
-        raw_algo = args.algorithm
-        if rng.algorithm_choices is not None:
-            if raw_algo not in rng.algorithm_choices:
-                err = f"argument --speculative-algorithm: invalid choice: {raw_algo!r}"
-                return result(None, False, f"--speculative-algorithm {raw_algo} is not one of "
-                                           f"{', '.join(rng.algorithm_choices)} in sglang {version}: the server "
-                                           "would not start", error=err)
-        algo = _norm_algorithm(raw_algo)
-        if algo not in rng.algorithms:
-            return result(None, True, f"--speculative-algorithm {raw_algo} is not a builtin algorithm of sglang "
-                                      f"{version} (a plugin may register it): its worker cannot be predicted",
-                          algorithm=algo)
-
-        # pipeline parallelism: ServerArgs.check_server_args asserts; DFLASH refuses earlier (0.5.11+)
-        def pp_failure():
-            if args.pp <= 1:
-                return None
-            err = DFLASH_PP_ERROR if (algo == "DFLASH") else rng.pp_error
-            return result(None, False, f"--pp-size {args.pp}: pipeline parallelism cannot be combined with "
-                                       "speculative decoding: the server would not start", error=err,
-                          algorithm=algo)
-
-        topk = args.topk
-        env_val, env_state, env_desc = env_flag(raw_env, rng.env_default)
-        ml = "; --enable-multi-layer-eagle selects the multi-layer worker" if (
-            args.multi_layer and (rng.multi_layer_any_algorithm or algo in ("EAGLE", "EAGLE3"))) else ""
-        overlap: Optional[bool]
-        if algo == "NGRAM":
-            overlap = False if rng.policy != "v2-only" else not args.disable_overlap
-            cause = "--speculative-algorithm NGRAM runs NGRAMWorker" + (
-                " (the overlap scheduler is disabled for ngram)" if rng.policy != "v2-only" else "")
-        elif algo in ("DFLASH", "FROZEN_KV_MTP"):
-            if rng.policy == "v2-only":
-                overlap = not args.disable_overlap
-                cause = f"--speculative-algorithm {algo} runs its V2 worker in sglang {version}"
-            else:
-                overlap = False
-                cause = (f"--speculative-algorithm {algo} has no spec v2 in sglang {version}: "
-                         "the overlap scheduler is disabled")
-        elif rng.policy == "v2-opt-in":
-            if algo in rng.v2_algorithms and env_val:
-                if topk is not None and topk > 1:
-                    return result(None, False, f"--speculative-eagle-topk {topk} cannot run on spec v2: the server "
-                                               "would not start", error=TOPK_V2_ERROR, algorithm=algo, overlap=True)
-                overlap = True
-                cause = f"{env_desc}: spec v2 with overlap scheduling"
-                if args.disable_overlap:
-                    cause += " (spec v2 overrides --disable-overlap-schedule)"
-            else:
-                overlap = False
-                if algo not in rng.v2_algorithms:
-                    cause = (f"sglang {version} has no spec v2 for {algo}: it runs the v1 worker"
-                             + (f" even with {env_desc}" if env_val else f" ({env_desc})"))
-                elif topk is not None and topk > 1:
-                    cause = f"{env_desc} (and --speculative-eagle-topk {topk} needs the v1 path)"
-                else:
-                    cause = f"{env_desc}: spec v1, the overlap scheduler is disabled"
-        elif rng.policy == "v2-default":
-            if topk is not None and topk > 1 and not args.disable_overlap:
-                overlap = False
-                cause = (f"--speculative-eagle-topk {topk} makes sglang {version} fall back to spec v1 "
-                         "(spec v2 only supports topk = 1)")
-            elif not env_val and not args.disable_overlap:
-                overlap = False
-                cause = f"{env_desc} turns spec v2 off: spec v1, the overlap scheduler is disabled"
-            elif args.disable_overlap:
-                overlap = False
-                cause = "--disable-overlap-schedule selects spec v1"
-            else:
-                overlap = True
-                if env_state == "unset":
-                    cause = (f"spec v2 is the default in sglang {version} ({ENV_SPEC_V2} is not set): "
-                             "overlap scheduling")
-                else:
-                    cause = f"{env_desc}: spec v2 with overlap scheduling"
-        elif rng.policy == "v2-only-env":
-            overlap = bool(env_val) and not args.disable_overlap
-            cause = f"sglang {version} has only the spec v2 workers"
-            if not env_val:
-                cause += f"; {env_desc} selects non-overlap (synchronous) scheduling"
-            elif args.disable_overlap:
-                cause += "; --disable-overlap-schedule selects non-overlap (synchronous) scheduling"
-            else:
-                cause += ", with overlap scheduling"
-        else:  # v2-only
-            overlap = not args.disable_overlap
-            cause = f"sglang {version} has only the spec v2 workers"
-            if raw_env is not None:
-                cause += f" ({ENV_SPEC_V2} is ignored: it was removed in 0.5.14)"
-            cause += ("; --disable-overlap-schedule selects non-overlap (synchronous) scheduling"
-                      if args.disable_overlap else ", with overlap scheduling")
-        cause += ml
-        failed = pp_failure()
+        q = _Launch(self, version, self.range_for(version), args, {**(launch.env or {}), **args.env}.get(ENV_SPEC_V2))
+        refused = _before_routing(q)
+        if refused is not None:
+            return refused
+        algo = _norm_algorithm(args.algorithm)
+        routed = _route(q, algo)
+        if isinstance(routed, Prediction):
+            return routed
+        overlap, cause = routed
+        failed = _pp_failure(q, algo)
         if failed is not None:
             return failed
         res = self.resolve(version, {"algorithm": algo, "multi_layer": args.multi_layer, "overlap": overlap})
-        return result(res.path if res.determined else None, True, cause, algorithm=algo, overlap=overlap)
-
-    @staticmethod
-    def _inputs(args: LaunchArgs, raw_env: Optional[str]) -> str:
-        flags = " ".join(args.given) if args.given else "no speculative flags"
-        env = f"{ENV_SPEC_V2}={raw_env}" if raw_env is not None else f"{ENV_SPEC_V2} not set"
-        return f"{flags}; {env}"
+        return q.result(res.path if res.determined else None, True, cause + _multi_layer_note(q, algo),
+                        algorithm=algo, overlap=overlap)
 
 
-_PREFIX = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\] ")
+# ----------------------------------------------------------------- prediction, step by step
+@dataclass
+class _Launch:
+    """One `predict` call: the launch as SGLang reads it, and how to answer it."""
+
+    profile: SGLangProfile
+    version: str
+    rng: Optional[VersionRange]
+    args: LaunchArgs
+    raw_env: Optional[str]        # SGLANG_ENABLE_SPEC_V2 as set (None: not set)
+
+    def __post_init__(self) -> None:
+        self.inputs = _inputs(self.args, self.raw_env)
+        self.notes = [f"--config {self.args.config} is not read: settings in that file are not part of "
+                      "this prediction (the log decides)"] if self.args.config else []
+        # SGLANG_ENABLE_SPEC_V2 as EnvBool reads it: (value, state, description)
+        self.env_val, self.env_state, self.env_desc = env_flag(self.raw_env, self.rng.env_default if self.rng
+                                                               else None)
+
+    def result(self, path, starts, cause, error=None, algorithm=None, overlap=None) -> Prediction:
+        rng = self.rng
+        return Prediction(path=path, file=self.profile.file_of_path(path, self.version) if path else None,
+                          starts=starts, cause=cause, error=error, known_version=rng is not None,
+                          version=self.version or "", algorithm=algorithm, multi_layer=self.args.multi_layer,
+                          overlap=overlap, range=rng.name if rng else None, inputs=self.inputs, notes=self.notes)
+
+    def refuse(self, cause: str, error: str, algorithm=None, overlap=None) -> Prediction:
+        """A launch that does not start."""
+        return self.result(None, False, cause, error=error, algorithm=algorithm, overlap=overlap)
+
+    @property
+    def topk_over_1(self) -> bool:
+        return self.args.topk is not None and self.args.topk > 1
 
 
-def _strip_prefix(line: str) -> str:
-    """A log line without SGLang's "[2026-01-05 10:11:12 DP0 TP0] " prefix."""
-    return _PREFIX.sub("", line.rstrip("\r\n"), count=1)
+def _inputs(args: LaunchArgs, raw_env: Optional[str]) -> str:
+    flags = " ".join(args.given) if args.given else "no speculative flags"
+    env = f"{ENV_SPEC_V2}={raw_env}" if raw_env is not None else f"{ENV_SPEC_V2} not set"
+    return f"{flags}; {env}"
+
+
+def _before_routing(q: _Launch) -> Optional[Prediction]:
+    """The answer when the launch never reaches the worker choice: an unknown
+    version, a command line argparse rejects, no or no builtin algorithm."""
+    version, rng, raw_algo = q.version, q.rng, q.args.algorithm
+    if rng is None:
+        return q.result(None, True, f"sglang {version or '(version unknown)'} is not in fleetpatch's engine "
+                                    f"profile (known: {q.profile.known_versions()}): the code path cannot be "
+                                    "predicted, and is not guessed")
+    if q.args.errors:
+        return q.refuse(f"the command line is invalid ({q.args.errors[0]}): the server would not start",
+                        q.args.errors[0])
+    if raw_algo is None:
+        return q.result(None, True, "--speculative-algorithm is not set: no speculative decoding worker runs")
+    if rng.algorithm_choices is not None and raw_algo not in rng.algorithm_choices:
+        return q.refuse(f"--speculative-algorithm {raw_algo} is not one of {', '.join(rng.algorithm_choices)} "
+                        f"in sglang {version}: the server would not start",
+                        f"argument --speculative-algorithm: invalid choice: {raw_algo!r}")
+    algo = _norm_algorithm(raw_algo)
+    if algo not in rng.algorithms:
+        return q.result(None, True, f"--speculative-algorithm {raw_algo} is not a builtin algorithm of sglang "
+                                    f"{version} (a plugin may register it): its worker cannot be predicted",
+                        algorithm=algo)
+    return None
+
+
+Routed = Union[Prediction, Tuple[bool, str]]   # a launch that does not start, or (overlap, cause)
+
+
+def _route(q: _Launch, algo: str) -> Routed:
+    """Overlap scheduling on or off, and why: what picks v1 or v2 within a family."""
+    if algo == "NGRAM":
+        v2_only = q.rng.policy == "v2-only"
+        return ((not q.args.disable_overlap) if v2_only else False,
+                "--speculative-algorithm NGRAM runs NGRAMWorker"
+                + ("" if v2_only else " (the overlap scheduler is disabled for ngram)"))
+    if algo in ("DFLASH", "FROZEN_KV_MTP"):
+        if q.rng.policy == "v2-only":
+            return not q.args.disable_overlap, f"--speculative-algorithm {algo} runs its V2 worker in sglang {q.version}"
+        return False, (f"--speculative-algorithm {algo} has no spec v2 in sglang {q.version}: "
+                       "the overlap scheduler is disabled")
+    return _POLICIES[q.rng.policy](q, algo)
+
+
+def _v2_opt_in(q: _Launch, algo: str) -> Routed:
+    """0.5.7 - 0.5.10: SGLANG_ENABLE_SPEC_V2 opts the EAGLE family into spec v2."""
+    if algo in q.rng.v2_algorithms and q.env_val:
+        if q.topk_over_1:
+            return q.refuse(f"--speculative-eagle-topk {q.args.topk} cannot run on spec v2: the server would not "
+                            "start", TOPK_V2_ERROR, algorithm=algo, overlap=True)
+        cause = f"{q.env_desc}: spec v2 with overlap scheduling"
+        return True, cause + (" (spec v2 overrides --disable-overlap-schedule)" if q.args.disable_overlap else "")
+    if algo not in q.rng.v2_algorithms:
+        return False, (f"sglang {q.version} has no spec v2 for {algo}: it runs the v1 worker"
+                       + (f" even with {q.env_desc}" if q.env_val else f" ({q.env_desc})"))
+    if q.topk_over_1:
+        return False, f"{q.env_desc} (and --speculative-eagle-topk {q.args.topk} needs the v1 path)"
+    return False, f"{q.env_desc}: spec v1, the overlap scheduler is disabled"
+
+
+def _v2_default(q: _Launch, algo: str) -> Routed:
+    """0.5.11 - 0.5.12: spec v2 unless topk > 1, the variable false or --disable-overlap-schedule."""
+    if q.topk_over_1 and not q.args.disable_overlap:
+        return False, (f"--speculative-eagle-topk {q.args.topk} makes sglang {q.version} fall back to spec v1 "
+                       "(spec v2 only supports topk = 1)")
+    if not q.env_val and not q.args.disable_overlap:
+        return False, f"{q.env_desc} turns spec v2 off: spec v1, the overlap scheduler is disabled"
+    if q.args.disable_overlap:
+        return False, "--disable-overlap-schedule selects spec v1"
+    if q.env_state == "unset":
+        return True, f"spec v2 is the default in sglang {q.version} ({ENV_SPEC_V2} is not set): overlap scheduling"
+    return True, f"{q.env_desc}: spec v2 with overlap scheduling"
+
+
+def _v2_only_env(q: _Launch, algo: str) -> Routed:
+    """0.5.13: V2 workers only; the variable false selects synchronous scheduling."""
+    cause = f"sglang {q.version} has only the spec v2 workers"
+    if not q.env_val:
+        return False, cause + f"; {q.env_desc} selects non-overlap (synchronous) scheduling"
+    if q.args.disable_overlap:
+        return False, cause + "; --disable-overlap-schedule selects non-overlap (synchronous) scheduling"
+    return True, cause + ", with overlap scheduling"
+
+
+def _v2_only(q: _Launch, algo: str) -> Routed:
+    """0.5.14+: V2 workers only; SGLANG_ENABLE_SPEC_V2 is gone."""
+    cause = f"sglang {q.version} has only the spec v2 workers"
+    if q.raw_env is not None:
+        cause += f" ({ENV_SPEC_V2} is ignored: it was removed in 0.5.14)"
+    return not q.args.disable_overlap, cause + (
+        "; --disable-overlap-schedule selects non-overlap (synchronous) scheduling" if q.args.disable_overlap
+        else ", with overlap scheduling")
+
+
+_POLICIES = {"v2-opt-in": _v2_opt_in, "v2-default": _v2_default, "v2-only-env": _v2_only_env, "v2-only": _v2_only}
+
+
+def _multi_layer_note(q: _Launch, algo: str) -> str:
+    if q.args.multi_layer and (q.rng.multi_layer_any_algorithm or algo in ("EAGLE", "EAGLE3")):
+        return "; --enable-multi-layer-eagle selects the multi-layer worker"
+    return ""
+
+
+def _pp_failure(q: _Launch, algo: str) -> Optional[Prediction]:
+    """Pipeline parallelism: ServerArgs.check_server_args asserts; DFLASH refuses earlier (0.5.11+)."""
+    if q.args.pp <= 1:
+        return None
+    return q.refuse(f"--pp-size {q.args.pp}: pipeline parallelism cannot be combined with speculative decoding: "
+                    "the server would not start", DFLASH_PP_ERROR if algo == "DFLASH" else q.rng.pp_error,
+                    algorithm=algo)
 
 
 PROFILE = SGLangProfile()
