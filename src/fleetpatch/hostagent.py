@@ -212,7 +212,7 @@ def pid_alive(pid):
         return True
 
 
-def proc_launch(pid):
+def proc_launch(pid, env_prefixes=()):
     """argv and the engine-relevant environment of the running server, from /proc."""
     out = {"argv": None, "env": None}
     try:
@@ -227,7 +227,7 @@ def proc_launch(pid):
             key, sep, value = item.partition(b"=")
             k = key.decode("utf-8", "replace")
             # only what routes the engine: the rest of a process environment may hold secrets
-            if sep and (k.startswith("SGLANG_") or k.startswith("FLEETPATCH_") or k.startswith("VLLM_")):
+            if sep and k.startswith(tuple(env_prefixes) + ("FLEETPATCH_",)):
                 env[k] = value.decode("utf-8", "replace")
         out["env"] = env
     except (IOError, OSError):
@@ -634,7 +634,7 @@ def op_probe(req):
     if req.get("lock"):
         take_lock(req, req["lock"])
         out["locked"] = True
-    package = req.get("package", "sglang")
+    package = req["package"]
     root = package_dir(package)
     out["package_dir"] = root
     out["version"] = package_version(package)
@@ -652,7 +652,7 @@ def op_probe(req):
         alive = pid_alive(pid)
         out["server"] = {"pid": pid, "alive": alive}
         if alive:
-            out["server"].update(proc_launch(pid))
+            out["server"].update(proc_launch(pid, req.get("launch_env_prefixes") or ()))
         if req.get("health_url") and alive:
             status, _ = http_get(req["health_url"], timeout=3.0)
             out["server"]["healthy"] = status == 200
@@ -966,6 +966,7 @@ class Follow(object):
         self.health_url = req.get("health_url")
         self.info_url = req.get("server_info_url")
         self.ready_text = req.get("ready_line")
+        self.env_prefixes = req.get("launch_env_prefixes") or ()
         self.started = time.monotonic()
         self.deadline = self.started + float(req.get("timeout", 60)) + 5
         self.ready = False
@@ -1007,7 +1008,7 @@ class Follow(object):
     def send_launch(self):
         if self.pid and not self.launch_sent and pid_alive(self.pid):
             # How the server that is running now was launched: it, not the inventory, decides the path.
-            emit(dict(proc_launch(self.pid), t="launch", pid=self.pid))
+            emit(dict(proc_launch(self.pid, self.env_prefixes), t="launch", pid=self.pid))
             self.launch_sent = True
 
     def send_lines(self):

@@ -70,6 +70,7 @@ class Request(TypedDict, total=False):
     op: str
     state_dir: str
     package: str                # the engine's import name, e.g. "sglang"
+    launch_env_prefixes: List[str]  # which of the server's environment variables route the engine
     log: Optional[str]
     restart: Optional[RestartSettings]   # None: apply without a restart (--no-restart)
     health_url: Optional[str]

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import diffapply, evidence, protocol
 from .engines import get as get_profile
-from .engines.sglang import LaunchConfig
+from .engines import LaunchConfig
 from .errors import HostFailure, Status
 from .inventory import Host
 from .patchset import NoRevisionFits, Patch
@@ -117,8 +117,10 @@ def running_launch(host: Host, probe: dict) -> LaunchConfig:
 
 
 def base_request(host: Host, job: Job) -> protocol.Request:
-    return protocol.Request(state_dir=host.engine.state_dir, package=get_profile(host.engine.kind).package,
-                            log=host.server.log, restart=agent_restart(host), health_url=host.server.health_url,
+    profile = get_profile(host.engine.kind)
+    return protocol.Request(state_dir=host.engine.state_dir, package=profile.package,
+                            launch_env_prefixes=list(profile.launch_env_prefixes), log=host.server.log,
+                            restart=agent_restart(host), health_url=host.server.health_url,
                             lock_token=job.token)
 
 
@@ -193,12 +195,11 @@ class HostLock:
         return False
 
 
-def load_named(job: Job, name: str) -> Patch:
+def load_named(job: Job, host: Host, name: str) -> Patch:
     """A patch the host's ledger names, from the same patch directories."""
-    from .engines import sglang
     from .patchset import PatchError, load_patch
     try:
-        return load_patch(name, job.patch_dirs, sglang.PROFILE)[0]
+        return load_patch(name, job.patch_dirs, get_profile(host.engine.kind))[0]
     except PatchError as e:
         raise HostFailure(Status.ERROR, f"the host records {name} as applied, but it cannot be loaded here: {e}") from None
 
@@ -314,7 +315,7 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
         original = file_bytes(reply, fd.path)
         if original is None:
             raise HostFailure(Status.CONFLICT, f"{host.name}: {label} changes {fd.path}, which does not exist in "
-                                          f"{reply.get('package_dir')} (sglang {version})")
+                                          f"{reply.get('package_dir')} ({profile.package} {version})")
         states[fd.path] = diffapply.apply_file(fd, original)
     launch = running_launch(host, reply)
     if not launch.argv:
@@ -559,7 +560,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
     and release `lock` when `ends_work(ok)` says nothing follows under it, so
     verification costs one round trip."""
     profile = get_profile(host.engine.kind)
-    ready_line = getattr(profile, "ready_line", "The server is fired up and ready to roll!")
+    ready_line = profile.ready_line
     judging = Judging(host, job, version, patches, labels, want_markers, timeout, EventLog(ready_line, launch))
     req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
                                  pid=start.get("pid"), timeout=timeout, ready_line=ready_line,
@@ -771,7 +772,7 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, False, Status.ERROR, f"{host.name}: after restoring, {', '.join(bad)} do not "
                                                           "match the recorded original sha256", engine_version=version,
                           files=restored)
-    patch = job.patch if job.patch and job.patch.name == name else load_named(job, name)
+    patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
                                          version=version, launch=running_launch(host, {}), patches=[patch],
                                          labels=[entry["label"]], want_markers=False, timeout=_timeout(job, host),
@@ -806,7 +807,7 @@ def verify_logs(job: Job, host: Host, remote: Remote) -> HostResult:
         if not names:
             return HostResult(host.name, False, Status.ERROR, f"{host.name}: no patch recorded as applied; name one "
                                                               "with --patch", engine_version=version)
-        patches = [load_named(job, n) for n in names]
+        patches = [load_named(job, host, n) for n in names]
         labels = [recorded[n]["label"] for n in names]
     # No lock: verify-logs reads, and records only its verdict.
     return _verify(job, host, remote, version, running_launch(host, reply), patches, labels,
