@@ -1,0 +1,106 @@
+"""Start the real sglang-router on loopback (tests, demo, bench).
+
+The router is PyPI ``sglang-router`` (the ``test`` extra). It starts with no
+workers; they are added over its API (fleetpatch.router). Facts about the
+binary are in fleetpatch.router's docstring.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+
+def router_command() -> Optional[List[str]]:
+    """argv prefix that launches the router, or None when sglang-router is not installed."""
+    if importlib.util.find_spec("sglang_router") is not None:
+        return [sys.executable, "-m", "sglang_router.launch_router"]
+    exe = shutil.which("sglang-router")
+    return [exe, "launch"] if exe else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RouterProcess:
+    """One sglang-router on 127.0.0.1, started in its own session, stopped on exit."""
+
+    def __init__(self, log: Path, port: Optional[int] = None, policy: str = "round_robin",
+                 worker_urls: Sequence[str] = (), extra: Sequence[str] = (),
+                 health_check_interval: Optional[float] = None):
+        cmd = router_command()
+        if cmd is None:
+            raise RuntimeError("sglang-router is not installed (pip install sglang-router; it is in the "
+                               "test extra: pip install '.[test]')")
+        self.port = port or free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.log = Path(log)
+        argv = cmd + ["--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
+                      # the metrics port defaults to 29000 on 0.0.0.0: one per router here
+                      "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                      "--shutdown-grace-period-secs", "1", "--log-level", "info"]
+        if worker_urls:
+            argv += ["--worker-urls", *worker_urls]
+        if health_check_interval is not None:
+            argv += ["--health-check-interval-secs", str(int(health_check_interval))]
+        argv += list(extra)
+        self.argv = argv
+        self._out = open(self.log, "ab")
+        env = dict(os.environ, NO_COLOR="1", RUST_LOG_STYLE="never")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=self._out, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 30.0) -> "RouterProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("sglang-router exited %s before it answered:\n%s"
+                                   % (self.proc.returncode, self.tail()))
+            try:
+                with urllib.request.urlopen(self.url + "/workers", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("sglang-router did not answer GET /workers within %g s:\n%s" % (timeout, self.tail()))
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.proc.wait(5)
+        self._out.close()
+
+    def __enter__(self) -> "RouterProcess":
+        return self.wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
