@@ -1,8 +1,10 @@
-"""Start the real sglang-router on loopback (tests, demo, bench).
+"""Start the real sglang-router on loopback, and stand-in workers as local processes.
 
 The router is PyPI ``sglang-router`` (the ``test`` extra). It starts with no
 workers; they are added over its API (fleetpatch.router). Facts about the
-binary are in fleetpatch.router's docstring.
+binary are in fleetpatch.router's docstring. `LocalWorker` runs the stand-in
+(fleetpatch.demo.standin) from a copied SGLang tree without an sshd host:
+for router tests and benchmarks that need many workers quickly.
 """
 from __future__ import annotations
 
@@ -104,3 +106,84 @@ class RouterProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def standin_site(dest: Path, version: str = "0.5.9") -> Path:
+    """A site dir holding the real SGLang `version` tree and the stand-in as sglang_standin.py."""
+    from .standin import __file__ as standin_file
+    from .wheels import sglang_tree
+    dest = Path(dest)
+    if not (dest / "sglang_standin.py").exists():
+        shutil.copytree(sglang_tree(version), dest, dirs_exist_ok=True)
+        shutil.copyfile(standin_file, dest / "sglang_standin.py")
+    return dest
+
+
+class LocalWorker:
+    """One stand-in server on 127.0.0.1:port, started like fleetpatch's launcher starts SGLang."""
+
+    READY = "The server is fired up and ready to roll!"
+
+    def __init__(self, site: Path, log: Path, port: Optional[int] = None, args: Sequence[str] = (),
+                 env: Optional[dict] = None):
+        self.site, self.log = Path(site), Path(log)
+        self.port = port or free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.args = ["--model-path", "/models/standin", "--port", str(self.port), *args]
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("SGLANG_", "FLEETPATCH_STANDIN_", "PYTHON"))}
+        self.env.update({"FLEETPATCH_STANDIN_STARTUP_DELAY": "0", "PYTHONPATH": str(self.site)})
+        self.env.update(env or {})
+        self.proc: Optional[subprocess.Popen] = None
+        self.starts = 0
+
+    def start(self, wait: bool = True, timeout: float = 20.0) -> "LocalWorker":
+        self._mark = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "sglang_standin", *self.args], cwd=self.site.parent,
+                                         env=self.env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self.starts += 1
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def text_since_start(self) -> str:
+        with open(self.log, "rb") as f:
+            f.seek(self._mark)
+            return f.read().decode("utf-8", "replace")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.READY in self.text_since_start():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("stand-in on port %d exited %s:\n%s"
+                                   % (self.port, self.proc.returncode, self.text_since_start()[-2000:]))
+            time.sleep(0.02)
+        raise RuntimeError("stand-in on port %d not ready within %g s" % (self.port, timeout))
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace: float = 10.0) -> Optional[int]:
+        """What fleetpatch's command restart does: SIGTERM, SIGKILL after `grace` s."""
+        if not self.alive():
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.wait_exit(grace)
+        if rc is None:
+            self.proc.kill()
+            rc = self.proc.wait(5)
+        return rc
