@@ -1922,7 +1922,8 @@ class _Handler(BaseHTTPRequestHandler):
             for i in range(n):
                 time.sleep(delay)
                 if i == 0:
-                    running = [_Req(r, n) for r in _SCHED.unfinished()]
+                    with _SCHED.lock:
+                        running = [_Req(r, n) for r in _SCHED.running]
                     if not _forward(running, extend=False):
                         return self._die()
                 text += _WORDS[i % len(_WORDS)]
