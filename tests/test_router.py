@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from fleetpatch.inventory import InventoryError, parse_inventory
-from fleetpatch.router import (LEGACY, REST, RouterApi, SmokeConf, Worker, check_smoke_answer, find_worker,
+from fleetpatch.router import (LEGACY, REST, RouterApi, SmokeConf, Worker, capacity_problem, check_smoke_answer,
+                               find_worker,
                                parse_worker_list, parse_worker_loads)
 
 V032 = {"workers": [
@@ -168,3 +169,16 @@ def test_server_url_and_smoke_errors():
             in error(host_b="    server: {url: \"http://h:1\", smoke: {max_new_tokens: 0}}"))
     assert ("hosts.gpu-b.server.smoke.text: unknown key; known keys here: prompt, max_new_tokens"
             in error(host_b="    server: {url: \"http://h:1\", smoke: {text: hi}}"))
+
+
+def test_capacity_never_the_last_healthy_worker_and_max_unavailable():
+    ws = [Worker("http://a:1", "1", True), Worker("http://b:1", "2", True), Worker("http://c:1", "3", False)]
+    assert capacity_problem("http://r:9", ws, ["http://a:1"]) is None
+    msg = capacity_problem("http://r:9", ws, ["http://a:1", "http://b:1"])
+    assert msg == ("router http://r:9: taking out 2 workers at once would leave it no healthy worker "
+                   "(2 healthy of 3 listed); use a smaller batch or add workers")
+    assert capacity_problem("http://r:9", ws, ["http://a:1"], max_unavailable=1) == (
+        "router http://r:9: 1 worker out at once plus 1 already unhealthy is more than --max-unavailable 1")
+    assert capacity_problem("http://r:9", ws, ["http://a:1"], max_unavailable=2) is None
+    assert capacity_problem("http://r:9", ws, ["http://z:1"]) is None  # not behind this router
+    assert "no healthy worker" in capacity_problem("http://r:9", ws[:1], ["http://a:1"])

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from fleetpatch.demo.routerproc import LocalWorker, RouterProcess, free_port, router_command, standin_site
-from fleetpatch.router import REST, Router, RouterError, worker_loads
+from fleetpatch.router import REST, Router, RouterError, Routers, worker_loads
 
 pytestmark = pytest.mark.skipif(router_command() is None, reason="sglang-router is not installed (test extra)")
 
@@ -101,3 +101,26 @@ def test_adding_a_worker_that_never_gets_healthy_times_out_naming_both(tmp_path,
         assert r.list_workers() == []
     finally:
         w.stop()
+
+
+def test_routers_remove_is_all_or_nothing(tmp_path, site):
+    w = LocalWorker(site, tmp_path / "w.log").start()
+    other = LocalWorker(site, tmp_path / "o.log").start()
+    try:
+        with RouterProcess(tmp_path / "r1.log") as r1, RouterProcess(tmp_path / "r2.log") as r2:
+            Router(r1.url).add(w.url, timeout=15)
+            Router(r1.url).add(other.url, timeout=15)
+            Router(r2.url).add(other.url, timeout=15)  # w is missing from the second router
+            both = Routers([r1.url, r2.url])
+            with pytest.raises(RouterError) as e:
+                both.remove(w.url, timeout=10)
+            assert str(e.value).startswith("router %s: worker %s is not in its list" % (r2.url, w.url))
+            assert Router(r1.url).find(w.url).healthy is True  # put back where it had been taken out
+            Router(r2.url).add(w.url, timeout=15)
+            removed = both.remove(w.url, timeout=10)
+            assert [r.url for r, _ in removed] == [r1.url, r2.url]
+            assert Router(r1.url).find(w.url) is None and Router(r2.url).find(w.url) is None
+            assert [x.healthy for x in both.add(w.url, timeout=15)] == [True, True]
+    finally:
+        w.stop()
+        other.stop()

@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .errors import FleetpatchError
 
 __all__ = [
-    "RouterError", "RouterApi", "Worker", "Router", "RouterConf", "SmokeConf",
+    "RouterError", "RouterApi", "Worker", "Router", "Routers", "RouterConf", "SmokeConf", "capacity_problem",
     "parse_worker_list", "find_worker", "parse_worker_loads", "check_smoke_answer",
     "check_router_section", "check_smoke_section", "build_router_conf",
     "REST", "LEGACY",
@@ -343,6 +343,59 @@ def worker_loads(worker_url: str, timeout: float = DEFAULT_HTTP_TIMEOUT) -> Tupl
             last = f"GET {path}: {getattr(e, 'reason', e)}"
             break
     raise FleetpatchError(f"worker {worker_url}: cannot read its load ({last})")
+
+
+def capacity_problem(router_url: str, workers: List[Worker], taking_out: List[str],
+                     max_unavailable: Optional[int] = None) -> Optional[str]:
+    """Why taking the workers `taking_out` (URLs) out of this router at once is refused, or None.
+
+    Never the last healthy worker; never more than `max_unavailable` out (counting
+    listed workers already unhealthy as out)."""
+    listed = {w.url for w in workers}
+    out = [u for u in dict.fromkeys(taking_out) if u in listed]
+    healthy = [w.url for w in workers if w.healthy is not False]
+    unhealthy = len(workers) - len(healthy)
+    left = [u for u in healthy if u not in out]
+    if out and not left:
+        return (f"router {router_url}: taking out {len(out)} worker{'s' if len(out) != 1 else ''} at once would "
+                f"leave it no healthy worker ({len(healthy)} healthy of {len(workers)} listed); use a smaller "
+                "batch or add workers")
+    if max_unavailable is not None and len(out) + unhealthy > max_unavailable:
+        return (f"router {router_url}: {len(out)} worker{'s' if len(out) != 1 else ''} out at once"
+                + (f" plus {unhealthy} already unhealthy" if unhealthy else "")
+                + f" is more than --max-unavailable {max_unavailable}")
+    return None
+
+
+class Routers:
+    """Every router in front of one worker: out of all of them, back into all of them.
+
+    `remove` is all-or-nothing: if one router fails, the worker is put back into
+    those it had already left, and the first error is raised."""
+
+    def __init__(self, urls, **kw):
+        self.routers = [Router(u, **kw) for u in urls]
+
+    def remove(self, worker_url: str, timeout: float = 30.0) -> List[Tuple[Router, Worker]]:
+        done: List[Tuple[Router, Worker]] = []
+        try:
+            for r in self.routers:
+                w = r.remove(worker_url, timeout)
+                if w is None:
+                    raise RouterError(r.url, f"worker {worker_url} is not in its list; it must be listed "
+                                             "before fleetpatch takes it out (check-patch shows the list)")
+                done.append((r, w))
+        except BaseException:
+            for r, _ in done:
+                try:
+                    r.add(worker_url, timeout)
+                except RouterError:
+                    pass  # the first error is the one to report
+            raise
+        return done
+
+    def add(self, worker_url: str, timeout: float = 60.0) -> List[Worker]:
+        return [r.add(worker_url, timeout) for r in self.routers]
 
 
 # --------------------------------------------------------------------------- inventory section
