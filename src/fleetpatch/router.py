@@ -1,8 +1,9 @@
 """Talk to an sglang-router: which API it has, its worker list, take a worker out, put it back.
 
-Facts this module relies on, checked against the real binary (PyPI
-``sglang-router`` 0.3.2, installed by the ``test`` extra) and the 0.1.9 and
-0.2.0 sdists:
+Facts this module relies on, checked against the real binaries (PyPI
+``sglang-router`` 0.3.2, installed by the ``test`` extra; the 0.1.9 and 0.2.4
+wheels, which tests/test_router_versions.py runs) and the 0.1.9 / 0.2.0
+sources:
 
 * Starting it: ``python -m sglang_router.launch_router --host 127.0.0.1
   --port P --policy round_robin --prometheus-port Q`` (console scripts
@@ -23,7 +24,8 @@ Facts this module relies on, checked against the real binary (PyPI
   0.3.x: the same routes, but ``id`` is a UUID and ``DELETE /workers/{id}``
   takes only that (by URL: 400 "Invalid worker_id ... (expected UUID)";
   0.3.2 has no /list_workers, 404). So this client deletes by the ``id`` the
-  list shows, which is right for both REST versions.
+  list shows (URL-quoted), which is right for both REST versions. 0.1.9 has
+  no GET /workers (404); 0.2.4 has both generations of routes.
 * 0.3.2: ``POST`` and ``DELETE`` answer 202 ``{"status": "accepted",
   "worker_id": ...}`` and do the work in the background; a removed worker left
   the list within 4 ms here, an added healthy one was listed (``is_healthy``

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -35,13 +36,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_FLAGS: dict = {}
+
+
+def _router_flags(cmd: List[str], env: dict) -> str:
+    """The --help text of this router (older versions lack some flags)."""
+    key = (tuple(cmd), env.get("PYTHONPATH", ""))
+    if key not in _FLAGS:
+        out = subprocess.run(cmd + ["--help"], env=env, capture_output=True, text=True, timeout=60)
+        _FLAGS[key] = out.stdout
+    return _FLAGS[key]
+
+
 class RouterProcess:
-    """One sglang-router on 127.0.0.1, started in its own session, stopped on exit."""
+    """One sglang-router on 127.0.0.1, started in its own session, stopped on exit.
+
+    `install_dir`: run the sglang_router package found there (pip install --target)
+    instead of the installed one - how the tests run older router versions."""
 
     def __init__(self, log: Path, port: Optional[int] = None, policy: str = "round_robin",
                  worker_urls: Sequence[str] = (), extra: Sequence[str] = (),
-                 health_check_interval: Optional[float] = None):
-        cmd = router_command()
+                 health_check_interval: Optional[float] = None, install_dir: Optional[Path] = None):
+        env = dict(os.environ, NO_COLOR="1", RUST_LOG_STYLE="never")
+        if install_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(install_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
+            cmd = [sys.executable, "-m", "sglang_router.launch_router"]
+        else:
+            cmd = router_command()
         if cmd is None:
             raise RuntimeError("sglang-router is not installed (pip install sglang-router; it is in the "
                                "test extra: pip install '.[test]')")
@@ -51,7 +72,9 @@ class RouterProcess:
         argv = cmd + ["--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
                       # the metrics port defaults to 29000 on 0.0.0.0: one per router here
                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-                      "--shutdown-grace-period-secs", "1", "--log-level", "info"]
+                      "--log-level", "info"]
+        if "--shutdown-grace-period-secs" in _router_flags(cmd, env):
+            argv += ["--shutdown-grace-period-secs", "1"]
         if worker_urls:
             argv += ["--worker-urls", *worker_urls]
         if health_check_interval is not None:
@@ -59,7 +82,6 @@ class RouterProcess:
         argv += list(extra)
         self.argv = argv
         self._out = open(self.log, "ab")
-        env = dict(os.environ, NO_COLOR="1", RUST_LOG_STYLE="never")
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=self._out, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True)
 
@@ -70,14 +92,15 @@ class RouterProcess:
                 raise RuntimeError("sglang-router exited %s before it answered:\n%s"
                                    % (self.proc.returncode, self.tail()))
             try:
-                with urllib.request.urlopen(self.url + "/workers", timeout=1) as r:
-                    if r.status == 200:
-                        return self
+                with urllib.request.urlopen(self.url + "/workers", timeout=1):
+                    return self
+            except urllib.error.HTTPError:
+                return self  # it answers (0.1.x has no GET /workers)
             except OSError:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError("sglang-router did not answer GET /workers within %g s:\n%s" % (timeout, self.tail()))
+        raise RuntimeError("sglang-router did not answer HTTP within %g s:\n%s" % (timeout, self.tail()))
 
     def tail(self, n: int = 30) -> str:
         try:
@@ -187,3 +210,33 @@ class LocalWorker:
             self.proc.kill()
             rc = self.proc.wait(5)
         return rc
+
+
+def router_install(version: str) -> Path:
+    """sglang-router `version` from its PyPI wheel, unpacked once into the cache (pip install --target).
+
+    For running older routers (0.1.x and 0.2.x APIs) next to the installed one."""
+    from .wheels import cache_dir
+    dest = cache_dir() / "router" / version
+    if (dest / ".complete").exists():
+        return dest
+    wheels = cache_dir() / "router-wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    got = subprocess.run(pip + ["download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels),
+                                "sglang-router==%s" % version], capture_output=True, text=True)
+    found = sorted(wheels.glob("sglang_router-%s-*.whl" % version))
+    if got.returncode != 0 or not found:
+        raise RuntimeError("could not download sglang-router==%s: %s" % (version, (got.stderr or got.stdout).strip()))
+    tmp = dest.with_name(dest.name + ".tmp%d" % os.getpid())
+    done = subprocess.run(pip + ["install", "--no-deps", "--target", str(tmp), str(found[0])],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError("could not unpack %s: %s" % (found[0].name, (done.stderr or done.stdout).strip()))
+    (tmp / ".complete").write_text(found[0].name + "\n")
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
