@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import yaml
 
 from .errors import UsageError
+from .router import RouterConf, SmokeConf, build_router_conf, check_router_section, check_smoke_section
 
 __all__ = [
     "InventoryError",
@@ -86,6 +87,8 @@ class ServerConf:
     restart: RestartConf
     health_url: Optional[str] = None
     ready_timeout: float = 1800
+    url: Optional[str] = None          # this worker as the routers list it (router section)
+    smoke: SmokeConf = SmokeConf()     # the smoke request after a router-aware restart
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class Host:
     gateway: Optional[str] = None          # as written: "user@host:port" or an inventory host name
     jump: Optional[Jump] = None            # the gateway, resolved
     groups: Tuple[str, ...] = ()           # the inventory groups naming this host (not "all")
+    router: Optional[RouterConf] = None    # the routers in front of this worker (router section)
 
     @property
     def target(self) -> str:
@@ -314,11 +318,13 @@ _RESTART_SCHEMA = {
     "kind": "restart_kind", "start": "str", "env": "env", "workdir": "str", "pidfile": "str",
     "stop_grace": "num0", "unit": "str", "program": "str", "config": "str",
 }
-_SERVER_SCHEMA = {"log": "str", "health_url": "url", "ready_timeout": "num", "restart": _RESTART_SCHEMA}
+_SERVER_SCHEMA = {"log": "str", "health_url": "url", "ready_timeout": "num", "restart": _RESTART_SCHEMA,
+                  "url": "url", "smoke": "smoke"}
 _ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str"}
 _HOST_SCHEMA = {
     "address": "str", "user": "str", "port": "port", "identity_file": "str", "known_hosts": "str",
     "connect_timeout": "num", "gateway": "gateway", "engine": _ENGINE_SCHEMA, "server": _SERVER_SCHEMA,
+    "router": "router",
 }
 
 
@@ -358,6 +364,10 @@ def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
         return value
     if kind == "gateway":
         return v.string(key, value)
+    if kind == "router":
+        return check_router_section(v.fail, key, v.mapping(key, value))
+    if kind == "smoke":
+        return check_smoke_section(v.fail, key, v.mapping(key, value))
     raise AssertionError(kind)  # pragma: no cover
 
 
@@ -447,7 +457,9 @@ def _build_host(v: _V, name: str, d: dict) -> Host:
         config=restart_d.get("config"),
     )
     server = ServerConf(log=log, restart=restart, health_url=server_d.get("health_url"),
-                        ready_timeout=_or(server_d.get("ready_timeout"), 1800))
+                        ready_timeout=_or(server_d.get("ready_timeout"), 1800), url=server_d.get("url"),
+                        smoke=SmokeConf(**(server_d.get("smoke") or {})))
+    router = build_router_conf(v.fail, name, d.get("router"), server.url, pre)
     return Host(
         name=name,
         address=address,
@@ -459,6 +471,7 @@ def _build_host(v: _V, name: str, d: dict) -> Host:
         known_hosts=_expand(d.get("known_hosts")),
         connect_timeout=_or(d.get("connect_timeout"), 10),
         gateway=d.get("gateway"),
+        router=router,
     )
 
 
@@ -522,6 +535,11 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
         merged = _merge(defaults, raw)
         hosts[name] = _build_host(v, name, merged)
         written[name] = key if "gateway" in raw else "defaults"
+
+    for name, host in hosts.items():
+        if host.router is not None and host.router.via is not None and host.router.via not in hosts:
+            raise v.fail(f"hosts.{name}.router.via", f"unknown host {host.router.via!r}"
+                                                     f"{_did_you_mean(host.router.via, hosts)}; hosts: {_names(hosts)}")
 
     for name, host in list(hosts.items()):
         jump = _resolve_gateway(v, host, hosts, written[name])

@@ -51,8 +51,31 @@ What runs for real (from the host's tree) and what is simulated:
 * An HTTP server answers ``GET /health``, ``/health_generate`` (503 until
   ready, then 200), ``/server_info`` (every ServerArgs field, ``version``,
   ``internal_states``) and ``/get_server_info`` (same, logs the deprecation
-  warning), with uvicorn-style access log lines. SIGTERM / SIGINT stop it
-  with exit code 0.
+  warning), ``/model_info`` (the router asks for it when a worker is added),
+  with uvicorn-style access log lines.
+* Serving like 0.5.9: ``POST /generate`` (``{"text", "sampling_params":
+  {"max_new_tokens": N}, "stream"}``) takes N x FLEETPATCH_STANDIN_TOKEN_SECONDS
+  and answers ``{"text", "output_ids", "meta_info"}``, or with ``"stream":
+  true`` server-sent events ``data: {...}`` (one per token, cumulative text,
+  chunked transfer encoding) ending ``data: [DONE]``. At most
+  ``--max-running-requests`` (default 48) run; the rest wait. ``GET /v1/loads``
+  (``aggregate.total_running_reqs`` / ``total_waiting_reqs``) and the
+  deprecated ``GET /get_load`` (logs its deprecation warning) count them.
+  For each request the constructed worker of every TP rank runs its REAL
+  ``forward_batch_generation`` twice (an EXTEND batch for the prefill, then a
+  DECODE batch holding every running request), under one lock like the
+  scheduler loop. Only the model-running steps it calls (draft, verify,
+  forward_target_extend, the draft-extend helpers; _GPU_STEPS) are stubbed on
+  the instance, so a line a patch logs in forward_batch_generation (or in a
+  helper of its own) really executes. An exception there is logged as
+  "Scheduler hit an exception: Traceback ..." and the server exits 1, the
+  request's connection dropped, as when a real scheduler dies.
+* SIGTERM after ready is 0.5.9's graceful exit: the server keeps serving
+  (new /generate requests included) while ``/health`` answers 503; every
+  FLEETPATCH_STANDIN_SIGTERM_POLL seconds (SGLang's watchdog: 5) it logs
+  "Gracefully exiting... Remaining number of requests N ..." and exits 0 once
+  N is 0. (Real SGLang then SIGKILLs its own process tree; the stand-in exits
+  0.) SIGINT, and SIGTERM before ready, stop it at once with exit code 0.
 
 Faithful consequences worth knowing: like real SGLang, EAGLE launches that
 give ``--speculative-eagle-topk`` without ``--speculative-num-steps`` fail with
@@ -80,6 +103,10 @@ Test-control environment variables:
     and dup2 it onto fds 1 and 2.
 ``FLEETPATCH_STANDIN_EXIT_AFTER_READY=<seconds>``
     exit 1 with a traceback that many seconds after the ready line.
+``FLEETPATCH_STANDIN_TOKEN_SECONDS``
+    seconds per generated token, default 0.01.
+``FLEETPATCH_STANDIN_SIGTERM_POLL``
+    seconds between the SIGTERM watchdog's checks, default 0.5 (SGLang: 5).
 
 Stdlib only; Python 3.8+.
 """
@@ -1552,6 +1579,236 @@ class _State(object):
     server_args = None
     scheduler_info = {}
     version = "unknown"
+    workers = []            # the constructed draft worker of each TP rank
+    terminating = False     # SIGTERM received: drain, then exit
+    fatal = None            # exit code once the scheduler died during a request
+
+
+# ---------------------------------------------------------------------------
+# Generation: requests, loads, and the worker's real forward_batch_generation
+# ---------------------------------------------------------------------------
+
+_WORDS = ("Paris", ".", " It", " is", " the", " capital", " of", " France", ",", " and")
+
+
+class _Scheduler(object):
+    """Running and waiting requests, as the real scheduler counts them.
+
+    A request waits until one of ``max_running_requests`` slots is free, then
+    runs; the counts are what /v1/loads and /get_load report and what the
+    SIGTERM watchdog waits for."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.forward_lock = threading.Lock()  # one scheduler loop: forwards are serial
+        self.slots = None
+        self.running = {}   # rid -> start time
+        self.waiting = {}
+
+    def setup(self, max_running):
+        self.slots = threading.Semaphore(max(1, int(max_running)))
+
+    def unfinished(self):
+        with self.lock:
+            return list(self.waiting) + list(self.running)
+
+    def counts(self):
+        with self.lock:
+            return len(self.running), len(self.waiting)
+
+    def enter(self, rid):
+        with self.lock:
+            self.waiting[rid] = time.time()
+        self.slots.acquire()
+        with self.lock:
+            self.waiting.pop(rid, None)
+            self.running[rid] = time.time()
+
+    def leave(self, rid):
+        with self.lock:
+            started = self.running.pop(rid, None)
+        if started is not None:
+            self.slots.release()
+
+
+_SCHED = _Scheduler()
+
+
+def _loads_v1():
+    """GET /v1/loads of 0.5.9 (sglang/srt/entrypoints/v1_loads.py)."""
+    running, waiting = _SCHED.counts()
+    max_running = (_State.server_args.max_running_requests if _State.server_args else None) or 48
+    load = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+            "num_used_tokens": 0, "max_total_num_tokens": _State.scheduler_info.get("max_total_num_tokens", 0),
+            "token_usage": 0.0, "gen_throughput": 0.0, "cache_hit_rate": 0.0,
+            "utilization": round(running / float(max_running), 4), "max_running_requests": max_running,
+            "num_total_reqs": running + waiting}
+    return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "version": _State.version, "dp_rank_count": 1, "loads": [load],
+            "aggregate": {"total_running_reqs": running, "total_waiting_reqs": waiting,
+                          "total_reqs": running + waiting, "avg_token_usage": 0.0,
+                          "avg_throughput": 0.0, "avg_utilization": load["utilization"]}}
+
+
+def _load_deprecated():
+    """GET /get_load: one GetLoadReqOutput per DP rank."""
+    running, waiting = _SCHED.counts()
+    return [{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
+             "num_tokens": 0, "ts_tic": time.perf_counter()}]
+
+
+class _Mode(object):
+    """ForwardMode EXTEND or DECODE (the real enum lives outside the tree)."""
+
+    def __init__(self, extend):
+        self.extend = extend
+
+    def __getattr__(self, attr):
+        if attr == "is_extend":
+            return lambda *a, **k: self.extend
+        if attr == "is_decode":
+            return lambda *a, **k: not self.extend
+        if attr.startswith("is_"):
+            return lambda *a, **k: False
+        raise AttributeError(attr)
+
+    def __repr__(self):
+        return "ForwardMode.%s" % ("EXTEND" if self.extend else "DECODE")
+
+
+class _Req(_StubBase):
+    """A request of a ScheduleBatch: only plain sampling (no grammar, logprobs,
+    hidden states, penalties, logit_bias)."""
+
+    def __init__(self, rid, max_new_tokens):
+        self.rid = rid
+        self.grammar = None
+        self.return_logprob = False
+        self.return_hidden_states = False
+        self.sampling_params = types.SimpleNamespace(
+            max_new_tokens=max_new_tokens, frequency_penalty=0.0, presence_penalty=0.0,
+            repetition_penalty=1.0, logit_bias=None, min_new_tokens=0, temperature=1.0)
+
+
+class _Batch(_StubBase):
+    """ScheduleBatch / ModelWorkerBatch with the concrete fields a decision
+    about the batch reads; everything else is a stub."""
+
+    def __init__(self, reqs, extend):
+        self.reqs = reqs
+        self.forward_mode = _Mode(extend)
+        self.is_extend_in_batch = extend
+        self.has_grammar = False
+        self.return_logprob = False
+        self.return_hidden_states = False
+        # a decode batch carries the draft input of the previous step
+        self.spec_info = None if extend else _StepOutput("EagleDraftInput")
+
+    def batch_size(self):
+        return len(self.reqs)
+
+    def get_model_worker_batch(self, *args, **kwargs):
+        return self
+
+
+class _StepOutput(_Stub):
+    """What a stubbed GPU step returns: an EagleVerifyInput / EagleDraftInput,
+    or a tuple of stubs as long as the real method's ``return a, b, c``."""
+
+    def __getattr__(self, attr):
+        if attr in ("is_verify_input", "is_draft_input"):
+            return lambda *a, **k: True
+        return _Stub.__getattr__(self, attr)
+
+
+def _returned_tuple_len(func):
+    """len of the tuple the real method returns (0 if it returns no tuple)."""
+    import ast
+    import textwrap
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return 0
+    body = tree.body[0] if tree.body else None
+    stack = list(getattr(body, "body", []))
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
+            return len(node.value.elts)
+        stack.extend(ast.iter_child_nodes(node))
+    return 0
+
+
+# Methods of the draft workers that run the models (CUDA kernels, graphs):
+# stubbed on the instance, so forward_batch_generation's own body - and any
+# line a patch adds there or in a helper of its own - runs for real.
+_GPU_STEPS = ("draft", "draft_forward", "verify", "forward_target_extend", "forward_draft_extend",
+              "forward_draft_extend_after_decode", "draft_extend", "_draft_extend_for_prefill",
+              "_draft_extend_for_decode", "_prepare_for_speculative_decoding")
+
+
+def _gpu_step(name, real):
+    arity = _returned_tuple_len(real)
+
+    def step(*args, **kwargs):
+        if arity:
+            return tuple(_StepOutput("%s()[%d]" % (name, i)) for i in range(arity))
+        return _StepOutput(name + "()")
+    return step
+
+
+def _stub_gpu_steps(worker):
+    objs = [worker]
+    try:
+        inner = getattr(worker, "draft_worker", None)
+    except Exception:
+        inner = None
+    if inner is not None and inner is not worker and not isinstance(inner, _Stub):
+        objs.append(inner)
+    for obj in objs:
+        for name in _GPU_STEPS:
+            real = getattr(type(obj), name, None)
+            if callable(real):
+                try:
+                    object.__setattr__(obj, name, _gpu_step(type(obj).__name__ + "." + name, real))
+                except Exception:
+                    pass
+
+
+def _forward(reqs, extend):
+    """One scheduler step: every TP rank's worker runs forward_batch_generation.
+
+    An exception there is what kills a real scheduler: logged as such, and
+    the server exits 1."""
+    if not _State.workers:
+        return True
+    sa = _State.server_args
+    with _SCHED.forward_lock:
+        try:
+            for tp_rank, worker in enumerate(_State.workers):
+                _RANK.update(tp_rank=tp_rank, tp_size=len(_State.workers))
+                if len(_State.workers) > 1:
+                    configure_logging(sa, _rank_prefix(sa, tp_rank, None))
+                worker.forward_batch_generation(_Batch(list(reqs), extend))
+            return True
+        except Exception:
+            logging.getLogger("sglang.srt.managers.scheduler").error(
+                "Scheduler hit an exception: %s" % get_exception_traceback())
+            configure_logging(sa)
+            logging.getLogger("sglang.srt.entrypoints.engine").error(
+                "Received sigquit from a child process. It usually means the child failed.")
+            _flush()
+            _State.fatal = 1
+            return False
+        finally:
+            if len(_State.workers) > 1:
+                configure_logging(sa)
+
+
+def _token_seconds():
+    return max(0.0, _env_float("FLEETPATCH_STANDIN_TOKEN_SECONDS", 0.01))
 
 
 def _jsonable(value):
@@ -1589,7 +1846,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         path = self.path.split("?", 1)[0]
         if path in ("/health", "/health_generate"):
-            self._send(200 if _State.ready else 503)
+            if _State.terminating:
+                logging.getLogger("sglang.srt.entrypoints.http_server").info(
+                    "Health check request received during shutdown. Returning 503.")
+                self._send(503)
+            else:
+                self._send(200 if _State.ready else 503)
+        elif path == "/v1/loads":
+            self._send(200, json.dumps(_loads_v1()).encode())
+        elif path == "/get_load":
+            logging.getLogger("sglang.srt.entrypoints.http_server").warning(
+                "Endpoint '/get_load' is deprecated and will be removed in a future version. "
+                "Please use '/v1/loads' instead.")
+            self._send(200, json.dumps(_load_deprecated()).encode())
         elif path in ("/server_info", "/get_server_info"):
             if path == "/get_server_info":
                 logging.getLogger("sglang.srt.entrypoints.http_server").warning(
@@ -1607,9 +1876,85 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        self._send(503 if not _State.ready else 400, b'{"detail":"stand-in server does not generate"}')
+        raw = self.rfile.read(length) if length else b""
+        path = self.path.split("?", 1)[0]
+        if path != "/generate":
+            self._send(404, b'{"detail":"Not Found"}')
+            return
+        if _State.fatal is not None:
+            self.close_connection = True
+            return
+        if not _State.ready:
+            self._send(503, b'{"detail":"server is not ready"}')
+            return
+        try:
+            req = json.loads(raw.decode("utf-8") or "null")
+            if not isinstance(req, dict):
+                raise ValueError("body is not a JSON object")
+            params = req.get("sampling_params") or {}
+            n = int(params.get("max_new_tokens", 128))
+            if n < 0:
+                raise ValueError("max_new_tokens must be >= 0")
+        except (ValueError, TypeError, AttributeError) as e:
+            self._send(422, json.dumps({"detail": "invalid request: %s" % e}).encode())
+            return
+        self._generate(req, n)
+
+    def _generate(self, req, n):
+        rid = "%032x" % random.getrandbits(128)
+        prompt = req.get("text") if isinstance(req.get("text"), str) else ""
+        prompt_tokens = max(1, len(prompt.split()))
+        stream = bool(req.get("stream"))
+        started = time.time()
+        _SCHED.enter(rid)
+        try:
+            logging.getLogger("sglang.srt.managers.scheduler").info(
+                "Prefill batch, #new-seq: 1, #new-token: %d, #cached-token: 0, token usage: 0.00, "
+                "#running-req: %d, #queue-req: %d, " % ((prompt_tokens,) + _SCHED.counts()))
+            if not _forward([_Req(rid, n)], extend=True):
+                return self._die()
+            if stream:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+            text, delay = "", _token_seconds()
+            for i in range(n):
+                time.sleep(delay)
+                if i == 0:
+                    with _SCHED.lock:
+                        running = [_Req(r, n) for r in _SCHED.running]
+                    if not _forward(running, extend=False):
+                        return self._die()
+                text += _WORDS[i % len(_WORDS)]
+                if stream:
+                    done = i == n - 1
+                    self._chunk(b"data: " + json.dumps(self._out(rid, text, i + 1, prompt_tokens, started, done)).encode() + b"\n\n")
+            if stream:
+                if n == 0:
+                    self._chunk(b"data: " + json.dumps(self._out(rid, text, 0, prompt_tokens, started, True)).encode() + b"\n\n")
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+            else:
+                self._send(200, json.dumps(self._out(rid, text, n, prompt_tokens, started, True)).encode())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away: abort, as SGLang does
+        finally:
+            _SCHED.leave(rid)
+
+    def _out(self, rid, text, n, prompt_tokens, started, done):
+        return {"text": text, "output_ids": list(range(n)),
+                "meta_info": {"id": rid, "finish_reason": {"type": "length", "length": n} if done else None,
+                              "prompt_tokens": prompt_tokens, "completion_tokens": n, "cached_tokens": 0,
+                              "e2e_latency": round(time.time() - started, 4)}}
+
+    def _chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _die(self):
+        # the scheduler died: the connection is dropped, no answer
+        self.close_connection = True
 
     def log_request(self, code="-", size="-"):
         # uvicorn's access log line
@@ -1650,6 +1995,55 @@ def _on_signal(signum, frame):
     raise _Stop()
 
 
+def _on_sigterm_serving(signum, frame):
+    # SGLang's SignalHandler.sigterm_handler: only a flag; the watchdog exits
+    if not _State.terminating:
+        logging.getLogger("sglang.srt.managers.tokenizer_manager").warning(
+            "SIGTERM received. signum=%r frame=%r. Draining requests and shutting down..."
+            % (signum, frame))
+    _State.terminating = True
+
+
+def _serve_until_stopped(exit_after):
+    """The serving phase: returns the exit code.
+
+    SIGTERM as in 0.5.9's TokenizerManager.sigterm_watchdog: every
+    FLEETPATCH_STANDIN_SIGTERM_POLL seconds (SGLang: 5) the unfinished
+    requests are counted and logged; the server exits 0 once there are none.
+    Meanwhile /health answers 503 and new /generate requests are served."""
+    signal.signal(signal.SIGTERM, _on_sigterm_serving)
+    poll = max(0.05, _env_float("FLEETPATCH_STANDIN_SIGTERM_POLL", 0.5))
+    deadline = None if exit_after is None else time.time() + exit_after
+    next_check = None
+    log = logging.getLogger("sglang.srt.managers.tokenizer_manager")
+    while True:
+        time.sleep(0.05)
+        if _State.fatal is not None:
+            return _State.fatal
+        if _State.terminating:
+            now = time.time()
+            if next_check is None:
+                next_check = now + poll
+            if now >= next_check:
+                rids = _SCHED.unfinished()
+                log.info("Gracefully exiting... Remaining number of requests %d. Remaining requests "
+                         "remaining_rids=%r." % (len(rids), rids))
+                _flush()
+                if not rids:
+                    return 0
+                next_check = now + poll
+        if deadline is not None and time.time() >= deadline:
+            try:
+                raise RuntimeError("stand-in scheduler died (FLEETPATCH_STANDIN_EXIT_AFTER_READY)")
+            except RuntimeError:
+                logging.getLogger("sglang.srt.managers.scheduler").error(
+                    "Scheduler hit an exception: %s" % get_exception_traceback())
+                logging.getLogger("sglang.srt.entrypoints.engine").error(
+                    "Received sigquit from a child process. It usually means the child failed.")
+                _flush()
+                return 1
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):  # the launcher appends both to a file
@@ -1686,6 +2080,8 @@ def main(argv=None):
             try:
                 if server_args.speculative_algorithm is not None:
                     worker = construct_worker(server_args_mod, server_args, tp_rank, dp_rank)
+                    _stub_gpu_steps(worker)
+                    _State.workers.append(worker)
                     max_total = getattr(getattr(worker, "target_worker", None), "max_total_num_tokens", 400000)
                 else:
                     target = TpModelWorker(server_args=server_args, gpu_id=tp_rank, tp_rank=tp_rank)
@@ -1709,6 +2105,7 @@ def main(argv=None):
                 _flush()
                 return 1
         configure_logging(server_args)
+        _SCHED.setup(server_args.max_running_requests or 48)
 
         host = server_args.host or "127.0.0.1"
         httpd = _make_http_server(host, int(server_args.port))
@@ -1736,20 +2133,7 @@ def main(argv=None):
         logging.getLogger("sglang.srt.entrypoints.http_server").info("The server is fired up and ready to roll!")
         _flush()
 
-        exit_after = _env_float("FLEETPATCH_STANDIN_EXIT_AFTER_READY", None)
-        deadline = None if exit_after is None else time.time() + exit_after
-        while True:
-            time.sleep(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.time())))
-            if deadline is not None and time.time() >= deadline:
-                try:
-                    raise RuntimeError("stand-in scheduler died (FLEETPATCH_STANDIN_EXIT_AFTER_READY)")
-                except RuntimeError:
-                    logging.getLogger("sglang.srt.managers.scheduler").error(
-                        "Scheduler hit an exception: %s" % get_exception_traceback())
-                    logging.getLogger("sglang.srt.entrypoints.engine").error(
-                        "Received sigquit from a child process. It usually means the child failed.")
-                    _flush()
-                    return 1
+        return _serve_until_stopped(_env_float("FLEETPATCH_STANDIN_EXIT_AFTER_READY", None))
     except _Stop:
         _flush()
         return 0
