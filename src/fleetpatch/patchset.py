@@ -9,10 +9,14 @@ rules that keep a patch from silently never running:
 - the sibling rule: a revision that changes one file of a sibling pair of the
   engine profile (for SGLang ``eagle_worker.py`` / ``eagle_worker_v2.py``) and
   not the other is refused;
-- the marker rule: a revision that changes a file bearing a code path must
-  have a marker for (at least one of) that file's paths;
+- the marker rule: a revision that changes or creates a file bearing a code
+  path must have a marker for (at least one of) that file's paths (a deleted
+  file's code runs nowhere, so it needs none);
 
-both unless the manifest says ``allow_single_path: "<reason>"``. Every
+both unless the manifest says ``allow_single_path: "<reason>"``. A file that a
+revision creates or deletes (`FileDiff.op`, see `diffapply`) counts as changed
+for the sibling rule, and keeps diffapply's path rules (inside the package, no
+``..``, no ``__pycache__``). Every
 problem is a `PatchError` (exit 2) naming the file, the key or line, and the fix.
 
 `Patch.choose` picks the revision for one host's engine version; a host with
@@ -32,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 
 import fleetpatch
 
-from .diffapply import DiffError, FileDiff, parse_diff
+from .diffapply import CREATE, DELETE, DiffError, FileDiff, parse_diff
 from .errors import FleetpatchError, UsageError
 from .inventory import load_yaml, _got
 
@@ -156,9 +160,9 @@ class Patch:
                                      f"{', '.join(str(x.rev) for x in self.revisions)}")
             if not r.admits(engine_version):
                 fitting = [x.rev for x in self.revisions if x.admits(engine_version)]
-                hint = (f"; r{fitting[-1]} does: use {self.name}@{fitting[-1]}, or {self.name} to choose by version"
+                hint = (f"; r{fitting[-1]} does: use {self.label(fitting[-1])}, or {self.name} to choose by version"
                         if fitting else "")
-                raise NoRevisionFits(f"{self.name}@{rev} does not support {self.engine} {engine_version}: "
+                raise NoRevisionFits(f"{self.label(rev)} does not support {self.engine} {engine_version}: "
                                      f"r{rev} supports {r.spec_text or r.engine_versions}{hint}")
             return r
         for r in sorted(self.revisions, key=lambda x: x.rev, reverse=True):
@@ -168,7 +172,7 @@ class Patch:
                              f"revisions support: {self.support()}")
 
     def label(self, rev: Union[int, Revision, None]) -> str:
-        """'name@rev'."""
+        """'name@rev' ('name' when the revision is unknown): how every message names a patch's revision."""
         if isinstance(rev, Revision):
             rev = rev.rev
         return f"{self.name}@{rev}" if rev is not None else self.name
@@ -335,12 +339,17 @@ def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDif
                 f"{diff_shown}: revision {rev} changes {have} but not its sibling {miss}: a server on the "
                 f"other code path would run the unpatched file and the patch would never execute. "
                 f"Patch both files, {fix}", file=diff_shown)
-    for path in changed:
+    # Deleted code logs nothing: the marker rule is for the files whose code will run.
+    for fd in files:
+        if fd.op == DELETE:
+            continue
+        path = fd.path
         paths = list(profile.paths_of_file(path) or [])
         if paths and not any(p in markers for p in paths):
             want = " or ".join(paths)
+            verb = "creates" if fd.op == CREATE else "changes"
             raise PatchError(
-                f"{diff_shown}: revision {rev} changes {path} (code path {want}) but {patch_file} has no marker "
+                f"{diff_shown}: revision {rev} {verb} {path} (code path {want}) but {patch_file} has no marker "
                 f"for {want}: nothing would prove the patched code ran. Add markers: {{{paths[0]}: "
                 f'"<a line only the patched code logs>"}}, {fix}', file=diff_shown)
 
