@@ -181,6 +181,32 @@ def test_conflict_past_end_of_file():
     assert "found end of file" in r.detail
 
 
+def test_hunks_with_cut_context_stay_at_their_end_of_the_file():
+    """Less context on one side means the file ends there (GNU patch -F0 reads it so too)."""
+    old = [f"l{i}\n" for i in range(1, 9)]
+    first = udiff(old, ["L1\n"] + old[1:], path="sglang/m.py")
+    last = udiff(old, old[:-1] + ["L8\n"], path="sglang/m.py")
+    fd_first, fd_last = parse_diff(first, "p.diff")[0], parse_diff(last, "p.diff")[0]
+    assert (fd_first.hunks[0].prefix_context, fd_first.hunks[0].suffix_context) == (0, 3)
+    assert fd_first.hunks[0].anchor() == "start" and fd_last.hunks[0].anchor() == "end"
+    assert apply_file(fd_first, joined(old)).new == joined(["L1\n"] + old[1:])
+    assert apply_file(fd_last, joined(old)).new == joined(old[:-1] + ["L8\n"])
+    # a line added above the start (or below the end): the hunk no longer sits there
+    r = apply_file(fd_first, joined(["# local\n"] + old))
+    assert r.state == "conflict"
+    assert r.detail == ("hunk 1 (@@ -1,4 +1,4 @@): line 1 expected 'l1' found '# local' (its lines appear at "
+                        "line 2, but the diff puts this hunk at the start of the file (its context is cut short "
+                        "there))")
+    r = apply_file(fd_last, joined(old + ["# local\n"]))
+    assert r.state == "conflict"
+    assert r.detail.startswith("hunk 1 (@@ -5,4 +5,4 @@): the hunk changes the end of the file, but line 9 follows it")
+    # ... and the same hunk in the middle of a longer file is found with an offset when its context is whole
+    whole = udiff(["x\n"] * 3 + old, ["x\n"] * 3 + ["L1\n"] + old[1:], path="sglang/m.py")
+    fd = parse_diff(whole, "p.diff")[0]
+    assert fd.hunks[0].anchor() is None
+    assert apply_file(fd, joined(["y\n"] + ["x\n"] * 3 + old)).offsets == [1]
+
+
 def test_partly_patched_file_is_conflict_and_says_so(v1_bytes):
     old = lines_of(v1_bytes)
     new = modify_v1(old)

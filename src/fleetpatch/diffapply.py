@@ -32,6 +32,12 @@ Rules (see the contract's "Applying"):
   endings included. A hunk may sit at another line than its header says
   (an *offset*); the match nearest to the expected position wins, where the
   expected position is the header's line shifted by the previous hunk's offset.
+- A hunk whose context is cut short on one side (diff tools do that only
+  where the file ends) must sit at that end of the file: at line 1 when it
+  starts there with less context before its changes than after, at the last
+  line when it has less context after than before or a side of it lacks the
+  final newline. This is how GNU ``patch -F0`` places hunks; the property tests
+  (tests/test_diff_properties.py) hold diffapply to GNU patch's results.
 - Hunks apply in order and never overlap.
 - ``already-applied`` when every hunk's post-image is found (same search) and
   the pre-images are not all found. When both the complete pre-image and the
@@ -105,6 +111,8 @@ class Hunk:
     header: str                # "@@ -a,b +c,d @@ section"
     diff_line: int             # line number of the @@ header inside the .diff file
     target_start: int = 0      # 1-based line in the patched file, as the header says
+    prefix_context: int = 0    # context lines before the first change
+    suffix_context: int = 0    # context lines after the last change
 
     @property
     def short_header(self) -> str:
@@ -116,6 +124,20 @@ class Hunk:
     def touches_eof(self) -> bool:
         """True when either side ends without a final newline (the hunk must end at EOF)."""
         return any(block and not block[-1].endswith("\n") for block in (self.source_lines, self.target_lines))
+
+    def anchor(self, post: bool = False) -> Optional[str]:
+        """"start" or "end" when the hunk must sit at that end of the file, else None.
+
+        A diff tool cuts a hunk's context short only where the file ends, so less
+        context before than after (in a hunk at line 1) means "the start of the
+        file", less after than before means "the end of the file", exactly as
+        GNU patch without fuzz reads it. A missing final newline means the end too."""
+        start = self.target_start if post else self.source_start
+        if self.prefix_context < self.suffix_context and start <= 1:
+            return "start"
+        if self.suffix_context < self.prefix_context or self.touches_eof:
+            return "end"
+        return None
 
 
 MODIFY, CREATE, DELETE = "modify", "create", "delete"
@@ -268,6 +290,9 @@ def _build_hunk(uhunk, lines: Sequence[str], origin: str, path: str, number: int
                 prev[1] = prev[1][:-1]
             continue
         items.append([ln.line_type, ln.value])
+    kinds = "".join(t for t, _ in items)
+    prefix = len(kinds) - len(kinds.lstrip(" "))
+    suffix = len(kinds) - len(kinds.rstrip(" ")) if prefix < len(kinds) else 0
     source = [v for t, v in items if t in (" ", "-")]
     target = [v for t, v in items if t in (" ", "+")]
     if op != MODIFY:
@@ -297,6 +322,8 @@ def _build_hunk(uhunk, lines: Sequence[str], origin: str, path: str, number: int
         header=header,
         diff_line=header_line,
         target_start=uhunk.target_start,
+        prefix_context=prefix,
+        suffix_context=suffix,
     )
 
 
@@ -427,8 +454,9 @@ class _Text:
     def matches_at(self, block: Sequence[str], pos: int) -> bool:
         return 0 <= pos and pos + len(block) <= len(self.lines) and self.lines[pos:pos + len(block)] == list(block)
 
-    def find(self, block: Sequence[str], expected: int, floor: int = 0, at_eof: bool = False) -> Optional[int]:
-        """The start of `block` nearest to `expected` (ties: the later one), at or after `floor`."""
+    def find(self, block: Sequence[str], expected: int, floor: int = 0, anchor: Optional[str] = None) -> Optional[int]:
+        """The start of `block` nearest to `expected` (ties: the later one), at or after `floor`;
+        only at the start or the end of the file when `anchor` says so."""
         if not block:
             return None
         n = len(block)
@@ -436,7 +464,7 @@ class _Text:
         for pos in self.positions(block[0]):
             if pos < floor or pos + n > len(self.lines):
                 continue
-            if at_eof and pos + n != len(self.lines):
+            if (anchor == "end" and pos + n != len(self.lines)) or (anchor == "start" and pos != 0):
                 continue
             if not self.matches_at(block, pos):
                 continue
@@ -455,7 +483,7 @@ def _search(text: _Text, hunks: Sequence[Hunk], post: bool) -> Tuple[List[int], 
     for k, h in enumerate(hunks):
         block = h.target_lines if post else h.source_lines
         start = max((h.target_start if post else h.source_start) - 1, 0)
-        pos = text.find(block, start + drift, floor, at_eof=h.touches_eof)
+        pos = text.find(block, start + drift, floor, h.anchor(post))
         if pos is None:
             return offsets, k
         drift = pos - start
@@ -479,6 +507,7 @@ def _conflict_detail(text: _Text, hunks: Sequence[Hunk], k: int, offsets: Sequen
     h = hunks[k]
     drift = offsets[-1] if offsets else 0
     exp = max(h.source_start - 1, 0) + drift
+    anchor = h.anchor()
     label = f"hunk {k + 1} ({h.short_header})"
     lines = text.lines
     detail = None
@@ -492,22 +521,30 @@ def _conflict_detail(text: _Text, hunks: Sequence[Hunk], k: int, offsets: Sequen
             break
     if detail is None:
         # The pre-image is at the expected place but could not be used there.
-        if h.touches_eof and exp + len(h.source_lines) != len(lines):
+        if anchor == "end" and exp + len(h.source_lines) != len(lines):
             detail = (f"{label}: the hunk changes the end of the file, but line {exp + len(h.source_lines) + 1} "
                       "follows it")
+        elif anchor == "start" and exp != 0:
+            detail = f"{label}: the hunk changes the start of the file, but here its lines start at line {exp + 1}"
         else:
             detail = f"{label}: its context at line {exp + 1} overlaps hunk {k}"
     notes = []
+    floor = 0
     if k:
         prev = hunks[k - 1]
         floor = max(prev.source_start - 1, 0) + drift + len(prev.source_lines)
-        if text.find(h.source_lines, exp, floor, at_eof=h.touches_eof) is None:
-            earlier = text.find(h.source_lines, exp, 0, at_eof=h.touches_eof)
-            if earlier is not None:
-                notes.append(f"its context appears only at line {earlier + 1}, before hunk {k} ends")
+    if text.find(h.source_lines, exp, floor, anchor) is None:
+        earlier = text.find(h.source_lines, exp, 0, anchor)
+        loose = text.find(h.source_lines, exp, floor)
+        if k and earlier is not None:
+            notes.append(f"its context appears only at line {earlier + 1}, before hunk {k} ends")
+        elif anchor and loose is not None:
+            where = "start" if anchor == "start" else "end"
+            notes.append(f"its lines appear at line {loose + 1}, but the diff puts this hunk at the {where} of the "
+                         f"file (its context is cut short there)")
     applied = [i + 1 for i, hk in enumerate(hunks)
-               if text.find(hk.target_lines, max(hk.target_start - 1, 0), 0, at_eof=hk.touches_eof) is not None
-               and text.find(hk.source_lines, max(hk.source_start - 1, 0), 0, at_eof=hk.touches_eof) is None]
+               if text.find(hk.target_lines, max(hk.target_start - 1, 0), 0, hk.anchor(post=True)) is not None
+               and text.find(hk.source_lines, max(hk.source_start - 1, 0), 0, hk.anchor()) is None]
     if applied:
         which = ", ".join(str(i) for i in applied)
         notes.append(f"hunk{'s' if len(applied) > 1 else ''} {which} of {len(hunks)} already applied: "
