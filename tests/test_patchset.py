@@ -294,12 +294,24 @@ P = "dynamic-spec-disable/patch.yaml"
      "markers.EAGLEWorker.regexp", "unknown key"),
     ("  EAGLEWorker: \"Dynamic speculation disable enabled\"", "  EAGLEWorker: {}",
      "markers.EAGLEWorker.regex", "required"),
+    # crashes found by tests/test_input_fuzz.py: OverflowError, ValueError (embedded null byte), ValueError (date)
+    ("  EAGLEWorker: \"Dynamic speculation disable enabled\"", "  EAGLEWorker: {regex: \"a{4294967296}\"}",
+     "markers.EAGLEWorker.regex", "invalid regular expression 'a{4294967296}': the repetition number is too large"),
+    ("    diff: sglang-0.5.9.r1.diff", "    diff: \"r1\\0.diff\"", "revisions[0].diff",
+     "'r1\\x00.diff' contains a control character"),
+    ("expect: []", "expect: []\n'': 1", "''", "unknown key"),
 ])
 def test_manifest_errors_name_file_and_key(tmp_path, replace, by, key, reason):
     make_patch(tmp_path, manifest=manifest_with(replace, by))
     msg = str(error(tmp_path))
     assert f"{P}: {key}: " in msg, msg
     assert reason in msg, msg
+
+
+def test_yaml_values_that_cannot_be_built(tmp_path):
+    make_patch(tmp_path, manifest=manifest_with("expect: []", "expect: [2001-02-30]"))
+    msg = str(error(tmp_path))
+    assert "patch.yaml: not valid YAML at line" in msg and "'2001-02-30' is not a valid timestamp" in msg, msg
 
 
 def test_manifest_structure_errors(tmp_path):

@@ -38,7 +38,7 @@ import fleetpatch
 
 from .diffapply import CREATE, DELETE, DiffError, FileDiff, parse_diff
 from .errors import FleetpatchError, UsageError
-from .inventory import load_yaml, _got
+from .inventory import load_yaml, _got, _keyname
 
 __all__ = [
     "PatchError",
@@ -271,7 +271,7 @@ def _str_list(file: str, key: str, value: Any) -> List[str]:
 def _marker(file: str, name: Any, value: Any) -> Marker:
     if not isinstance(name, str) or not name.strip():
         raise _perr(file, f"markers.{_got(name)}", "a marker's key must be a code path name, e.g. EAGLEWorker")
-    key = f"markers.{name}"
+    key = f"markers.{_keyname(name)}"
     if isinstance(value, str):
         if not value.strip():
             raise _perr(file, key, "must not be empty: an empty marker would match every line")
@@ -279,14 +279,14 @@ def _marker(file: str, name: Any, value: Any) -> Marker:
     if isinstance(value, dict):
         extra = [k for k in value if k != "regex"]
         if extra:
-            raise _perr(file, f"{key}.{extra[0]}",
+            raise _perr(file, f"{key}.{_keyname(extra[0])}",
                         'unknown key; a marker is a literal string or {regex: "..."}')
         if "regex" not in value:
             raise _perr(file, f"{key}.regex", 'required: a marker is a literal string or {regex: "..."}')
         rx = _str(file, f"{key}.regex", value["regex"])
         try:
             compiled = re.compile(rx)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:  # "a{4294967296}" overflows
             raise _perr(file, f"{key}.regex", f"invalid regular expression {rx!r}: {exc}") from None
         if compiled.search("") is not None:
             raise _perr(file, f"{key}.regex", f"{rx!r} matches an empty line, so it would match every line; "
@@ -297,6 +297,9 @@ def _marker(file: str, name: Any, value: Any) -> Marker:
 
 def _read_diff(folder: Path, file: str, key: str, name: Any, package: str) -> Tuple[Path, str, str, List[FileDiff]]:
     diff_name = _str(file, key, name)
+    if re.search(r"[\x00-\x1f\x7f]", diff_name):
+        raise _perr(file, key, f"{diff_name!r} contains a control character; give the name of a .diff file in "
+                               f"{_display(folder)}/")
     if "/" in diff_name or "\\" in diff_name or diff_name in (".", "..") or diff_name == MANIFEST:
         raise _perr(file, key, f"{diff_name!r} must be the name of a .diff file in {_display(folder)}/ "
                                "(no directories)")
@@ -394,7 +397,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
         raise _perr(file, None, f"expected a mapping at the top, got {_got(doc)}")
     for k in doc:
         if k not in _TOP_KEYS:
-            raise _perr(file, str(k), f"unknown key; known keys: {', '.join(_TOP_KEYS)}")
+            raise _perr(file, _keyname(k), f"unknown key; known keys: {', '.join(_TOP_KEYS)}")
     for k in ("name", "engine", "revisions"):
         if doc.get(k) is None:
             raise _perr(file, k, "required but missing")
@@ -437,7 +440,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
             raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
         for k in node:
             if k not in _REV_KEYS:
-                raise _perr(file, f"{key}.{k}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
+                raise _perr(file, f"{key}.{_keyname(k)}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
         for k in _REV_KEYS:
             if node.get(k) is None:
                 raise _perr(file, f"{key}.{k}", "required but missing")
