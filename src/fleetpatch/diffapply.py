@@ -36,7 +36,9 @@ Rules (see the contract's "Applying"):
   where the file ends) must sit at that end of the file: at line 1 when it
   starts there with less context before its changes than after, at the last
   line when it has less context after than before or a side of it lacks the
-  final newline. This is how GNU ``patch -F0`` places hunks; the property tests
+  final newline. This is how GNU ``patch -F0`` places hunks (except that GNU
+  patch lets a hunk whose patched side alone lacks the final newline sit
+  anywhere, then quietly keeps the newline); the property tests
   (tests/test_diff_properties.py) hold diffapply to GNU patch's results.
 - Hunks apply in order and never overlap.
 - ``already-applied`` when every hunk's post-image is found (same search) and

@@ -125,10 +125,6 @@ class Inventory:
     hosts: Dict[str, Host]                 # in file order
     groups: Dict[str, List[str]]           # in file order; "all" is implicit
 
-    @classmethod
-    def load(cls, path: Union[str, Path]) -> "Inventory":
-        return load_inventory(path)
-
     def group(self, name: str) -> List[Host]:
         if name == "all":
             return list(self.hosts.values())
