@@ -133,9 +133,14 @@ def damaged(draw, base):
     return doc
 
 
+# libyaml when there is one: the tests spend their time in YAML, not in fleetpatch
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def dump(doc, flow: bool) -> str:
     try:
-        return yaml.safe_dump(doc, default_flow_style=flow, allow_unicode=True, sort_keys=False)
+        return yaml.dump(doc, Dumper=_DUMPER, default_flow_style=flow, allow_unicode=True, sort_keys=False)
     except (yaml.YAMLError, ValueError, TypeError):  # e.g. a None key in a flow mapping: not our concern
         return yaml.safe_dump(str(doc))
 
@@ -189,8 +194,22 @@ def _names_a_key_of(key: str, doc, known=()) -> bool:
     return any(key == k or key.startswith(f"{k}.") or key.startswith(f"{k}[") for k in shown if k)
 
 
-def check_inventory(text: str, doc=None):
+def as_read(text):
+    """The document as YAML reads the text back (PyYAML does not round-trip every string: '\\x85' becomes ' ')."""
+    try:
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+    except Exception:  # noqa: BLE001 - invalid YAML: no document to compare keys with
+        return None
+
+
+def _about_the_whole_file(msg: str) -> bool:
+    # fleetpatch's YAML is stricter than safe_load (duplicate keys) and its text must be UTF-8
+    return "not valid YAML" in msg or "not UTF-8" in msg
+
+
+def check_inventory(text: str):
     """parse_inventory(text) is a sound Inventory or an InventoryError naming the file (and key)."""
+    doc = as_read(text)
     try:
         inv = parse_inventory(text, FILE)
     except InventoryError as e:
@@ -200,7 +219,7 @@ def check_inventory(text: str, doc=None):
         assert e.file == FILE and msg.startswith(FILE + ": "), msg
         if e.key is not None:
             assert msg.startswith(f"{FILE}: {e.key}: "), msg
-        if isinstance(doc, dict):
+        if isinstance(doc, dict) and not _about_the_whole_file(msg):
             assert e.key is not None and _names_a_key_of(e.key, doc, ["hosts"]), msg
         return None
     assert inv.hosts
@@ -224,14 +243,14 @@ def check_inventory(text: str, doc=None):
 
 
 def test_the_base_inventory_is_valid():
-    inv = check_inventory(dump(BASE_INVENTORY, False), BASE_INVENTORY)
+    inv = check_inventory(dump(BASE_INVENTORY, False))
     assert inv is not None and list(inv.hosts) == ["h1", "h2", "h3"]
 
 
 def test_every_place_of_the_inventory_with_every_odd_value():
     count = 0
     for path, doc in every_leaf_replaced(BASE_INVENTORY):
-        check_inventory(dump(doc, False), doc)
+        check_inventory(dump(doc, False))
         count += 1
     assert count > 500
 
@@ -241,7 +260,7 @@ def test_every_place_of_the_inventory_with_every_odd_value():
 def test_damaged_inventory(doc, flow):
     text = dump(doc, flow)
     note(text)
-    check_inventory(text, doc if text != yaml.safe_dump(str(doc)) else None)
+    check_inventory(text)
 
 
 @SETTINGS
@@ -255,7 +274,7 @@ def test_mangled_inventory_text(data):
 @SETTINGS
 @given(doc=values)
 def test_any_document_as_inventory(doc):
-    check_inventory(dump(doc, False), doc)
+    check_inventory(dump(doc, False))
 
 
 @settings(SETTINGS, max_examples=int(40 * SCALE))
@@ -323,7 +342,8 @@ def patch_root():
         yield Path(d)
 
 
-def check_manifest(root: Path, text, doc=None, ref: str = "fz"):
+def check_manifest(root: Path, text, ref: str = "fz"):
+    doc = as_read(text)
     manifest = root / "fz" / "patch.yaml"
     manifest.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
     try:
@@ -336,7 +356,7 @@ def check_manifest(root: Path, text, doc=None, ref: str = "fz"):
         assert e.file in (str(manifest), *(str(p) for p in (root / "fz").iterdir())), msg
         if e.key is not None:
             assert msg.startswith(f"{e.file}: {e.key}: "), msg
-        if isinstance(doc, dict) and e.file == str(manifest):
+        if isinstance(doc, dict) and e.file == str(manifest) and not _about_the_whole_file(msg):
             assert e.key is not None and _names_a_key_of(e.key, doc, ["name", "engine", "revisions"]), msg
         return None
     assert isinstance(patch, Patch) and patch.name == "fz" and patch.revisions
@@ -352,13 +372,13 @@ def check_manifest(root: Path, text, doc=None, ref: str = "fz"):
 
 
 def test_the_base_manifest_is_valid(patch_root):
-    assert check_manifest(patch_root, dump(BASE_MANIFEST, False), BASE_MANIFEST) is not None
+    assert check_manifest(patch_root, dump(BASE_MANIFEST, False)) is not None
 
 
 def test_every_place_of_the_manifest_with_every_odd_value(patch_root):
     count = 0
     for path, doc in every_leaf_replaced(BASE_MANIFEST):
-        check_manifest(patch_root, dump(doc, False), doc)
+        check_manifest(patch_root, dump(doc, False))
         count += 1
     assert count > 500
 
@@ -368,7 +388,7 @@ def test_every_place_of_the_manifest_with_every_odd_value(patch_root):
 def test_damaged_manifest(patch_root, doc, flow):
     text = dump(doc, flow)
     note(text)
-    check_manifest(patch_root, text, doc if text != yaml.safe_dump(str(doc)) else None)
+    check_manifest(patch_root, text)
 
 
 @SETTINGS
