@@ -148,6 +148,19 @@ def ends_where_the_diff_says(fd, n_lines: int, offsets, post: bool) -> bool:
     return True
 
 
+_HEADER = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
+
+
+def moved(diff: str, fd, offsets) -> str:
+    """`diff` with each hunk's header moved by its offset: GNU patch then looks there first."""
+    lines = split_lines(diff)
+    for h, off in zip(fd.hunks, offsets):
+        m = _HEADER.match(lines[h.diff_line - 1])
+        lines[h.diff_line - 1] = (f"@@ -{int(m.group(1)) + off}{m.group(2) or ''} "
+                                  f"+{int(m.group(3)) + off}{m.group(4) or ''} @@\n")
+    return "".join(lines)
+
+
 def check_against_gnu(diff: str, host: bytes, tmp: Path):
     try:
         fds = parse_diff(diff, "gen.diff")
@@ -161,11 +174,32 @@ def check_against_gnu(diff: str, host: bytes, tmp: Path):
     fwd_ok, fwd_out, fwd_offsets = gnu_patch(diff, host, tmp)
     rev_ok, _, rev_offsets = gnu_patch(diff, host, tmp, reverse=True)
     n_lines = len(split_lines(host.decode("utf-8", "surrogateescape")))
-    fwd_ok = fwd_ok and ends_where_the_diff_says(fd, n_lines, fwd_offsets, post=False)
-    rev_ok = rev_ok and ends_where_the_diff_says(fd, n_lines, rev_offsets, post=True)
+    fwd_odd = fwd_ok and not ends_where_the_diff_says(fd, n_lines, fwd_offsets, post=False)
+    rev_odd = rev_ok and not ends_where_the_diff_says(fd, n_lines, rev_offsets, post=True)
+    fwd_ok, rev_ok = fwd_ok and not fwd_odd, rev_ok and not rev_odd
     r = apply_file(fd, host)
-    note(f"diff:\n{diff}\nhost: {host!r}\nGNU forward {fwd_ok} {fwd_offsets}, reverse {rev_ok} {rev_offsets}\n"
+    note(f"diff:\n{diff}\nhost: {host!r}\nGNU forward {fwd_ok} {fwd_offsets}, reverse {rev_ok} {rev_offsets}"
+         f"{' (placed away from the end of the file)' if fwd_odd or rev_odd else ''}\n"
          f"fleetpatch: {r.state} {r.offsets} {r.detail}")
+    if fwd_odd or rev_odd:
+        # GNU's nearest match broke the end-of-file rule, so it is no reference for where the
+        # hunk goes; GNU still checks what fleetpatch did, with the headers moved to its places.
+        zeros = [0] * len(fd.hunks)
+        if r.state == "applies":
+            ok, out, offsets = gnu_patch(moved(diff, fd, r.offsets), host, tmp)
+            assert ok and out == r.new and offsets == zeros
+            assert not rev_ok
+            if fwd_ok:
+                assert r.offsets == fwd_offsets and r.new == fwd_out
+        elif r.state == "already-applied":
+            ok, _, offsets = gnu_patch(moved(diff, fd, r.offsets), host, tmp, reverse=True)
+            assert ok and offsets == zeros
+            assert not fwd_ok
+            if rev_ok:
+                assert r.offsets == rev_offsets
+        elif not r.detail.startswith("ambiguous"):
+            assert not fwd_ok and not rev_ok
+        return r
     if fwd_ok and not rev_ok:
         assert r.state == "applies"
         assert r.new == fwd_out
