@@ -181,6 +181,32 @@ def test_conflict_past_end_of_file():
     assert "found end of file" in r.detail
 
 
+def test_hunks_with_cut_context_stay_at_their_end_of_the_file():
+    """Less context on one side means the file ends there (GNU patch -F0 reads it so too)."""
+    old = [f"l{i}\n" for i in range(1, 9)]
+    first = udiff(old, ["L1\n"] + old[1:], path="sglang/m.py")
+    last = udiff(old, old[:-1] + ["L8\n"], path="sglang/m.py")
+    fd_first, fd_last = parse_diff(first, "p.diff")[0], parse_diff(last, "p.diff")[0]
+    assert (fd_first.hunks[0].prefix_context, fd_first.hunks[0].suffix_context) == (0, 3)
+    assert fd_first.hunks[0].anchor() == "start" and fd_last.hunks[0].anchor() == "end"
+    assert apply_file(fd_first, joined(old)).new == joined(["L1\n"] + old[1:])
+    assert apply_file(fd_last, joined(old)).new == joined(old[:-1] + ["L8\n"])
+    # a line added above the start (or below the end): the hunk no longer sits there
+    r = apply_file(fd_first, joined(["# local\n"] + old))
+    assert r.state == "conflict"
+    assert r.detail == ("hunk 1 (@@ -1,4 +1,4 @@): line 1 expected 'l1' found '# local' (its lines appear at "
+                        "line 2, but the diff puts this hunk at the start of the file (its context is cut short "
+                        "there))")
+    r = apply_file(fd_last, joined(old + ["# local\n"]))
+    assert r.state == "conflict"
+    assert r.detail.startswith("hunk 1 (@@ -5,4 +5,4 @@): the hunk changes the end of the file, but line 9 follows it")
+    # ... and the same hunk in the middle of a longer file is found with an offset when its context is whole
+    whole = udiff(["x\n"] * 3 + old, ["x\n"] * 3 + ["L1\n"] + old[1:], path="sglang/m.py")
+    fd = parse_diff(whole, "p.diff")[0]
+    assert fd.hunks[0].anchor() is None
+    assert apply_file(fd, joined(["y\n"] + ["x\n"] * 3 + old)).offsets == [1]
+
+
 def test_partly_patched_file_is_conflict_and_says_so(v1_bytes):
     old = lines_of(v1_bytes)
     new = modify_v1(old)
@@ -443,19 +469,140 @@ def test_refuse_binary():
     )
 
 
-def test_refuse_creation_and_deletion():
-    refuse("--- /dev/null\n+++ b/sglang/new.py\n@@ -0,0 +1,2 @@\n+a\n+b\n", "creates", line=2)
+CREATE_NEW = "--- /dev/null\n+++ b/sglang/srt/new_helper.py\n@@ -0,0 +1,2 @@\n+a = 1\n+b = 2\n"
+DELETE_OLD = "--- a/sglang/srt/old_helper.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-a = 1\n-b = 2\n"
+
+
+def test_create_file_states():
+    fd = parse_diff(CREATE_NEW, "p.diff")[0]
+    assert (fd.op, fd.path, fd.raw_path) == ("create", "sglang/srt/new_helper.py", "b/sglang/srt/new_helper.py")
+    assert fd.content == b"a = 1\nb = 2\n"
+    r = apply_file(fd, None)
+    assert (r.state, r.new, r.offsets, r.detail) == ("creates", b"a = 1\nb = 2\n", [0], "")
+    r = apply_file(fd, b"a = 1\nb = 2\n")
+    assert (r.state, r.new) == ("already-applied", None)
+    r = apply_file(fd, b"a = 1\nb = 3\n")
+    assert r.state == "conflict" and r.new is None
+    assert r.detail == ("the diff creates sglang/srt/new_helper.py, but it already exists with other content: "
+                        "line 2 expected 'b = 2' found 'b = 3'")
+    r = apply_file(fd, b"")
+    assert r.state == "conflict" and "already exists (empty): line 1 expected 'a = 1' found end of file" in r.detail
+    # one more line on the host than in the diff
+    r = apply_file(fd, b"a = 1\nb = 2\nc = 3\n")
+    assert r.state == "conflict" and "line 3 expected end of file found 'c = 3'" in r.detail
+
+
+def test_delete_file_states():
+    fd = parse_diff(DELETE_OLD, "p.diff")[0]
+    assert (fd.op, fd.path, fd.raw_path) == ("delete", "sglang/srt/old_helper.py", "a/sglang/srt/old_helper.py")
+    assert fd.content == b"a = 1\nb = 2\n"
+    r = apply_file(fd, b"a = 1\nb = 2\n")
+    assert (r.state, r.new, r.offsets) == ("deletes", None, [0])
+    assert apply_file(fd, None).state == "already-applied"
+    # a file that is not byte for byte the diff's original is never deleted
+    r = apply_file(fd, b"a = 1\nb = 2")
+    assert r.state == "conflict"
+    assert r.detail == ("the diff deletes sglang/srt/old_helper.py, but the file differs from the one the diff "
+                        "was made from: line 2 expected 'b = 2\\n' found 'b = 2' (only the newline at the end of the file "
+                        "differs)")
+    r = apply_file(fd, b"a = 1\r\nb = 2\r\n")
+    assert r.state == "conflict" and "(only the line endings differ)" in r.detail
+
+
+def test_modify_of_a_missing_file_is_a_conflict():
+    fd = parse_diff("--- a/sglang/x.py\n+++ b/sglang/x.py\n" + GOOD_HUNK, "p.diff")[0]
+    assert fd.op == "modify" and fd.content is None
+    r = apply_file(fd, None)
+    assert r.state == "conflict" and r.detail == "sglang/x.py does not exist, so the diff cannot change it"
+
+
+def test_git_create_and_delete_forms():
+    d = ("diff --git a/sglang/new.py b/sglang/new.py\nnew file mode 100644\nindex 0000000..1111111\n"
+         "--- /dev/null\n+++ b/sglang/new.py\n@@ -0,0 +1 @@\n+a\n\\ No newline at end of file\n"
+         "diff --git a/sglang/empty.py b/sglang/empty.py\nnew file mode 100644\nindex 0000000..e69de29\n"
+         "diff --git a/sglang/old.py b/sglang/old.py\ndeleted file mode 100755\nindex 1111111..0000000\n"
+         "--- a/sglang/old.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n"
+         "diff --git a/sglang/gone.py b/sglang/gone.py\ndeleted file mode 100644\nindex e69de29..0000000\n")
+    fds = {f.path: f for f in parse_diff(d, "p.diff")}
+    assert {p: (f.op, f.content) for p, f in fds.items()} == {
+        "sglang/new.py": ("create", b"a"),          # no final newline kept
+        "sglang/empty.py": ("create", b""),
+        "sglang/old.py": ("delete", b"a\n"),
+        "sglang/gone.py": ("delete", b""),
+    }
+    assert apply_file(fds["sglang/empty.py"], None).new == b""
+    assert apply_file(fds["sglang/empty.py"], b"").state == "already-applied"
+    assert apply_file(fds["sglang/gone.py"], b"").state == "deletes"
+    assert apply_file(fds["sglang/gone.py"], b"x\n").state == "conflict"
+
+
+def test_diff_N_epoch_dates_mean_create_and_delete(tmp_path):
+    """GNU diff -N names both sides and dates the missing one at the epoch, in the local zone."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("diff"):
+        pytest.skip("GNU diff not installed")
+    (tmp_path / "a" / "sglang").mkdir(parents=True)
+    (tmp_path / "b" / "sglang").mkdir(parents=True)
+    (tmp_path / "a" / "sglang" / "old.py").write_bytes(b"q = 1\n")
+    (tmp_path / "b" / "sglang" / "new.py").write_bytes(b"x = 1\ny = 2\n")
+    (tmp_path / "a" / "sglang" / "kept.py").write_bytes(b"1\n2\n3\n")
+    (tmp_path / "b" / "sglang" / "kept.py").write_bytes(b"1\n2\n2.5\n3\n")
+    for tz in ("UTC", "America/New_York", "Asia/Kolkata"):
+        out = subprocess.run(["diff", "-Naur", "a", "b"], cwd=tmp_path, capture_output=True, text=True,
+                             env={"TZ": tz, "PATH": "/usr/bin:/bin"}).stdout
+        fds = {f.path: f for f in parse_diff(out, "n.diff")}
+        assert {p: f.op for p, f in fds.items()} == {
+            "sglang/new.py": "create", "sglang/old.py": "delete", "sglang/kept.py": "modify"}, (tz, out)
+        assert fds["sglang/new.py"].content == b"x = 1\ny = 2\n"
+        assert apply_file(fds["sglang/old.py"], b"q = 1\n").state == "deletes"
+
+
+def test_a_whole_file_hunk_with_real_dates_is_not_a_create():
+    # diff -u of an existing empty file: no context, so refused as today (it is not a creation)
+    d = ("--- a/sglang/x.py\t2024-01-01 00:00:00.000000000 +0000\n"
+         "+++ b/sglang/x.py\t2024-01-02 00:00:00.000000000 +0000\n@@ -0,0 +1 @@\n+a\n")
+    refuse(d, "no context")
+
+
+def test_refuse_damaged_create_and_delete():
+    refuse("--- /dev/null\n+++ b/sglang/new.py\n@@ -1,2 +1,3 @@\n a\n+x\n b\n",
+           "the diff creates sglang/new.py, but hunk 1 (@@ -1,2 +1,3 @@) is not one hunk of added lines", line=3)
+    refuse("--- a/sglang/old.py\n+++ /dev/null\n@@ -1,2 +1,1 @@\n a\n-b\n",
+           "the diff deletes sglang/old.py, but hunk 1 (@@ -1,2 +1,1 @@) is not one hunk of removed lines", line=3)
+    refuse("--- /dev/null\n+++ b/sglang/new.py\n@@ -0,0 +1,1 @@\n+a\n@@ -0,0 +2,1 @@\n+b\n", "in 2 hunks")
+    refuse("--- /dev/null\n+++ /dev/null\n@@ -0,0 +1,1 @@\n+a\n", "both file headers are /dev/null")
     refuse(
-        "diff --git a/sglang/new.py b/sglang/new.py\nnew file mode 100644\nindex 0000000..1111111\n"
+        "diff --git a/sglang/new.py b/sglang/new.py\nnew file mode 100755\nindex 0000000..1111111\n"
         "--- /dev/null\n+++ b/sglang/new.py\n@@ -0,0 +1,1 @@\n+a\n",
-        "creates", line=1,
-    )
-    refuse("--- a/sglang/old.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-a\n-b\n", "deletes")
-    refuse(
-        "diff --git a/sglang/old.py b/sglang/old.py\ndeleted file mode 100644\nindex 1111111..0000000\n"
-        "--- a/sglang/old.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n",
-        "deletes",
-    )
+        "creates 'b/sglang/new.py' with mode 100755", "mode and owner of the files beside it", line=1)
+
+
+@pytest.mark.parametrize("path, needle", [
+    ("b/sglang/../../etc/cron.d/x", "'..'"),
+    ("/etc/cron.d/x", "absolute"),
+    ("b/torch/x.py", "outside the sglang/ package"),
+    ("b/sglang/srt/__pycache__/x.cpython-310.pyc", "__pycache__"),
+    ('"b/sglang/x\\npy"', "control character"),
+])
+def test_created_and_deleted_paths_keep_the_path_rules(path, needle):
+    refuse(f"--- /dev/null\n+++ {path}\n@@ -0,0 +1 @@\n+a\n", needle, line=2)
+    refuse(f"--- {path.replace('b/', 'a/', 1)}\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n", needle, line=2)
+
+
+def test_refuse_crlf_diff_before_anything_else():
+    d = ("--- a/sglang/x.py\n+++ b/sglang/x.py\n" + GOOD_HUNK).replace("\n", "\r\n")
+    err = refuse(d, "Windows (CRLF, \\r\\n) line endings", "dos2unix", "end in LF", line=3)
+    assert err.path is None
+    git = ("diff --git a/sglang/x.py b/sglang/x.py\nindex 1..2 100644\n--- a/sglang/x.py\n+++ b/sglang/x.py\n"
+           + GOOD_HUNK).replace("\n", "\r\n")
+    refuse(git, "CRLF", line=1)
+    # converted in part (one header line): still refused, and says how much is LF
+    part = "--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ -1,2 +1,3 @@\r\n a\n+x\n b\n"
+    refuse(part, "CRLF", "(5 of its 6 lines end in LF)", line=3)
+    # a CR in a header path alone (no hunk header): named as a CR
+    refuse("--- a/sglang/x.py\r\n+++ b/sglang/x.py\r\n", "carriage return")
 
 
 def test_refuse_rename_and_copy():
@@ -569,3 +716,46 @@ def test_real_git_diff_output(tmp_path, v1_bytes):
     r = apply_file(fds["sglang/crlf.py"], crlf)
     assert r.state == "applies" and r.new == new2
     assert apply_file(fds["sglang/crlf.py"], new2).state == "already-applied"
+
+
+def test_real_git_diff_creating_and_deleting_files(tmp_path, v1_bytes):
+    """`git diff --staged` of a new file, a deleted file and a changed one, applied back to the tree."""
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if not git:
+        pytest.skip("git not installed")
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_SYSTEM": "/dev/null", "HOME": str(tmp_path),
+           "PATH": "/usr/bin:/bin", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def run(*args):
+        return subprocess.run([git, *args], cwd=tmp_path, env=env, check=True, capture_output=True).stdout
+
+    run("init", "-q")
+    pkg = tmp_path / "python" / "sglang" / "srt" / "speculative"
+    pkg.mkdir(parents=True)
+    (tmp_path / "python" / V1).write_bytes(v1_bytes)
+    old = b"# helper that the patch removes\ndef f():\n    return 1\n"
+    (pkg / "old_helper.py").write_bytes(old)
+    run("add", "-A")
+    run("commit", "-q", "-m", "base")
+    new1 = joined(modify_v1(lines_of(v1_bytes)))
+    (tmp_path / "python" / V1).write_bytes(new1)
+    created = b"def beacon():\n    return 'fleetpatch'"  # no final newline
+    (pkg / "beacon.py").write_bytes(created)
+    (pkg / "old_helper.py").unlink()
+    run("add", "-A")
+    diff = run("diff", "--staged").decode()
+    fds = {f.path: f for f in parse_diff(diff, "git.diff")}
+    new_path = "sglang/srt/speculative/beacon.py"
+    old_path = "sglang/srt/speculative/old_helper.py"
+    assert {p: f.op for p, f in fds.items()} == {V1: "modify", new_path: "create", old_path: "delete"}
+    assert apply_file(fds[new_path], None).new == created
+    assert apply_file(fds[old_path], old).state == "deletes"
+    assert apply_file(fds[V1], v1_bytes).new == new1
+    # the patched tree: every entry is already applied
+    assert apply_file(fds[new_path], created).state == "already-applied"
+    assert apply_file(fds[old_path], None).state == "already-applied"
+    assert apply_file(fds[V1], new1).state == "already-applied"

@@ -420,6 +420,31 @@ def test_yaml_errors():
     assert "line" in msg
 
 
+@pytest.mark.parametrize("text, where, reason", [
+    # PyYAML's own constructors raised a bare ValueError for these (found by tests/test_input_fuzz.py)
+    ("hosts:\n  a: {address: h, port: 2001-02-30}\n", "line 2, column 25", "'2001-02-30' is not a valid timestamp"),
+    ("hosts:\n  a: {address: !!float abc}\n", "line 2, column 16", "'abc' is not a valid float"),
+    ("hosts: !!int x\n", "line 1, column 8", "'x' is not a valid int"),
+    ("hosts: {a: {address: h, port: !!int }}\n", "line 1, column 31", "'' is not a valid int (string index"),
+    ("? 2001-99-99\n: 1\n", "line 1, column 3", "is not a valid timestamp (month must be in 1..12)"),
+])
+def test_values_yaml_cannot_build_are_yaml_errors(text, where, reason):
+    msg = err(text)
+    assert msg.startswith(f"hosts.yaml: not valid YAML at {where}: "), msg
+    assert reason in msg and "quote it" in msg, msg
+
+
+def test_deeply_nested_yaml_is_refused():
+    assert err("hosts: " + "[" * 20000 + "]" * 20000 + "\n") == "hosts.yaml: not valid YAML: nested too deeply"
+
+
+def test_odd_keys_are_named_quoted():
+    assert err('"": 1\nhosts: {a: {address: h}}\n').startswith("hosts.yaml: '': unknown key")
+    msg = minimal_err("  a: {address: h, ' port': 22}\n")
+    assert msg.startswith("hosts.yaml: hosts.a.' port': unknown key"), msg
+    assert minimal_err('  "": {address: h}\n').startswith("hosts.yaml: hosts.'': not a usable host name")
+
+
 def test_file_errors(tmp_path):
     with pytest.raises(InventoryError) as ei:
         load_inventory(tmp_path / "nope.yaml")

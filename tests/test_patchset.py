@@ -163,7 +163,9 @@ def test_ref_with_revision(tmp_path):
 
 
 def test_diff_text_keeps_bytes(tmp_path):
-    crlf = BOTH.replace("\n", "\r\n").encode()
+    # a diff of CRLF files: content lines end in CRLF, the diff's own header lines in LF
+    crlf = "".join(ln if ln[:3] in ("---", "+++", "@@ ") else ln.replace("\n", "\r\n")
+                   for ln in BOTH.splitlines(True)).encode()
     make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": crlf})
     r = load(tmp_path)[0].revisions[0]
     assert r.diff_text.encode() == crlf
@@ -292,12 +294,24 @@ P = "dynamic-spec-disable/patch.yaml"
      "markers.EAGLEWorker.regexp", "unknown key"),
     ("  EAGLEWorker: \"Dynamic speculation disable enabled\"", "  EAGLEWorker: {}",
      "markers.EAGLEWorker.regex", "required"),
+    # crashes found by tests/test_input_fuzz.py: OverflowError, ValueError (embedded null byte), ValueError (date)
+    ("  EAGLEWorker: \"Dynamic speculation disable enabled\"", "  EAGLEWorker: {regex: \"a{4294967296}\"}",
+     "markers.EAGLEWorker.regex", "invalid regular expression 'a{4294967296}': the repetition number is too large"),
+    ("    diff: sglang-0.5.9.r1.diff", "    diff: \"r1\\0.diff\"", "revisions[0].diff",
+     "'r1\\x00.diff' contains a control character"),
+    ("expect: []", "expect: []\n'': 1", "''", "unknown key"),
 ])
 def test_manifest_errors_name_file_and_key(tmp_path, replace, by, key, reason):
     make_patch(tmp_path, manifest=manifest_with(replace, by))
     msg = str(error(tmp_path))
     assert f"{P}: {key}: " in msg, msg
     assert reason in msg, msg
+
+
+def test_yaml_values_that_cannot_be_built(tmp_path):
+    make_patch(tmp_path, manifest=manifest_with("expect: []", "expect: [2001-02-30]"))
+    msg = str(error(tmp_path))
+    assert "patch.yaml: not valid YAML at line" in msg and "'2001-02-30' is not a valid timestamp" in msg, msg
 
 
 def test_manifest_structure_errors(tmp_path):
@@ -337,7 +351,8 @@ def test_diff_errors_name_the_diff_file_and_line(tmp_path):
         ("Binary files a/sglang/x.so and b/sglang/x.so differ\n", "binary"),
         ("not a diff\n", "no file changes found"),
         ("", "empty"),
-        (f"--- /dev/null\n+++ b/{V1}\n@@ -0,0 +1 @@\n+x\n", "creates"),
+        (f"--- /dev/null\n+++ b/sglang/srt/__pycache__/x.pyc\n@@ -0,0 +1 @@\n+x\n", "__pycache__"),
+        (BOTH.replace("\n", "\r\n"), "Windows (CRLF"),
     ]:
         make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": body})
         e = error(tmp_path)
@@ -345,6 +360,50 @@ def test_diff_errors_name_the_diff_file_and_line(tmp_path):
         assert needle in str(e), str(e)
     make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": hunk_diff("/abs/sglang/x.py", prefix="")})
     assert "sglang-0.5.9.r1.diff: line 2:" in str(error(tmp_path))
+
+
+# ------------------------------------------------------------------ CRLF, created and deleted files
+
+
+def test_crlf_diff_is_refused_at_load_naming_file_line_and_endings(tmp_path):
+    make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": BOTH.replace("\n", "\r\n")})
+    e = error(tmp_path)
+    assert str(e).startswith(str(tmp_path / "dynamic-spec-disable" / "sglang-0.5.9.r1.diff") + ": line 3: ")
+    assert "Windows (CRLF, \\r\\n) line endings" in str(e) and "LF" in str(e)
+    assert e.file == str(tmp_path / "dynamic-spec-disable" / "sglang-0.5.9.r1.diff")
+    # a diff of CRLF files (LF headers, CRLF content) is not the same thing and loads
+    crlf_content = hunk_diff(V1).replace(" ctx1\n", " ctx1\r\n") + hunk_diff(V2)
+    make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": crlf_content})
+    assert load(tmp_path)[0].revisions[0].files[0].hunks[0].source_lines[0] == "ctx1\r\n"
+
+
+NEW_FILE = "sglang/srt/speculative/dynamic_disable.py"
+OLD_FILE = "sglang/srt/speculative/old_helper.py"
+CREATE = f"--- /dev/null\n+++ b/{NEW_FILE}\n@@ -0,0 +1,2 @@\n+def enabled():\n+    return True\n"
+DELETE = f"--- a/{OLD_FILE}\n+++ /dev/null\n@@ -1 +0,0 @@\n-x = 1\n"
+
+
+def test_revision_with_created_and_deleted_files_loads(tmp_path):
+    make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": BOTH + CREATE + DELETE})
+    rev = load(tmp_path)[0].revisions[0]
+    assert [(f.path, f.op) for f in rev.files] == [(V1, "modify"), (V2, "modify"), (NEW_FILE, "create"),
+                                                   (OLD_FILE, "delete")]
+    assert rev.files[2].content == b"def enabled():\n    return True\n"
+
+
+def test_sibling_and_marker_rules_for_created_and_deleted_files(tmp_path):
+    no_v2_marker = manifest_with('  EAGLEWorkerV2: {regex: "Dynamic speculation disable enabled .*V2"}\n', "")
+    # deleting a path-bearing file needs no marker for it (its code runs nowhere) ...
+    delete_v2 = f"--- a/{V2}\n+++ /dev/null\n@@ -1 +0,0 @@\n-x = 1\n"
+    make_patch(tmp_path, manifest=no_v2_marker, diffs={"sglang-0.5.9.r1.diff": hunk_diff(V1) + delete_v2})
+    assert [f.op for f in load(tmp_path)[0].revisions[0].files] == ["modify", "delete"]
+    # ... but deleting one sibling alone is still one-sided
+    make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": delete_v2})
+    assert f"revision 1 changes {V2} but not its sibling {V1}" in str(error(tmp_path))
+    # creating a path-bearing file needs its marker, and says "creates"
+    create_v2 = f"--- /dev/null\n+++ b/{V2}\n@@ -0,0 +1 @@\n+x = 1\n"
+    make_patch(tmp_path, manifest=no_v2_marker, diffs={"sglang-0.5.9.r1.diff": hunk_diff(V1) + create_v2})
+    assert f"revision 1 creates {V2} (code path EAGLEWorkerV2) but" in str(error(tmp_path))
 
 
 # ------------------------------------------------------------------ the sibling and marker rules
@@ -508,3 +567,66 @@ def test_sibling_rule_uses_the_pairs_of_the_targeted_versions(tmp_path):
     # the same diff aimed at 0.5.9, where both files exist, is refused
     make_patch(tmp_path, diffs={"sglang-0.5.9.r1.diff": hunk_diff(V2)})
     assert "but not its sibling" in str(error(tmp_path, profile=REAL))
+
+
+# ------------------------------------------------------------------ defect 12 through the program
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "patches"
+
+
+def test_crlf_fixture_is_refused_by_load_patch_and_would_load_as_lf(tmp_path):
+    from fleetpatch.engines import sglang
+
+    raw = (FIXTURES / "crlf" / "sglang-0.5.9.r1.diff").read_bytes()
+    assert raw.count(b"\r\n") == raw.count(b"\n") > 10  # the fixture is CRLF throughout
+    with pytest.raises(PatchError) as ei:
+        load_patch("crlf", [FIXTURES], sglang.PROFILE)
+    assert "crlf/sglang-0.5.9.r1.diff: line 3: the diff has Windows (CRLF" in str(ei.value)
+    # the same diff with LF line endings is a valid patch: CRLF is the only thing wrong with it
+    lf = tmp_path / "crlf"
+    lf.mkdir()
+    (lf / "patch.yaml").write_bytes((FIXTURES / "crlf" / "patch.yaml").read_bytes())
+    (lf / "sglang-0.5.9.r1.diff").write_bytes(raw.replace(b"\r\n", b"\n"))
+    patch, _ = load_patch("crlf", [tmp_path], sglang.PROFILE)
+    assert patch.revisions[0].paths == [V1, V2]
+
+
+def test_check_patch_refuses_a_crlf_diff_before_contacting_any_host(tmp_path):
+    """Defect 12: exit 2 naming the file and the line endings, and no host is ever contacted."""
+    import socket
+    import subprocess
+    import sys
+
+    # The inventory's host is a listening socket: any SSH attempt would show up as a connection.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    (tmp_path / "hosts.yaml").write_text(textwrap.dedent(f"""\
+        hosts:
+          gpu-a01:
+            address: 127.0.0.1
+            port: {port}
+            user: root
+            connect_timeout: 2
+            engine: {{python: /usr/bin/python3}}
+            server:
+              log: /tmp/sglang.log
+              restart: {{kind: systemd, unit: sglang.service}}
+        """))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fleetpatch", "check-patch", "--patch", "crlf",
+                               "--patches", str(FIXTURES), "--hosts", "gpu-a01", "--inventory", "hosts.yaml"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**__import__("os").environ, "COLUMNS": "300"})
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out
+        assert "fleetpatch: error: " in out and "crlf/sglang-0.5.9.r1.diff: line 3:" in out, out
+        assert "Windows (CRLF" in out and "dos2unix" in out, out
+        assert "conflict" not in out and "gpu-a01" not in out, out
+        assert "Traceback" not in out, out
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody knocked
+    finally:
+        listener.close()

@@ -96,7 +96,7 @@ class Jump:
     """A resolved SSH gateway (ProxyJump): from "user@host:port" or another inventory host."""
     address: str
     user: Optional[str] = None
-    port: int = 22
+    port: Optional[int] = 22           # None (a gateway host without a port): ~/.ssh/config's Port, else 22
     host: Optional[str] = None         # the inventory host name, when the gateway names one
 
 
@@ -128,10 +128,6 @@ class Inventory:
     path: Path
     hosts: Dict[str, Host]                 # in file order
     groups: Dict[str, List[str]]           # in file order; "all" is implicit
-
-    @classmethod
-    def load(cls, path: Union[str, Path]) -> "Inventory":
-        return load_inventory(path)
 
     def group(self, name: str) -> List[Host]:
         if name == "all":
@@ -212,10 +208,32 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def _construct_object(loader: _StrictLoader, node: yaml.Node, deep: bool = False):
+    # PyYAML's scalar constructors raise bare ValueError, IndexError, ... for values
+    # the resolver let through ("2001-02-30", "!!float abc", "!!int x", an empty
+    # "!!int"): whatever they raise is about the input, so report it as a YAML
+    # error at the node's line.
+    try:
+        return yaml.SafeLoader.construct_object(loader, node, deep=deep)
+    except (yaml.YAMLError, RecursionError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - see above
+        tag = node.tag.rsplit(":", 1)[-1]
+        value = node.value if isinstance(node, yaml.ScalarNode) else f"a {node.id}"
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{value!r} is not a valid {tag} ({exc}); quote it to make it a string",
+            node.start_mark) from None
+
+
+_StrictLoader.construct_object = _construct_object  # type: ignore[assignment]
+
+
 def load_yaml(text: str, origin: str, error: Callable[[str, Optional[str], str], Exception]):
     """yaml safe-load `text` (duplicate keys refused); a YAML error becomes error(origin, None, reason)."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise error(origin, None, "not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -242,6 +260,16 @@ def _got(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "a list"
     return repr(value)
+
+
+_ODD_KEY = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _keyname(key: Any) -> str:
+    """A key as messages show it: as written, quoted when empty, padded or holding control characters."""
+    if isinstance(key, str):
+        return key if key and key == key.strip() and not _ODD_KEY.search(key) else repr(key)
+    return _got(key)
 
 
 class _V:
@@ -300,7 +328,7 @@ def _env(v: _V, key: str, value: Any) -> Dict[str, str]:
     value = v.mapping(key, value)
     out = {}
     for name, val in value.items():
-        k = f"{key}.{name}"
+        k = f"{key}.{_keyname(name)}"
         if not _ENV_NAME.match(name):
             raise v.fail(k, "not a valid environment variable name (letters, digits and _, not starting with a digit)")
         if isinstance(val, bool):
@@ -376,7 +404,7 @@ def _check_section(v: _V, prefix: str, node: Any, schema: dict) -> dict:
     node = v.mapping(prefix, node)
     out = {}
     for k, value in node.items():
-        key = f"{prefix}.{k}" if prefix else k
+        key = f"{prefix}.{_keyname(k)}" if prefix else _keyname(k)
         if k not in schema:
             hint = _did_you_mean(k, schema)
             raise v.fail(key, f"unknown key{hint}; known keys here: {', '.join(schema)}")
@@ -514,7 +542,7 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
     for k in doc:
         if k not in ("defaults", "groups", "hosts"):
             hint = _did_you_mean(str(k), ("defaults", "groups", "hosts"))
-            raise v.fail(str(k), f"unknown key{hint}; the top level has defaults, groups and hosts")
+            raise v.fail(_keyname(k), f"unknown key{hint}; the top level has defaults, groups and hosts")
 
     defaults = _check_section(v, "defaults", doc.get("defaults") or {}, _HOST_SCHEMA)
 
@@ -528,7 +556,7 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
     hosts: Dict[str, Host] = {}
     written: Dict[str, str] = {}
     for name, section in hosts_node.items():
-        key = f"hosts.{name}"
+        key = f"hosts.{_keyname(name)}"
         if not _HOST_NAME.match(name) or name == "all":
             raise v.fail(key, "not a usable host name (letters, digits, '.', '-', '_'; not 'all')")
         raw = _check_section(v, key, section if section is not None else {}, _HOST_SCHEMA)
@@ -551,7 +579,7 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
     if groups_node is not None:
         groups_node = v.mapping("groups", groups_node)
         for gname, members in groups_node.items():
-            key = f"groups.{gname}"
+            key = f"groups.{_keyname(gname)}"
             if gname == "all":
                 raise v.fail(key, "'all' is every host and cannot be defined; choose another group name")
             if not _HOST_NAME.match(gname):

@@ -9,10 +9,14 @@ rules that keep a patch from silently never running:
 - the sibling rule: a revision that changes one file of a sibling pair of the
   engine profile (for SGLang ``eagle_worker.py`` / ``eagle_worker_v2.py``) and
   not the other is refused;
-- the marker rule: a revision that changes a file bearing a code path must
-  have a marker for (at least one of) that file's paths;
+- the marker rule: a revision that changes or creates a file bearing a code
+  path must have a marker for (at least one of) that file's paths (a deleted
+  file's code runs nowhere, so it needs none);
 
-both unless the manifest says ``allow_single_path: "<reason>"``. Every
+both unless the manifest says ``allow_single_path: "<reason>"``. A file that a
+revision creates or deletes (`FileDiff.op`, see `diffapply`) counts as changed
+for the sibling rule, and keeps diffapply's path rules (inside the package, no
+``..``, no ``__pycache__``). Every
 problem is a `PatchError` (exit 2) naming the file, the key or line, and the fix.
 
 `Patch.choose` picks the revision for one host's engine version; a host with
@@ -32,9 +36,9 @@ from packaging.version import InvalidVersion, Version
 
 import fleetpatch
 
-from .diffapply import DiffError, FileDiff, parse_diff
+from .diffapply import CREATE, DELETE, DiffError, FileDiff, parse_diff
 from .errors import FleetpatchError, UsageError
-from .inventory import load_yaml, _got
+from .inventory import load_yaml, _got, _keyname
 
 __all__ = [
     "PatchError",
@@ -156,9 +160,9 @@ class Patch:
                                      f"{', '.join(str(x.rev) for x in self.revisions)}")
             if not r.admits(engine_version):
                 fitting = [x.rev for x in self.revisions if x.admits(engine_version)]
-                hint = (f"; r{fitting[-1]} does: use {self.name}@{fitting[-1]}, or {self.name} to choose by version"
+                hint = (f"; r{fitting[-1]} does: use {self.label(fitting[-1])}, or {self.name} to choose by version"
                         if fitting else "")
-                raise NoRevisionFits(f"{self.name}@{rev} does not support {self.engine} {engine_version}: "
+                raise NoRevisionFits(f"{self.label(rev)} does not support {self.engine} {engine_version}: "
                                      f"r{rev} supports {r.spec_text or r.engine_versions}{hint}")
             return r
         for r in sorted(self.revisions, key=lambda x: x.rev, reverse=True):
@@ -168,7 +172,7 @@ class Patch:
                              f"revisions support: {self.support()}")
 
     def label(self, rev: Union[int, Revision, None]) -> str:
-        """'name@rev'."""
+        """'name@rev' ('name' when the revision is unknown): how every message names a patch's revision."""
         if isinstance(rev, Revision):
             rev = rev.rev
         return f"{self.name}@{rev}" if rev is not None else self.name
@@ -267,7 +271,7 @@ def _str_list(file: str, key: str, value: Any) -> List[str]:
 def _marker(file: str, name: Any, value: Any) -> Marker:
     if not isinstance(name, str) or not name.strip():
         raise _perr(file, f"markers.{_got(name)}", "a marker's key must be a code path name, e.g. EAGLEWorker")
-    key = f"markers.{name}"
+    key = f"markers.{_keyname(name)}"
     if isinstance(value, str):
         if not value.strip():
             raise _perr(file, key, "must not be empty: an empty marker would match every line")
@@ -275,14 +279,14 @@ def _marker(file: str, name: Any, value: Any) -> Marker:
     if isinstance(value, dict):
         extra = [k for k in value if k != "regex"]
         if extra:
-            raise _perr(file, f"{key}.{extra[0]}",
+            raise _perr(file, f"{key}.{_keyname(extra[0])}",
                         'unknown key; a marker is a literal string or {regex: "..."}')
         if "regex" not in value:
             raise _perr(file, f"{key}.regex", 'required: a marker is a literal string or {regex: "..."}')
         rx = _str(file, f"{key}.regex", value["regex"])
         try:
             compiled = re.compile(rx)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:  # "a{4294967296}" overflows
             raise _perr(file, f"{key}.regex", f"invalid regular expression {rx!r}: {exc}") from None
         if compiled.search("") is not None:
             raise _perr(file, f"{key}.regex", f"{rx!r} matches an empty line, so it would match every line; "
@@ -293,6 +297,9 @@ def _marker(file: str, name: Any, value: Any) -> Marker:
 
 def _read_diff(folder: Path, file: str, key: str, name: Any, package: str) -> Tuple[Path, str, str, List[FileDiff]]:
     diff_name = _str(file, key, name)
+    if re.search(r"[\x00-\x1f\x7f]", diff_name):
+        raise _perr(file, key, f"{diff_name!r} contains a control character; give the name of a .diff file in "
+                               f"{_display(folder)}/")
     if "/" in diff_name or "\\" in diff_name or diff_name in (".", "..") or diff_name == MANIFEST:
         raise _perr(file, key, f"{diff_name!r} must be the name of a .diff file in {_display(folder)}/ "
                                "(no directories)")
@@ -335,12 +342,17 @@ def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDif
                 f"{diff_shown}: revision {rev} changes {have} but not its sibling {miss}: a server on the "
                 f"other code path would run the unpatched file and the patch would never execute. "
                 f"Patch both files, {fix}", file=diff_shown)
-    for path in changed:
+    # Deleted code logs nothing: the marker rule is for the files whose code will run.
+    for fd in files:
+        if fd.op == DELETE:
+            continue
+        path = fd.path
         paths = list(profile.paths_of_file(path) or [])
         if paths and not any(p in markers for p in paths):
             want = " or ".join(paths)
+            verb = "creates" if fd.op == CREATE else "changes"
             raise PatchError(
-                f"{diff_shown}: revision {rev} changes {path} (code path {want}) but {patch_file} has no marker "
+                f"{diff_shown}: revision {rev} {verb} {path} (code path {want}) but {patch_file} has no marker "
                 f"for {want}: nothing would prove the patched code ran. Add markers: {{{paths[0]}: "
                 f'"<a line only the patched code logs>"}}, {fix}', file=diff_shown)
 
@@ -385,7 +397,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
         raise _perr(file, None, f"expected a mapping at the top, got {_got(doc)}")
     for k in doc:
         if k not in _TOP_KEYS:
-            raise _perr(file, str(k), f"unknown key; known keys: {', '.join(_TOP_KEYS)}")
+            raise _perr(file, _keyname(k), f"unknown key; known keys: {', '.join(_TOP_KEYS)}")
     for k in ("name", "engine", "revisions"):
         if doc.get(k) is None:
             raise _perr(file, k, "required but missing")
@@ -428,7 +440,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
             raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
         for k in node:
             if k not in _REV_KEYS:
-                raise _perr(file, f"{key}.{k}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
+                raise _perr(file, f"{key}.{_keyname(k)}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
         for k in _REV_KEYS:
             if node.get(k) is None:
                 raise _perr(file, f"{key}.{k}", "required but missing")
