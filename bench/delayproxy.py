@@ -11,6 +11,11 @@ delay to pass first: like a long link, not a slow one, so throughput is not capp
 and only latency is added.  A chunk is what one recv() returns, which on loopback
 with TCP_NODELAY is close to one segment as the sender wrote it.
 
+A new connection also costs what TCP's handshake costs on a real link: the proxy
+accepts at once (the kernel does), but connects to the target only one round trip
+(2 x delay) later and reads nothing from the client before that, so the first bytes
+either way flow one round trip late (--no-handshake-rtt turns this off).
+
 It prints one JSON line {"ports": {"TARGET": LISTEN, …}, "delay_ms": …} on stdout
 once every listener is up, then runs until the first of: --max-seconds elapsed, its
 stdin reaches EOF (the parent that started it closed the pipe or died), SIGTERM /
@@ -78,12 +83,13 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 
 class Proxy:
-    def __init__(self, targets, delay: float):
+    def __init__(self, targets, delay: float, handshake_rtt: bool = True):
         for t in targets:
             if not 0 < t < 65536:
                 raise SystemExit(f"delayproxy: target port {t} out of range")
         self.targets = list(targets)
         self.delay = delay
+        self.handshake_rtt = handshake_rtt
         self.ports: dict = {}
         self.servers = []
         self.conns: set = set()
@@ -105,6 +111,8 @@ class Proxy:
             self.conns.discard(task)
             return
         try:
+            if self.handshake_rtt:
+                await asyncio.sleep(2 * self.delay)   # SYN, SYN-ACK: one round trip before data
             sreader, swriter = await asyncio.open_connection(LOOPBACK, target)
         except OSError:
             cwriter.close()
@@ -145,9 +153,10 @@ async def _stdin_eof() -> None:
 
 
 async def amain(a) -> int:
-    proxy = Proxy(a.target, a.delay_ms / 1000.0)
+    proxy = Proxy(a.target, a.delay_ms / 1000.0, handshake_rtt=not a.no_handshake_rtt)
     await proxy.start()
     print(json.dumps({"ports": {str(k): v for k, v in proxy.ports.items()}, "delay_ms": a.delay_ms,
+                      "handshake_rtt": not a.no_handshake_rtt,
                       "max_seconds": a.max_seconds}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -169,6 +178,8 @@ def main(argv=None) -> int:
                     help="a TCP port on 127.0.0.1 to forward to (repeatable)")
     ap.add_argument("--delay-ms", type=float, default=25.0, help="added delay each way (default 25)")
     ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop after this long (default 3600)")
+    ap.add_argument("--no-handshake-rtt", action="store_true",
+                    help="connect to the target at once (no round trip for the TCP handshake)")
     ap.add_argument("--ignore-stdin", action="store_true", help="do not stop when stdin reaches EOF")
     a = ap.parse_args(argv)
     if a.delay_ms < 0 or a.max_seconds <= 0:
