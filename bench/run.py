@@ -165,11 +165,15 @@ def machine() -> dict:
                                 text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/fleetpatch"], cwd=REPO,
                                capture_output=True, text=True).stdout.split("\n")
+        # the last commit that changed fleetpatch itself (HEAD may be a bench-only commit)
+        src_commit = subprocess.run(["git", "log", "-1", "--format=%h %s", "--", "src/fleetpatch"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip()
     except OSError:
-        commit, dirty = "", []
+        commit, dirty, src_commit = "", [], ""
     agent = Path(fleetpatch.__file__).parent / "hostagent.py"
     return {"cpus": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(),
             "python": platform.python_version(), "fleetpatch_commit": commit,
+            "fleetpatch_src_commit": src_commit, "fleetpatch_path": str(Path(fleetpatch.__file__).parent),
             "fleetpatch_uncommitted": [l[3:] for l in dirty if l.strip()],
             "hostagent_sha256": sha256(agent.read_bytes())[:12], "hostagent_bytes": agent.stat().st_size}
 
@@ -778,6 +782,26 @@ def tables(res: dict) -> str:
                              f"{x['controller_cpu_median_s']:.2f} s | {x['machine_busy_median_pct']:.0f} % | "
                              f"{x['foreign_cpu_median_s']:.2f} s ({x['foreign_cpu_max_s']:.2f}) | {oks} (of {n}) |")
         lines.append("")
+    if "loopback" in nets and "delay" in nets:
+        rtt = (res.get("delay") or {}).get("rtt_ms")
+        lines.append("What the slow network adds (delay median - loopback median; in round trips of the measured "
+                     f"{fmt(rtt, 1)} ms), and each tool's delay median over the baseline's plus two round trips:")
+        lines.append("")
+        lines.append("| hosts | tool | loopback | delay | added | added round trips | delay - (baseline + 2 RTT) |")
+        lines.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        for n in sizes:
+            b = s.get(f"delay/baseline@{n}")
+            for tool in TOOLS:
+                lo, de = s.get(f"loopback/{tool}@{n}"), s.get(f"delay/{tool}@{n}")
+                if not lo or not de:
+                    continue
+                add = de["wall_median_s"] - lo["wall_median_s"]
+                rts = f"{add / (rtt / 1000):.1f}" if rtt else "-"
+                over = (f"{de['wall_median_s'] - (b['wall_median_s'] + 2 * rtt / 1000):+.2f} s"
+                        if b and rtt else "-")
+                lines.append(f"| {n} | {tool} | {lo['wall_median_s']:.2f} s | {de['wall_median_s']:.2f} s | "
+                             f"{add:+.2f} s | {rts} | {over} |")
+        lines.append("")
     lines.append("fleetpatch, per host (from its report and the sshd-side command timestamps; medians):")
     lines.append("")
     lines.append("| net | hosts | host duration_s (max) | round trips | launch → 1st command (probe) | probe → apply | "
@@ -849,7 +873,8 @@ connection, one listener per host on 127.0.0.1; measured round trip through it {
 TCP's handshake on a real link (connect + first echo: {fmt(d.get('first_exchange_ms'), 1)} ms). Every tool connects to the proxy ports with the same strict host key
 checking, against a known_hosts file that holds each host's key under its proxy port.
 
-Versions: Python {m['python']}, fleetpatch {m['fleetpatch_commit']}{dirty}, pyinfra {t.get('pyinfra', '-')},
+Versions: Python {m['python']}, fleetpatch at {m['fleetpatch_commit']} (`{m.get('fleetpatch_path', '')}`; last
+change to src/fleetpatch: {m.get('fleetpatch_src_commit', '-')[:90]}){dirty}, {t.get('pyinfra', 'pyinfra -')},
 {t.get('ansible')}, {t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
 
 {tables(res)}
@@ -880,9 +905,21 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default=None, help="fleet + scratch directory (default: a new temp dir)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get/pip install missing tools")
     ap.add_argument("--no-instrumented", action="store_true")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="only write RESULTS.md (into --out) again from an existing results.json")
     ap.add_argument("--quiet-wait", type=float, default=60.0,
                     help="before each run wait up to S seconds for the machine to be <20%% busy (0: don't)")
     a = ap.parse_args(argv)
+    if a.render:
+        try:
+            res = json.loads(Path(a.render).read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"bench: cannot read {a.render}: {e}")
+        res["summary"] = summarize(res["runs"], res["sizes"], res.get("nets", ["loopback"]))
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "RESULTS.md").write_text(results_md(res))
+        print(tables(res))
+        return 0
     try:
         sizes = [int(x) for x in a.sizes.split(",") if x]
     except ValueError:
