@@ -1,19 +1,28 @@
 #!/usr/bin/env python3
 """fleetpatch benchmark: a full rollout on the local sshd test fleet, against
-plain OpenSSH (one `ssh` per host) and an Ansible playbook.
+plain OpenSSH (one `ssh` per host), pyinfra 3.x and an Ansible playbook, on
+loopback and through a TCP delay proxy (bench/delayproxy.py, 50 ms RTT).
 
-    python bench/run.py [--sizes 1,8,32] [--repeats 3] [--out bench]
+    python bench/run.py [--sizes 1,8,32] [--repeats 3] [--tools …] [--nets loopback,delay]
+                        [--delay-ms 25] [--quiet-wait 60] [--out bench]
     invoke bench                       # the same, from the repo root
 
 One fleet of 32 real sshd hosts (``fleetpatch.demo.fleet``; h00, h02, … run
 spec v1 / EAGLEWorker, h01, h03, … spec v2 / EAGLEWorkerV2; stand-in startup
-delay 0).  A run of size N uses h00..h(N-1).  For every size, repeat and tool
-(order rotated per repeat), the fleet is reset to pristine, the sshd-side
-command logs are cleared, the tool rolls the shipped ``spec-path-beacon`` patch
-out (fetch/apply with backup/restart/verify), and the bench then checks the
-result itself: on every host the patched files have the expected sha256, the
-server runs under a new pid and answers /health, and the log written since the
-run started holds the marker of the path that host runs (and not the other).
+delay 0).  A run of size N uses h00..h(N-1).  For every size, repeat, net and
+tool (tool order rotated per repeat), the fleet is reset to pristine, the
+sshd-side command logs are cleared, the tool rolls the shipped
+``spec-path-beacon`` patch out (fetch/apply with backup/restart/verify), and
+the bench then checks the result itself: on every host the patched files have
+the expected sha256, the server runs under a new pid and answers /health, and
+the log written since the run started holds the marker of the path that host
+runs (and not the other).
+
+The "delay" net: one proxy listener per host on 127.0.0.1, every chunk delayed
+--delay-ms each way, one extra round trip per new connection (the TCP
+handshake); each tool is pointed at the proxy ports with a known_hosts file
+holding each host's key under its proxy port, so host keys are still checked
+strictly.
 
 Measured per run: wall time (launch of the tool to its exit), remote commands
 per host (counted by the fleet's sshd ForceCommand wrapper, not by the tool),
@@ -21,7 +30,7 @@ hosts succeeded (the tool's own verdict and the bench's check), and from the
 sshd-side timestamps when each host's commands started.  For fleetpatch also
 the per-host ``duration_s`` / ``round_trips`` / ``verdict_after_s`` of its
 report, and (after the timed runs) one instrumented in-process rollout per
-size timing the SSH connect and each agent round trip, with bytes moved.
+size and net timing the SSH connect and each agent round trip, with bytes moved.
 
 Writes OUT/results.json and OUT/RESULTS.md and prints the tables.
 """
