@@ -263,12 +263,16 @@ class Net:
     proxy port ([127.0.0.1]:PORT), so a tool connecting to a proxy port checks the
     key of the host behind it."""
 
+    # OpenSSH client options for the baseline's ssh (--baseline-kex); empty = OpenSSH's defaults
+    baseline_opts: list = []
+
     def __init__(self, name: str, ports: dict, known_hosts: Path, rtt_ms: float | None = None):
         self.name, self.ports, self.known_hosts, self.rtt_ms = name, ports, known_hosts, rtt_ms
 
     def ssh_argv(self, fleet: Fleet, name: str, *command: str) -> list[str]:
-        """fleet.ssh_argv with this net's port and known_hosts."""
+        """fleet.ssh_argv with this net's port and known_hosts (and --baseline-kex)."""
         argv = fleet.ssh_argv(name, *command)
+        argv[1:1] = list(self.baseline_opts)
         i = argv.index("-p")
         argv[i + 1] = str(self.ports[name])
         j = next(k for k, a in enumerate(argv) if a.startswith("UserKnownHostsFile="))
@@ -885,6 +889,7 @@ checking, against a known_hosts file that holds each host's key under its proxy 
 Versions: Python {m['python']}, fleetpatch at {m['fleetpatch_commit']} (`{m.get('fleetpatch_path', '')}`; last
 change to src/fleetpatch: {m.get('fleetpatch_src_commit', '-')[:90]}){dirty}, {t.get('pyinfra', 'pyinfra -')},
 {t.get('ansible')}, {t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
+The baseline's ssh key exchange: {res.get('baseline_kex', 'OpenSSH default')}.
 
 {tables(res)}
 
@@ -910,6 +915,9 @@ def main(argv=None) -> int:
     ap.add_argument("--nets", default=",".join(NETS),
                     help="loopback (straight to each sshd) and/or delay (through bench/delayproxy.py)")
     ap.add_argument("--delay-ms", type=float, default=25.0, help="the proxy's delay each way (default 25: 50 ms RTT)")
+    ap.add_argument("--baseline-kex", default="",
+                    help="KexAlgorithms for the baseline's ssh, e.g. curve25519-sha256 (the key exchange "
+                         "paramiko uses); default: OpenSSH's own (9.x: sntrup761x25519-sha512 first)")
     ap.add_argument("--out", default=str(BENCH), help="where results.json and RESULTS.md go")
     ap.add_argument("--root", default=None, help="fleet + scratch directory (default: a new temp dir)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get/pip install missing tools")
@@ -943,6 +951,9 @@ def main(argv=None) -> int:
         sys.exit(f"bench: unknown net(s) {sorted(set(nets) - set(NETS))}; choose from {','.join(NETS)}")
     if a.delay_ms < 0:
         sys.exit("bench: --delay-ms must be >= 0")
+    if a.baseline_kex and not re.fullmatch(r"[A-Za-z0-9@.,+_-]+", a.baseline_kex):
+        sys.exit(f"bench: --baseline-kex takes an OpenSSH KexAlgorithms list, not {a.baseline_kex!r}")
+    Net.baseline_opts = ["-o", f"KexAlgorithms={a.baseline_kex}"] if a.baseline_kex else []
     if os.geteuid() != 0:
         sys.exit("bench: the test fleet needs root (mount namespaces)")
     t_bench = time.monotonic()
@@ -958,7 +969,7 @@ def main(argv=None) -> int:
     log(f"starting a fleet of {n_hosts} sshd hosts under {root}")
     runs: list[dict] = []
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "sizes": sizes, "repeats": a.repeats, "nets": nets,
-           "tools_run": tools, "quiet_wait": a.quiet_wait, "load": {"start": load_avg()},
+           "tools_run": tools, "quiet_wait": a.quiet_wait, "baseline_kex": a.baseline_kex or "OpenSSH default", "load": {"start": load_avg()},
            "machine": machine(), "tools": tool_notes, "patch": PATCH, "runs": runs}
     with Fleet(root / "fleet", specs) as fleet, contextlib.ExitStack() as stack:
         net_by_name = {"loopback": loopback_net(fleet)}
