@@ -12,14 +12,22 @@ REPO = Path(__file__).resolve().parent
 
 
 @task(help={"sizes": "fleet sizes, comma-separated (default 1,8,32; at most 32)",
-            "repeats": "runs per size and tool (default 3)",
-            "tools": "which of fleetpatch,baseline,ansible (default all three)",
+            "repeats": "runs per size, net and tool (default 3)",
+            "tools": "which of fleetpatch,baseline,pyinfra,ansible (default all four)",
+            "nets": "loopback and/or delay (through bench/delayproxy.py; default both, interleaved)",
+            "delay_ms": "the delay proxy's delay each way in ms (default 25: 50 ms round trip)",
+            "baseline_kex": "KexAlgorithms for the baseline's ssh, e.g. curve25519-sha256 (default: OpenSSH's)",
+            "quiet_wait": "before each run wait up to S s for the machine to be <20% busy (default 60)",
             "out": "where results.json and RESULTS.md go (default bench/)",
-            "instrumented": "also one instrumented fleetpatch rollout per size (default on)"})
-def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,ansible", out="", instrumented=True):
-    """Benchmark a full rollout on the local sshd test fleet: fleetpatch vs one `ssh` per host vs Ansible."""
+            "instrumented": "also one instrumented fleetpatch rollout per size and net (default on)"})
+def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,pyinfra,ansible", nets="loopback,delay",
+          delay_ms=25.0, quiet_wait=60.0, baseline_kex="", out="", instrumented=True):
+    """Benchmark a full rollout on the local sshd test fleet, on loopback and through a delay proxy:
+    fleetpatch vs one `ssh` per host vs pyinfra vs Ansible."""
     argv = [sys.executable, str(REPO / "bench" / "run.py"), "--sizes", sizes, "--repeats", str(repeats),
-            "--tools", tools]
+            "--tools", tools, "--nets", nets, "--delay-ms", str(delay_ms), "--quiet-wait", str(quiet_wait)]
+    if baseline_kex:
+        argv += ["--baseline-kex", baseline_kex]
     if out:
         argv += ["--out", out]
     if not instrumented:

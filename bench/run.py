@@ -1,19 +1,28 @@
 #!/usr/bin/env python3
 """fleetpatch benchmark: a full rollout on the local sshd test fleet, against
-plain OpenSSH (one `ssh` per host) and an Ansible playbook.
+plain OpenSSH (one `ssh` per host), pyinfra 3.x and an Ansible playbook, on
+loopback and through a TCP delay proxy (bench/delayproxy.py, 50 ms RTT).
 
-    python bench/run.py [--sizes 1,8,32] [--repeats 3] [--out bench]
+    python bench/run.py [--sizes 1,8,32] [--repeats 3] [--tools …] [--nets loopback,delay]
+                        [--delay-ms 25] [--quiet-wait 60] [--out bench]
     invoke bench                       # the same, from the repo root
 
 One fleet of 32 real sshd hosts (``fleetpatch.demo.fleet``; h00, h02, … run
 spec v1 / EAGLEWorker, h01, h03, … spec v2 / EAGLEWorkerV2; stand-in startup
-delay 0).  A run of size N uses h00..h(N-1).  For every size, repeat and tool
-(order rotated per repeat), the fleet is reset to pristine, the sshd-side
-command logs are cleared, the tool rolls the shipped ``spec-path-beacon`` patch
-out (fetch/apply with backup/restart/verify), and the bench then checks the
-result itself: on every host the patched files have the expected sha256, the
-server runs under a new pid and answers /health, and the log written since the
-run started holds the marker of the path that host runs (and not the other).
+delay 0).  A run of size N uses h00..h(N-1).  For every size, repeat, net and
+tool (tool order rotated per repeat), the fleet is reset to pristine, the
+sshd-side command logs are cleared, the tool rolls the shipped
+``spec-path-beacon`` patch out (fetch/apply with backup/restart/verify), and
+the bench then checks the result itself: on every host the patched files have
+the expected sha256, the server runs under a new pid and answers /health, and
+the log written since the run started holds the marker of the path that host
+runs (and not the other).
+
+The "delay" net: one proxy listener per host on 127.0.0.1, every chunk delayed
+--delay-ms each way, one extra round trip per new connection (the TCP
+handshake); each tool is pointed at the proxy ports with a known_hosts file
+holding each host's key under its proxy port, so host keys are still checked
+strictly.
 
 Measured per run: wall time (launch of the tool to its exit), remote commands
 per host (counted by the fleet's sshd ForceCommand wrapper, not by the tool),
@@ -21,13 +30,14 @@ hosts succeeded (the tool's own verdict and the bench's check), and from the
 sshd-side timestamps when each host's commands started.  For fleetpatch also
 the per-host ``duration_s`` / ``round_trips`` / ``verdict_after_s`` of its
 report, and (after the timed runs) one instrumented in-process rollout per
-size timing the SSH connect and each agent round trip, with bytes moved.
+size and net timing the SSH connect and each agent round trip, with bytes moved.
 
 Writes OUT/results.json and OUT/RESULTS.md and prints the tables.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -58,7 +68,10 @@ MARKERS = {
     "EAGLEWorker": "fleetpatch spec-path-beacon: EAGLEWorker (",
     "EAGLEWorkerV2": "fleetpatch spec-path-beacon: EAGLEWorkerV2 (",
 }
-TOOLS = ("fleetpatch", "baseline", "ansible")
+TOOLS = ("fleetpatch", "baseline", "pyinfra", "ansible")
+NETS = ("loopback", "delay")
+PYINFRA_VENV = Path.home() / ".cache" / "fleetpatch" / "bench-pyinfra"
+PYINFRA_REQ = "pyinfra>=3,<4"
 MAX_HOSTS = 32
 TOOL_TIMEOUT = 300
 
@@ -78,7 +91,7 @@ def med(xs):
 
 # ------------------------------------------------------------------ setup
 
-def ensure_tools(install: bool) -> dict:
+def ensure_tools(install: bool, need_pyinfra: bool = True) -> dict:
     """GNU patch and ansible-playbook; installed if missing (apt-get / pip)."""
     notes = {}
     out = subprocess.run(["patch", "--version"], capture_output=True, text=True) if shutil.which("patch") else None
@@ -101,7 +114,24 @@ def ensure_tools(install: bool) -> dict:
     ver = subprocess.run([ap, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     notes["ansible"] = ver
     notes["openssh"] = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+    if need_pyinfra:
+        if not pyinfra_bin().exists():
+            if not install:
+                sys.exit(f"bench: pyinfra is missing ({PYINFRA_VENV}/bin/python -m pip install '{PYINFRA_REQ}')")
+            # its own venv: pyinfra 3.x pins paramiko<5, and fleetpatch must be measured
+            # with the paramiko the user has, not one downgraded for a contender
+            log(f"pyinfra missing: python -m venv {PYINFRA_VENV}; pip install '{PYINFRA_REQ}'")
+            subprocess.run([sys.executable, "-m", "venv", str(PYINFRA_VENV)], check=True)
+            subprocess.run([str(PYINFRA_VENV / "bin" / "python"), "-m", "pip", "install", "-q",
+                            "--disable-pip-version-check", PYINFRA_REQ], check=True)
+            notes["installed"] = (notes.get("installed", "") + f" pyinfra (pip, venv {PYINFRA_VENV})").strip()
+        notes["pyinfra"] = subprocess.run([str(pyinfra_bin()), "--version"], capture_output=True,
+                                          text=True).stdout.strip()
     return notes
+
+
+def pyinfra_bin() -> Path:
+    return PYINFRA_VENV / "bin" / "pyinfra"
 
 
 def ansible_playbook() -> str | None:
@@ -144,11 +174,15 @@ def machine() -> dict:
                                 text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/fleetpatch"], cwd=REPO,
                                capture_output=True, text=True).stdout.split("\n")
+        # the last commit that changed fleetpatch itself (HEAD may be a bench-only commit)
+        src_commit = subprocess.run(["git", "log", "-1", "--format=%h %s", "--", "src/fleetpatch"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip()
     except OSError:
-        commit, dirty = "", []
+        commit, dirty, src_commit = "", [], ""
     agent = Path(fleetpatch.__file__).parent / "hostagent.py"
     return {"cpus": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(),
             "python": platform.python_version(), "fleetpatch_commit": commit,
+            "fleetpatch_src_commit": src_commit, "fleetpatch_path": str(Path(fleetpatch.__file__).parent),
             "fleetpatch_uncommitted": [l[3:] for l in dirty if l.strip()],
             "hostagent_sha256": sha256(agent.read_bytes())[:12], "hostagent_bytes": agent.stat().st_size}
 
@@ -220,6 +254,125 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+# ------------------------------------------------------------ the networks
+
+class Net:
+    """How the tools reach the hosts: straight to each sshd ("loopback"), or through
+    the delay proxy ("delay": one listener per host).  Host keys are checked strictly
+    either way: for the proxy a known_hosts file holds each host's key under its
+    proxy port ([127.0.0.1]:PORT), so a tool connecting to a proxy port checks the
+    key of the host behind it."""
+
+    # OpenSSH client options for the baseline's ssh (--baseline-kex); empty = OpenSSH's defaults
+    baseline_opts: list = []
+
+    def __init__(self, name: str, ports: dict, known_hosts: Path, rtt_ms: float | None = None):
+        self.name, self.ports, self.known_hosts, self.rtt_ms = name, ports, known_hosts, rtt_ms
+
+    def ssh_argv(self, fleet: Fleet, name: str, *command: str) -> list[str]:
+        """fleet.ssh_argv with this net's port and known_hosts (and --baseline-kex)."""
+        argv = fleet.ssh_argv(name, *command)
+        argv[1:1] = list(self.baseline_opts)
+        i = argv.index("-p")
+        argv[i + 1] = str(self.ports[name])
+        j = next(k for k, a in enumerate(argv) if a.startswith("UserKnownHostsFile="))
+        argv[j] = f'UserKnownHostsFile="{self.known_hosts}"'
+        return argv
+
+
+def loopback_net(fleet: Fleet) -> Net:
+    return Net("loopback", {n: h.ssh_port for n, h in fleet.hosts.items()}, fleet.known_hosts)
+
+
+class DelayProxy:
+    """bench/delayproxy.py as a child process: one listener per host. It stops by
+    itself after max_seconds, or when this process closes its stdin (or dies)."""
+
+    def __init__(self, fleet: Fleet, wd: Path, delay_ms: float, max_seconds: float):
+        self.fleet, self.wd, self.delay_ms, self.max_seconds = fleet, wd, delay_ms, max_seconds
+        self.proc = None
+
+    def __enter__(self) -> Net:
+        echo = _EchoServer()
+        targets = [h.ssh_port for h in self.fleet.hosts.values()] + [echo.port]
+        argv = [sys.executable, str(BENCH / "delayproxy.py"), "--delay-ms", str(self.delay_ms),
+                "--max-seconds", str(self.max_seconds)]
+        for t in targets:
+            argv += ["--target", str(t)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"bench: the delay proxy did not start (exit {self.proc.wait()})")
+        ports = {int(k): v for k, v in json.loads(line)["ports"].items()}
+        first, rtt = echo.rtt_ms(ports[echo.port])
+        echo.close()
+        by_name = {n: ports[h.ssh_port] for n, h in self.fleet.hosts.items()}
+        # the fleet's known_hosts, each entry moved to the host's proxy port
+        keys = {}
+        for l in self.fleet.known_hosts.read_text().splitlines():
+            m = re.match(r"\[127\.0\.0\.1\]:(\d+) (.+)$", l)
+            if m:
+                keys[int(m.group(1))] = m.group(2)
+        kh = self.wd / "known_hosts-delay"
+        kh.write_text("".join(f"[127.0.0.1]:{by_name[n]} {keys[h.ssh_port]}\n" for n, h in self.fleet.hosts.items()))
+        net = Net("delay", by_name, kh, rtt_ms=rtt)
+        net.first_exchange_ms = first
+        return net
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.stdin.close()   # its cue to stop
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class _EchoServer:
+    """A one-connection TCP echo on 127.0.0.1: the proxy's round trip, measured."""
+
+    def __init__(self):
+        import socket
+        self._socket = socket
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(1)
+        self.port = self.srv.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        try:
+            c, _ = self.srv.accept()
+            while True:
+                d = c.recv(65536)
+                if not d:
+                    break
+                c.sendall(d)
+            c.close()
+        except OSError:
+            pass
+
+    def rtt_ms(self, port: int, n: int = 10) -> tuple[float, float]:
+        """(first exchange on a new connection, median of the next n), in ms: the first
+        includes the proxy's stand-in for the TCP handshake."""
+        t0 = time.monotonic()
+        s = self._socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.setsockopt(self._socket.IPPROTO_TCP, self._socket.TCP_NODELAY, 1)
+        ts = []
+        for _ in range(n + 1):
+            t = time.monotonic()
+            s.sendall(b"x")
+            s.recv(16)
+            ts.append((time.monotonic() - t) * 1000)
+        first = (time.monotonic() - t0) * 1000 - sum(ts[1:])
+        s.close()
+        return round(first, 1), round(med(ts[1:]), 1)
+
+    def close(self):
+        self.srv.close()
+
+
 # ----------------------------------------------------------- per-host facts
 
 def host_path(fleet: Fleet, name: str) -> str:
@@ -235,9 +388,10 @@ def start_line(fleet: Fleet, name: str) -> str:
     return " ".join(shlex.quote(w) for w in ["env", *env, "setsid", *argv])
 
 
-def write_inventory(fleet: Fleet, names: list[str], path: Path) -> Path:
+def write_inventory(fleet: Fleet, names: list[str], path: Path, net: Net) -> Path:
     inv = fleet.inventory()
-    inv["hosts"] = {n: inv["hosts"][n] for n in names}
+    inv["hosts"] = {n: {**inv["hosts"][n], "port": net.ports[n]} for n in names}
+    inv["defaults"]["known_hosts"] = str(net.known_hosts)
     path.write_text(yaml.safe_dump(inv, sort_keys=False))
     return path
 
@@ -300,6 +454,10 @@ def classify(cmd: str) -> str:
         return "fleetpatch-agent"
     if c.startswith("sh -s"):
         return "sh -s (baseline)"
+    if c.startswith("scp -t"):
+        return "scp -t (pyinfra upload)"
+    if c.startswith("sh -c '") and "AnsiballZ" not in c:
+        return "pyinfra sh -c: " + re.sub(r"\s+", " ", c)[7:50]
     if "AnsiballZ" in c or "ANSIBALLZ" in c or "python" in c:
         return "ansible module (python)"
     if c.startswith("/bin/sh -c") or c.startswith("sh -c"):
@@ -309,8 +467,8 @@ def classify(cmd: str) -> str:
 
 # ------------------------------------------------------------------ tools
 
-def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str) -> dict:
-    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}.yaml")
+def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net) -> dict:
+    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}-{net.name}.yaml", net)
     report = wd / f"fleetpatch-{tag}.json"
     argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
             "--canary", "0", "--report", str(report), "--inventory", str(inv)]
@@ -348,7 +506,7 @@ def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], t
     return "\n".join(lines)
 
 
-def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files: list[str]) -> dict:
+def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files: list[str], net: Net) -> dict:
     scripts = {n: baseline_script(fleet, n, diff_text, files) for n in names}
     results: dict = {}
     t_launch = time.time()
@@ -356,7 +514,7 @@ def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files:
 
     def one(n):
         s = time.monotonic()
-        p = subprocess.run(fleet.ssh_argv(n, "sh -s"), input=scripts[n], capture_output=True, text=True,
+        p = subprocess.run(net.ssh_argv(fleet, n, "sh -s"), input=scripts[n], capture_output=True, text=True,
                            timeout=TOOL_TIMEOUT)
         results[n] = {"ok": p.returncode == 0, "exit": p.returncode, "duration_s": round(time.monotonic() - s, 3),
                       "stderr": p.stderr[-600:] if p.returncode else ""}
@@ -372,16 +530,16 @@ def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files:
     return {"wall_s": wall, "t_launch": t_launch, "exit": code, "hosts": results, "output_tail": tail[-2500:]}
 
 
-def ansible_files(fleet: Fleet, names, wd: Path, files: list[str], cp_dir: Path) -> tuple[Path, Path]:
+def ansible_files(fleet: Fleet, names, wd: Path, files: list[str], cp_dir: Path, net: Net) -> tuple[Path, Path]:
     d = wd / "ansible"
     d.mkdir(exist_ok=True)
     hosts = {}
     for n in names:
         h = fleet.hosts[n]
         hosts[n] = {
-            "ansible_host": "127.0.0.1", "ansible_port": h.ssh_port, "ansible_user": "root",
+            "ansible_host": "127.0.0.1", "ansible_port": net.ports[n], "ansible_user": "root",
             "ansible_ssh_private_key_file": str(fleet.identity),
-            "ansible_ssh_common_args": (f"-o UserKnownHostsFile={fleet.known_hosts} -o StrictHostKeyChecking=yes "
+            "ansible_ssh_common_args": (f"-o UserKnownHostsFile={net.known_hosts} -o StrictHostKeyChecking=yes "
                                         "-o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o BatchMode=yes"),
             "ansible_python_interpreter": "/usr/bin/python3",
             "fp_diff": str(DIFF), "fp_remote_diff": f"{h.remote_home}/{PATCH}.diff",
@@ -389,9 +547,9 @@ def ansible_files(fleet: Fleet, names, wd: Path, files: list[str], cp_dir: Path)
             "fp_pidfile": h.remote_pidfile, "fp_log": h.remote_log, "fp_workdir": h.mount_point,
             "fp_grace": 10, "fp_start": start_line(fleet, n), "fp_marker": MARKERS[host_path(fleet, n)],
         }
-    inv = d / f"inventory-{len(names)}.yml"
+    inv = d / f"inventory-{len(names)}-{net.name}.yml"
     inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}, sort_keys=False))
-    cfg = d / f"ansible-{len(names)}.cfg"
+    cfg = d / f"ansible-{len(names)}-{net.name}.cfg"
     cfg.write_text("\n".join([
         "[defaults]",
         f"forks = {len(names)}",
@@ -412,9 +570,9 @@ def ansible_files(fleet: Fleet, names, wd: Path, files: list[str], cp_dir: Path)
     return inv, cfg
 
 
-def run_ansible(fleet: Fleet, names, wd: Path, tag: str, files: list[str]) -> dict:
+def run_ansible(fleet: Fleet, names, wd: Path, tag: str, files: list[str], net: Net) -> dict:
     cp_dir = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))  # short: unix socket paths are limited
-    inv, cfg = ansible_files(fleet, names, wd, files, cp_dir)
+    inv, cfg = ansible_files(fleet, names, wd, files, cp_dir, net)
     env = {**os.environ, "ANSIBLE_CONFIG": str(cfg), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_HOME": str(wd / "ansible" / "home"),
            "ANSIBLE_DEPRECATION_WARNINGS": "False"}
     argv = [ansible_playbook(), "-i", str(inv), str(BENCH / "playbook.yml")]
@@ -435,6 +593,53 @@ def run_ansible(fleet: Fleet, names, wd: Path, tag: str, files: list[str]) -> di
             "output_tail": out[-2500:] if p.returncode else ""}
 
 
+def run_pyinfra(fleet: Fleet, names, wd: Path, tag: str, files: list[str], net: Net) -> dict:
+    d = wd / "pyinfra"
+    d.mkdir(exist_ok=True)
+    hosts = []
+    for n in names:
+        h = fleet.hosts[n]
+        hosts.append((n, {
+            "ssh_hostname": "127.0.0.1", "ssh_port": net.ports[n], "ssh_user": "root",
+            "ssh_key": str(fleet.identity), "ssh_allow_agent": False, "ssh_look_for_keys": False,
+            # strict: a host key that is not in this file fails the host (no auto-add)
+            "ssh_known_hosts_file": str(net.known_hosts), "ssh_strict_host_key_checking": "yes",
+            "ssh_config_file": "/dev/null",
+            # the test fleet's ForceCommand wrapper runs every request as a shell command,
+            # so the sftp subsystem cannot work: scp is an exec request (`scp -t …`)
+            "ssh_file_transfer_protocol": "scp",
+            "fp_diff": str(DIFF), "fp_remote_diff": f"{h.remote_home}/{PATCH}.diff",
+            "fp_site_packages": h.remote_site_packages, "fp_changed": files,
+            "fp_pidfile": h.remote_pidfile, "fp_log": h.remote_log, "fp_workdir": h.mount_point,
+            "fp_grace": 10, "fp_start": start_line(fleet, n), "fp_marker": MARKERS[host_path(fleet, n)],
+            "fp_offset_file": f"{h.remote_home}/{PATCH}.log-offset",
+            "fp_temp_dir": h.remote_home,
+        }))
+    inv = d / f"inventory_{len(names)}_{net.name}.py"
+    inv.write_text("# written by bench/run.py\nhosts = " + repr(hosts) + "\n")
+    # --no-wait: each host goes through the operations at its own pace (no barrier
+    # between operations), the fastest pyinfra can run this
+    argv = [str(pyinfra_bin()), "-y", "--no-wait", "--parallel", str(len(names)), str(inv),
+            str(BENCH / "pyinfra_deploy.py")]
+    t_launch = time.time()
+    t0 = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT, cwd=d,
+                       env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    wall = time.monotonic() - t0
+    out = p.stdout + p.stderr
+    (d / f"output-{tag}-{net.name}.txt").write_text(out)
+    hosts_ok = {}
+    n_ops = len(re.findall(r"^(files\.put|server\.shell)\(", (BENCH / "pyinfra_deploy.py").read_text(), re.M))
+    for n in names:
+        # pyinfra prints "[h03] Success" per host and operation, and names a failing host
+        # in an error line; a host is ok when every operation succeeded on it
+        wins = len(re.findall(rf"^\s*\[{re.escape(n)}\] Success\s*$", out, re.M))
+        failed = re.search(rf"^\s*\[{re.escape(n)}\].*(Error|error|failed|Failed)", out, re.M)
+        hosts_ok[n] = {"ok": wins == n_ops and not failed, "ops_ok": wins}
+    return {"wall_s": wall, "t_launch": t_launch, "exit": p.returncode, "hosts": hosts_ok,
+            "output_tail": out[-2500:] if p.returncode else ""}
+
+
 def close_masters(cp_dir: Path) -> None:
     """Ansible leaves its ControlPersist masters running; stop them so no run
     starts with a warm connection (and no process is left behind)."""
@@ -443,8 +648,8 @@ def close_masters(cp_dir: Path) -> None:
     shutil.rmtree(cp_dir, ignore_errors=True)
 
 
-def run_instrumented(fleet: Fleet, names, wd: Path) -> dict:
-    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}.yaml")
+def run_instrumented(fleet: Fleet, names, wd: Path, net: Net) -> dict:
+    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}-{net.name}.yaml", net)
     out = wd / f"instrumented-{len(names)}.json"
     report = wd / f"instrumented-report-{len(names)}.json"
     argv = [sys.executable, str(BENCH / "fp_instrumented.py"), str(out), "--", "rollout", "--patch", PATCH,
@@ -466,7 +671,10 @@ def startup_times(reps: int = 3) -> dict:
     """Interpreter + import cost of each tool doing nothing (--version)."""
     out = {}
     for tool, argv in (("fleetpatch", [sys.executable, "-m", "fleetpatch", "--version"]),
+                       ("pyinfra", [str(pyinfra_bin()), "--version"]),
                        ("ansible", [ansible_playbook(), "--version"])):
+        if not Path(argv[0]).exists() and not shutil.which(argv[0]):
+            continue
         ts = []
         for _ in range(reps):
             t = time.monotonic()
@@ -478,41 +686,52 @@ def startup_times(reps: int = 3) -> dict:
 
 # ------------------------------------------------------------------ report
 
-def summarize(runs: list[dict], sizes: list[int]) -> dict:
+def spread(xs) -> float | None:
+    """Run-to-run spread: (max - min) / median, in %."""
+    xs = [x for x in xs if x is not None]
+    return round(100.0 * (max(xs) - min(xs)) / med(xs), 1) if len(xs) > 1 and med(xs) else None
+
+
+def summarize(runs: list[dict], sizes: list[int], nets=NETS) -> dict:
     summary = {}
-    for n in sizes:
-        for tool in TOOLS:
-            rs = [r for r in runs if r["size"] == n and r["tool"] == tool]
-            if not rs:
-                continue
-            s = {"runs": len(rs), "wall_s": [round(r["wall_s"], 3) for r in rs],
-                 "wall_median_s": round(med([r["wall_s"] for r in rs]), 3),
-                 "commands_per_host": sorted({c for r in rs for c in r["commands_per_host"]}),
-                 "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
-                 "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
-                 "controller_cpu_median_s": round(med([r["controller_cpu_s"] for r in rs]), 3),
-                 "machine_busy_median_pct": med([r["machine_busy_pct"] for r in rs]),
-                 "foreign_cpu_median_s": med([r["foreign_cpu_s"] for r in rs]),
-                 "foreign_cpu_max_s": max(r["foreign_cpu_s"] for r in rs),
-                 "first_cmd_median_s": med([med([a[0] for a in r["cmd_at"] if a]) for r in rs]),
-                 "last_cmd_median_s": med([med([a[-1] for a in r["cmd_at"] if a]) for r in rs])}
-            if tool == "fleetpatch":
-                hs = [h for r in rs for h in r["hosts"].values()]
-                s["host_duration_median_s"] = med([h.get("duration_s") for h in hs])
-                s["host_duration_max_s"] = max((h.get("duration_s") or 0) for h in hs)
-                s["round_trips"] = sorted({h.get("round_trips") for h in hs if h.get("round_trips") is not None})
-                s["verdict_after_median_s"] = med([h.get("verdict_after_s") for h in hs])
-                # sshd-side phases: launch -> probe, probe -> apply, apply -> follow, follow -> exit
-                ph = {"to_probe": [], "probe_to_apply": [], "apply_to_follow": [], "follow_to_exit": []}
-                for r in rs:
-                    for at in r["cmd_at"]:
-                        if len(at) == 3:
-                            ph["to_probe"].append(at[0])
-                            ph["probe_to_apply"].append(at[1] - at[0])
-                            ph["apply_to_follow"].append(at[2] - at[1])
-                            ph["follow_to_exit"].append(r["wall_s"] - at[2])
-                s["sshd_phases_median_s"] = {k: round(med(v), 3) if v else None for k, v in ph.items()}
-            summary[f"{tool}@{n}"] = s
+    for net in nets:
+        for n in sizes:
+            for tool in TOOLS:
+                rs = [r for r in runs if r["size"] == n and r["tool"] == tool and r.get("net", "loopback") == net]
+                if not rs:
+                    continue
+                s = {"runs": len(rs), "wall_s": [round(r["wall_s"], 3) for r in rs],
+                     "wall_median_s": round(med([r["wall_s"] for r in rs]), 3),
+                     "wall_spread_pct": spread([r["wall_s"] for r in rs]),
+                     "commands_per_host": sorted({c for r in rs for c in r["commands_per_host"]}),
+                     "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
+                     "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
+                     "controller_cpu_median_s": round(med([r["controller_cpu_s"] for r in rs]), 3),
+                     "machine_busy_median_pct": med([r["machine_busy_pct"] for r in rs]),
+                     "foreign_cpu_median_s": med([r["foreign_cpu_s"] for r in rs]),
+                     "foreign_cpu_max_s": max(r["foreign_cpu_s"] for r in rs),
+                     "first_cmd_median_s": med([med([a[0] for a in r["cmd_at"] if a]) for r in rs]),
+                     "last_cmd_median_s": med([med([a[-1] for a in r["cmd_at"] if a]) for r in rs])}
+                if tool == "fleetpatch":
+                    hs = [h for r in rs for h in r["hosts"].values()]
+                    s["host_duration_median_s"] = med([h.get("duration_s") for h in hs])
+                    s["host_duration_max_s"] = max((h.get("duration_s") or 0) for h in hs)
+                    s["round_trips"] = sorted({h.get("round_trips") for h in hs if h.get("round_trips") is not None})
+                    s["verdict_after_median_s"] = med([h.get("verdict_after_s") for h in hs])
+                    # sshd-side phases: launch -> probe, probe -> apply, apply -> follow, follow -> exit
+                    ph = {"to_probe": [], "probe_to_apply": [], "apply_to_follow": [], "follow_to_exit": []}
+                    for r in rs:
+                        for at in r["cmd_at"]:
+                            if len(at) == 1:   # one agent per host: launch -> its command -> exit
+                                ph["to_probe"].append(at[0])
+                                ph["follow_to_exit"].append(r["wall_s"] - at[0])
+                            if len(at) == 3:
+                                ph["to_probe"].append(at[0])
+                                ph["probe_to_apply"].append(at[1] - at[0])
+                                ph["apply_to_follow"].append(at[2] - at[1])
+                                ph["follow_to_exit"].append(r["wall_s"] - at[2])
+                    s["sshd_phases_median_s"] = {k: round(med(v), 3) if v else None for k, v in ph.items()}
+                summary[f"{net}/{tool}@{n}"] = s
     return summary
 
 
@@ -540,64 +759,96 @@ def fmt(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+NET_TITLES = {"loopback": "loopback (no added delay)", "delay": "through the delay proxy"}
+
+
+def net_title(res: dict, net: str) -> str:
+    if net == "delay":
+        d = res.get("delay") or {}
+        return (f"through the delay proxy: {d.get('delay_ms', 0):g} ms each way, "
+                f"measured round trip {fmt(d.get('rtt_ms'), 1)} ms")
+    return "loopback (no added delay)"
+
+
 def tables(res: dict) -> str:
     s, sizes = res["summary"], res["sizes"]
+    nets = res.get("nets", ["loopback"])
     lines = []
-    lines.append("| hosts | tool | wall time, median (all runs) | remote commands / host (sshd side) | "
-                 "controller CPU | machine busy | other CPU (max) | hosts ok (tool / bench check) |")
-    lines.append("| ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
-    for n in sizes:
-        for tool in TOOLS:
-            x = s.get(f"{tool}@{n}")
-            if not x:
-                continue
-            walls = ", ".join(f"{w:.2f}" for w in x["wall_s"])
-            cmds = "/".join(str(c) for c in x["commands_per_host"])
-            oks = " ".join(f"{a}/{b}" for a, b in zip(x["tool_ok"], x["checked_ok"]))
-            lines.append(f"| {n} | {tool} | **{x['wall_median_s']:.2f} s** ({walls}) | {cmds} | "
-                         f"{x['controller_cpu_median_s']:.2f} s | {x['machine_busy_median_pct']:.0f} % | "
-                         f"{x['foreign_cpu_median_s']:.2f} s ({x['foreign_cpu_max_s']:.2f}) | {oks} (of {n}) |")
-    lines.append("")
+    for net in nets:
+        lines.append(f"### {net_title(res, net)}")
+        lines.append("")
+        lines.append("| hosts | tool | wall time, median (all runs) | spread | vs baseline | remote commands / host "
+                     "(sshd side) | controller CPU | machine busy | other CPU (max) | hosts ok (tool / bench check) |")
+        lines.append("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        for n in sizes:
+            base = s.get(f"{net}/baseline@{n}")
+            for tool in TOOLS:
+                x = s.get(f"{net}/{tool}@{n}")
+                if not x:
+                    continue
+                walls = ", ".join(f"{w:.2f}" for w in x["wall_s"])
+                cmds = "/".join(str(c) for c in x["commands_per_host"])
+                oks = " ".join(f"{a}/{b}" for a, b in zip(x["tool_ok"], x["checked_ok"]))
+                rel = f"{x['wall_median_s'] / base['wall_median_s']:.2f}x" if base else "-"
+                sp = "-" if x.get("wall_spread_pct") is None else f"{x['wall_spread_pct']:.0f} %"
+                lines.append(f"| {n} | {tool} | **{x['wall_median_s']:.2f} s** ({walls}) | {sp} | {rel} | {cmds} | "
+                             f"{x['controller_cpu_median_s']:.2f} s | {x['machine_busy_median_pct']:.0f} % | "
+                             f"{x['foreign_cpu_median_s']:.2f} s ({x['foreign_cpu_max_s']:.2f}) | {oks} (of {n}) |")
+        lines.append("")
+    if "loopback" in nets and "delay" in nets:
+        rtt = (res.get("delay") or {}).get("rtt_ms")
+        lines.append("What the slow network adds (delay median - loopback median; in round trips of the measured "
+                     f"{fmt(rtt, 1)} ms), and each tool's delay median over the baseline's plus two round trips:")
+        lines.append("")
+        lines.append("| hosts | tool | loopback | delay | added | added round trips | delay - (baseline + 2 RTT) |")
+        lines.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        for n in sizes:
+            b = s.get(f"delay/baseline@{n}")
+            for tool in TOOLS:
+                lo, de = s.get(f"loopback/{tool}@{n}"), s.get(f"delay/{tool}@{n}")
+                if not lo or not de:
+                    continue
+                add = de["wall_median_s"] - lo["wall_median_s"]
+                rts = f"{add / (rtt / 1000):.1f}" if rtt else "-"
+                over = (f"{de['wall_median_s'] - (b['wall_median_s'] + 2 * rtt / 1000):+.2f} s"
+                        if b and rtt else "-")
+                lines.append(f"| {n} | {tool} | {lo['wall_median_s']:.2f} s | {de['wall_median_s']:.2f} s | "
+                             f"{add:+.2f} s | {rts} | {over} |")
+        lines.append("")
     lines.append("fleetpatch, per host (from its report and the sshd-side command timestamps; medians):")
     lines.append("")
-    lines.append("| hosts | host duration_s (max) | round trips | launch → 1st command (probe) | probe → apply | "
-                 "apply → follow (apply+restart) | follow → exit (verify) | verdict_after_s |")
-    lines.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for n in sizes:
-        x = s.get(f"fleetpatch@{n}")
-        if not x:
-            continue
-        ph = x["sshd_phases_median_s"]
-        lines.append(f"| {n} | {fmt(x['host_duration_median_s'])} ({fmt(x['host_duration_max_s'])}) | "
-                     f"{'/'.join(map(str, x['round_trips']))} | {fmt(ph['to_probe'])} | {fmt(ph['probe_to_apply'])} | "
-                     f"{fmt(ph['apply_to_follow'])} | {fmt(ph['follow_to_exit'])} | {fmt(x['verdict_after_median_s'])} |")
+    lines.append("| net | hosts | host duration_s (max) | round trips | launch → 1st command (probe) | probe → apply | "
+                 "apply → follow (apply+restart) | last command → exit | verdict_after_s |")
+    lines.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for net in nets:
+        for n in sizes:
+            x = s.get(f"{net}/fleetpatch@{n}")
+            if not x:
+                continue
+            ph = x["sshd_phases_median_s"]
+            lines.append(f"| {net} | {n} | {fmt(x['host_duration_median_s'])} ({fmt(x['host_duration_max_s'])}) | "
+                         f"{'/'.join(map(str, x['round_trips']))} | {fmt(ph['to_probe'])} | {fmt(ph['probe_to_apply'])} | "
+                         f"{fmt(ph['apply_to_follow'])} | {fmt(ph['follow_to_exit'])} | {fmt(x['verdict_after_median_s'])} |")
     ins = res.get("instrumented") or {}
     if ins:
         lines.append("")
-        lines.append("fleetpatch, one instrumented in-process rollout per size (timers around `Remote.open`, "
+        lines.append("fleetpatch, one instrumented in-process rollout per size and net (timers around `Remote.open`, "
                      "`Remote.call`/`stream`; bytes on the SSH channels; medians over hosts):")
         lines.append("")
-        lines.append("| hosts | import | connect (max) | probe+lock: s, sent/recv | apply+restart: s, sent/recv | "
-                     "follow (verify): s, sent/recv | total |")
-        lines.append("| ---: | ---: | ---: | --- | --- | --- | ---: |")
-        for n in sizes:
-            x = ins.get(str(n))
-            if not x:
-                continue
-            o = x["ops"]
-
-            def op(name):
-                c = o.get(name)
-                if not c:
-                    return "-"
-                return f"{c['median_s']:.2f} s, {c['sent_median_B'] / 1024:.0f}/{c['recv_median_B'] / 1024:.0f} KiB"
-            lines.append(f"| {n} | {fmt(x['import_s'])} | {fmt(x['connect_median_s'])} ({fmt(x['connect_max_s'])}) | "
-                         f"{op('probe')} | {op('apply')} | {op('follow')} | {fmt(x['in_process_total_s'])} |")
+        lines.append("| net | hosts | import | connect (max) | per op: s, sent/recv | total |")
+        lines.append("| --- | ---: | ---: | ---: | --- | ---: |")
+        for key, x in ins.items():
+            net, _, n = key.rpartition("@") if "@" in key else ("loopback", "", key)
+            ops = "; ".join(f"{name} ×{c['count']}: {c['median_s']:.2f} s, "
+                            f"{c['sent_median_B'] / 1024:.0f}/{c['recv_median_B'] / 1024:.0f} KiB"
+                            for name, c in x["ops"].items()) or "-"
+            lines.append(f"| {net} | {n} | {fmt(x['import_s'])} | {fmt(x['connect_median_s'])} "
+                         f"({fmt(x['connect_max_s'])}) | {ops} | {fmt(x['in_process_total_s'])} |")
     st = res.get("startup") or {}
     if st:
         lines.append("")
-        lines.append(f"Tool start-up alone (`--version`, median of 3): fleetpatch {st.get('fleetpatch', 0):.2f} s, "
-                     f"ansible-playbook {st.get('ansible', 0):.2f} s.")
+        lines.append("Tool start-up alone (`--version`, median of 3): "
+                     + ", ".join(f"{k} {v:.2f} s" for k, v in st.items()) + ".")
     return "\n".join(lines)
 
 
@@ -607,32 +858,50 @@ def results_md(res: dict) -> str:
     unc = m.get("fleetpatch_uncommitted") or []
     dirty = (f" plus uncommitted work in the tree at run time ({', '.join(unc)}; host agent "
              f"{m.get('hostagent_bytes')} bytes, sha256 {m.get('hostagent_sha256')}…)") if unc else ""
+    load = res.get("load") or {}
+    runs = res.get("runs", [])
+    fore = [r.get("foreign_cpu_s", 0) for r in runs]
+    busy_before = [r.get("busy_before_pct") for r in runs if r.get("busy_before_pct") is not None]
+    d = res.get("delay") or {}
     return f"""# Benchmark results
 
 Generated by `bench/run.py` (`invoke bench`) on {res['date']}; one run, sizes {', '.join(map(str, res['sizes']))},
-{res['repeats']} repeats per size and tool, interleaved (tool order rotated per repeat), the fleet reset to
-pristine before every run. Total bench time {res['bench_s']:.0f} s.
+{res['repeats']} repeats per size, net and tool, interleaved (per size and repeat: loopback then the delay proxy,
+the tool order rotated per repeat), the fleet reset to pristine before every run. Total bench time {res['bench_s']:.0f} s.
 
 **Machine: {m['cpus']} CPUs ({m['cpu_model']}), kernel {m['kernel']}. Every test host (sshd, the
 stand-in servers, every command the tools run "remotely") shares these {m['cpus']} cores with the tool
 under test, and the network is loopback.** Figures are relative, not what a real fleet of separate
 machines over a real network would show.
 
-Versions: Python {m['python']}, fleetpatch {m['fleetpatch_commit']}{dirty}, {t.get('ansible')},
-{t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
+Machine load from others during the run: load average {load.get('start', '-')} at the start and
+{load.get('end', '-')} at the end (1/5/15 min); CPU used by processes that are not the bench's, per run:
+median {fmt(med(fore))} s, max {fmt(max(fore) if fore else None)} s; machine busy just before a run (after
+waiting up to {res.get('quiet_wait', 0):.0f} s for < 20 %): median {fmt(med(busy_before), 0)} %, max
+{fmt(max(busy_before) if busy_before else None, 0)} %.
+
+The delay proxy (`bench/delayproxy.py`) adds {d.get('delay_ms', 0):g} ms each way to every chunk of every
+connection, one listener per host on 127.0.0.1; measured round trip through it {fmt(d.get('rtt_ms'), 1)} ms
+(loopback without it: well under 0.1 ms). A new connection's first bytes flow one round trip late, as after
+TCP's handshake on a real link (connect + first echo: {fmt(d.get('first_exchange_ms'), 1)} ms). Every tool connects to the proxy ports with the same strict host key
+checking, against a known_hosts file that holds each host's key under its proxy port.
+
+Versions: Python {m['python']}, fleetpatch at {m['fleetpatch_commit']} (`{m.get('fleetpatch_path', '')}`; last
+change to src/fleetpatch: {m.get('fleetpatch_src_commit', '-')[:90]}){dirty}, {t.get('pyinfra', 'pyinfra -')},
+{t.get('ansible')}, {t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
+The baseline's ssh key exchange: {res.get('baseline_kex', 'OpenSSH default')}.
 
 {tables(res)}
 
-Wall time = launch of the tool's process (fleetpatch, ansible-playbook) or of the first `ssh`
-(baseline) to the exit of the last; it includes each tool's own start-up. Commands per host are counted
-by the fleet's sshd ForceCommand wrapper (one line per SSH exec request). Controller CPU = user+system CPU
-of the tool's local processes (getrusage of the bench's children: the fleetpatch process; ansible-playbook
-and its forks and ssh clients; the baseline's ssh clients). Machine busy = share of both cores busy
-during the run (/proc/stat), hosts included. Other CPU = CPU used during the run by processes that are
-not the bench's (other sessions on this shared machine; from /proc, approximate); before each run the
-bench waits up to {res.get('quiet_wait', 0):.0f} s for the machine to be under 20 % busy. "hosts ok" is the tool's own
-verdict / the bench's independent check (file sha256, new healthy server, marker of the right path in
-the log written since the run started).
+Wall time = launch of the tool's process (fleetpatch, pyinfra, ansible-playbook) or of the first `ssh`
+(baseline) to the exit of the last; it includes each tool's own start-up. Spread = (slowest - fastest) /
+median over the repeats. vs baseline = median / the baseline's median on the same net and size.
+Commands per host are counted by the fleet's sshd ForceCommand wrapper (one line per SSH exec request).
+Controller CPU = user+system CPU of the tool's local processes (getrusage of the bench's children).
+Machine busy = share of both cores busy during the run (/proc/stat), hosts and the proxy included. Other
+CPU = CPU used during the run by processes that are not the bench's (other sessions on this shared
+machine; from /proc, approximate). "hosts ok" is the tool's own verdict / the bench's independent check
+(file sha256, new healthy server, marker of the right path in the log written since the run started).
 """
 
 
@@ -642,22 +911,53 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1,8,32")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--tools", default=",".join(TOOLS), help=f"any of {','.join(TOOLS)}")
+    ap.add_argument("--nets", default=",".join(NETS),
+                    help="loopback (straight to each sshd) and/or delay (through bench/delayproxy.py)")
+    ap.add_argument("--delay-ms", type=float, default=25.0, help="the proxy's delay each way (default 25: 50 ms RTT)")
+    ap.add_argument("--baseline-kex", default="",
+                    help="KexAlgorithms for the baseline's ssh, e.g. curve25519-sha256 (the key exchange "
+                         "paramiko uses); default: OpenSSH's own (9.x: sntrup761x25519-sha512 first)")
     ap.add_argument("--out", default=str(BENCH), help="where results.json and RESULTS.md go")
     ap.add_argument("--root", default=None, help="fleet + scratch directory (default: a new temp dir)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get/pip install missing tools")
     ap.add_argument("--no-instrumented", action="store_true")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="only write RESULTS.md (into --out) again from an existing results.json")
     ap.add_argument("--quiet-wait", type=float, default=60.0,
                     help="before each run wait up to S seconds for the machine to be <20%% busy (0: don't)")
     a = ap.parse_args(argv)
-    sizes = [int(x) for x in a.sizes.split(",") if x]
+    if a.render:
+        try:
+            res = json.loads(Path(a.render).read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"bench: cannot read {a.render}: {e}")
+        res["summary"] = summarize(res["runs"], res["sizes"], res.get("nets", ["loopback"]))
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "RESULTS.md").write_text(results_md(res))
+        print(tables(res))
+        return 0
+    try:
+        sizes = [int(x) for x in a.sizes.split(",") if x]
+    except ValueError:
+        sys.exit(f"bench: --sizes takes numbers separated by commas, not {a.sizes!r}")
     tools = [t for t in a.tools.split(",") if t]
-    if max(sizes) > MAX_HOSTS or min(sizes) < 1:
+    nets = [x for x in a.nets.split(",") if x]
+    if not sizes or max(sizes) > MAX_HOSTS or min(sizes) < 1:
         sys.exit(f"bench: sizes must be 1..{MAX_HOSTS}")
+    if not tools or set(tools) - set(TOOLS):
+        sys.exit(f"bench: unknown tool(s) {sorted(set(tools) - set(TOOLS))}; choose from {','.join(TOOLS)}")
+    if not nets or set(nets) - set(NETS):
+        sys.exit(f"bench: unknown net(s) {sorted(set(nets) - set(NETS))}; choose from {','.join(NETS)}")
+    if a.delay_ms < 0:
+        sys.exit("bench: --delay-ms must be >= 0")
+    if a.baseline_kex and not re.fullmatch(r"[A-Za-z0-9@.,+_-]+", a.baseline_kex):
+        sys.exit(f"bench: --baseline-kex takes an OpenSSH KexAlgorithms list, not {a.baseline_kex!r}")
+    Net.baseline_opts = ["-o", f"KexAlgorithms={a.baseline_kex}"] if a.baseline_kex else []
     if os.geteuid() != 0:
         sys.exit("bench: the test fleet needs root (mount namespaces)")
     t_bench = time.monotonic()
-    tool_notes = ensure_tools(not a.no_install)
+    tool_notes = ensure_tools(not a.no_install, need_pyinfra="pyinfra" in tools)
     diff_text = DIFF.read_text()
     files = changed_files(diff_text)
     expect = expected_shas(diff_text, files)
@@ -668,17 +968,28 @@ def main(argv=None) -> int:
     specs = [HostSpec(f"h{i:02d}", version=VERSION, spec_v2=(i % 2 == 1), startup_delay=0.0) for i in range(n_hosts)]
     log(f"starting a fleet of {n_hosts} sshd hosts under {root}")
     runs: list[dict] = []
-    res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "sizes": sizes, "repeats": a.repeats,
-           "quiet_wait": a.quiet_wait,
+    res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "sizes": sizes, "repeats": a.repeats, "nets": nets,
+           "tools_run": tools, "quiet_wait": a.quiet_wait, "baseline_kex": a.baseline_kex or "OpenSSH default", "load": {"start": load_avg()},
            "machine": machine(), "tools": tool_notes, "patch": PATCH, "runs": runs}
-    with Fleet(root / "fleet", specs) as fleet:
+    with Fleet(root / "fleet", specs) as fleet, contextlib.ExitStack() as stack:
+        net_by_name = {"loopback": loopback_net(fleet)}
+        if "delay" in nets:
+            # bounded: it stops by itself well after the longest bench this could be
+            proxy_max = 600 + len(sizes) * a.repeats * len(tools) * 2 * TOOL_TIMEOUT
+            net_by_name["delay"] = stack.enter_context(DelayProxy(fleet, wd, a.delay_ms, proxy_max))
+            res["delay"] = {"delay_ms": a.delay_ms, "rtt_ms": net_by_name["delay"].rtt_ms,
+                            "first_exchange_ms": net_by_name["delay"].first_exchange_ms,
+                            "max_seconds": proxy_max}
+            log(f"delay proxy up: {a.delay_ms:g} ms each way, measured RTT {net_by_name['delay'].rtt_ms} ms, "
+                f"first exchange on a new connection {net_by_name['delay'].first_exchange_ms} ms")
         runners = {
-            "fleetpatch": lambda names, tag: run_fleetpatch(fleet, names, wd, tag),
-            "baseline": lambda names, tag: run_baseline(fleet, names, wd, tag, diff_text, files),
-            "ansible": lambda names, tag: run_ansible(fleet, names, wd, tag, files),
+            "fleetpatch": lambda names, tag, net: run_fleetpatch(fleet, names, wd, tag, net),
+            "baseline": lambda names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net),
+            "pyinfra": lambda names, tag, net: run_pyinfra(fleet, names, wd, tag, files, net),
+            "ansible": lambda names, tag, net: run_ansible(fleet, names, wd, tag, files, net),
         }
 
-        def one(tool, names, tag, record=True):
+        def one(tool, names, tag, net: Net, record=True):
             t = time.monotonic()
             fleet.reset_all()
             fleet.clear_commands()
@@ -688,7 +999,7 @@ def main(argv=None) -> int:
             fleet_ns = {h.ns_ino for h in fleet.hosts.values() if h.ns_ino}
             f0 = foreign_cpu(fleet_ns)
             cpu0, busy0 = children_cpu(), cpu_busy()
-            r = runners[tool](names, tag)
+            r = runners[tool](names, tag, net)
             cpu1, busy1 = children_cpu(), cpu_busy()
             r["foreign_cpu_s"] = round(foreign_delta(f0, foreign_cpu(fleet_ns)), 2)
             r["busy_before_pct"] = quiet
@@ -699,7 +1010,7 @@ def main(argv=None) -> int:
             r["machine_busy_pct"] = round(100.0 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 1)
             side = sshd_side(fleet, names, r["t_launch"])
             checked = check(fleet, names, before, expect)
-            r.update({"tool": tool, "size": len(names), "tag": tag, "reset_s": round(reset_s, 2),
+            r.update({"tool": tool, "net": net.name, "size": len(names), "tag": tag, "reset_s": round(reset_s, 2),
                       "tool_ok": sum(1 for n in names if r["hosts"].get(n, {}).get("ok")),
                       "checked_ok": sum(1 for n in names if not checked[n]),
                       "problems": {n: p for n, p in checked.items() if p},
@@ -707,7 +1018,7 @@ def main(argv=None) -> int:
                       "cmd_at": [side[n]["at"] for n in names],
                       "command_kinds": side[names[0]]["kinds"]})
             r["wall_s"] = round(r["wall_s"], 3)
-            log(f"{tool:10s} {len(names):2d} hosts  {r['wall_s']:6.2f} s  exit {r['exit']}  "
+            log(f"{net.name:8s} {tool:10s} {len(names):2d} hosts  {r['wall_s']:6.2f} s  exit {r['exit']}  "
                 f"busy before {r['busy_before_pct']}% other CPU {r['foreign_cpu_s']} s  "
                 f"ok {r['tool_ok']}/{len(names)} (check {r['checked_ok']})  "
                 f"cmds/host {sorted(set(r['commands_per_host']))}")
@@ -721,27 +1032,31 @@ def main(argv=None) -> int:
 
         log("warm-up (not recorded): one run of each tool on 1 host")
         for tool in tools:
-            one(tool, fleet.names[:1], "warmup", record=False)
-        for si, n in enumerate(sizes):
+            one(tool, fleet.names[:1], "warmup", net_by_name["loopback"], record=False)
+        for n in sizes:
             names = fleet.names[:n]
             for rep in range(a.repeats):
                 k = rep % len(tools)
-                for tool in tools[k:] + tools[:k]:
-                    one(tool, names, f"{n}-{rep}")
+                for netname in nets:
+                    for tool in tools[k:] + tools[:k]:
+                        one(tool, names, f"{n}-{rep}", net_by_name[netname])
         if not a.no_instrumented and "fleetpatch" in tools:
             res["instrumented"] = {}
-            for n in sizes:
-                fleet.reset_all()
-                fleet.clear_commands()
-                doc = run_instrumented(fleet, fleet.names[:n], wd)
-                res["instrumented"][str(n)] = instrumented_summary(doc)
-                res.setdefault("instrumented_raw", {})[str(n)] = doc
-                log(f"instrumented fleetpatch {n:2d} hosts: {json.dumps(res['instrumented'][str(n)])}")
+            for netname in nets:
+                for n in sizes:
+                    fleet.reset_all()
+                    fleet.clear_commands()
+                    doc = run_instrumented(fleet, fleet.names[:n], wd, net_by_name[netname])
+                    key = f"{netname}@{n}"
+                    res["instrumented"][key] = instrumented_summary(doc)
+                    res.setdefault("instrumented_raw", {})[key] = doc
+                    log(f"instrumented fleetpatch {key}: {json.dumps(res['instrumented'][key])}")
         res["startup"] = startup_times()
     if not a.root:
         shutil.rmtree(root, ignore_errors=True)  # the fleet is stopped; its scratch goes too
+    res["load"]["end"] = load_avg()
     res["bench_s"] = time.monotonic() - t_bench
-    res["summary"] = summarize(runs, sizes)
+    res["summary"] = summarize(runs, sizes, nets)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -752,6 +1067,13 @@ def main(argv=None) -> int:
     log(f"done in {res['bench_s']:.0f} s; wrote {out / 'results.json'} and {out / 'RESULTS.md'}")
     bad = [r for r in runs if r["checked_ok"] != r["size"]]
     return 1 if bad else 0
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "-"
 
 
 if __name__ == "__main__":
