@@ -136,9 +136,11 @@ class FleetpatchProgram(Program):
         print("")
         print("Options:")
         print("")
-        tuples = [t for t in self.initial_context.help_tuples()
-                  if any(f in CORE_FLAGS for f in t[0].replace(",", " ").split())]
-        self.print_columns(tuples)
+        self.print_columns([
+            ("-h, --help", "Show this help; `fleetpatch <command> --help` shows a command's help."),
+            ("-V, --version", "Show fleetpatch's version."),
+            ("-l, --list", "List the commands."),
+        ])
         self.list_tasks()
 
     def print_task_help(self, name: str) -> None:
