@@ -139,7 +139,8 @@ def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=No
 def finish(console, task_name, results, started, report_path, stop=None, extra=None) -> None:
     """Print the outcome, write the report, end with the right exit code."""
     stopped = stop.describe(results) if stop is not None else None
-    rep.print_outcome(console, task_name, results, [stopped] if stopped else [])
+    rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
+                      interrupted=bool(stop is not None and stop.interrupted))
     ok = all(r.ok for r in results.values())
     if report_path:
         doc_extra = dict(extra or {})

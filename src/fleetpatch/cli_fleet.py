@@ -42,11 +42,14 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
     n_batches = len(stages_planned) - (1 if has_canary else 0)
     with rep.View("rollout", [h.name for h in selected], console=console) as view:
         job.progress = view.progress
-
-        def on_stage(i, stage, is_canary):
+        for i, stage in enumerate(stages_planned):
+            canary_stage = has_canary and i == 0
             k = i if has_canary else i + 1
             for h in stage:
-                view.stage(h.name, "canary" if is_canary else f"batch {k} of {n_batches}")
+                view.stage(h.name, "canary" if canary_stage else f"batch {k} of {n_batches}")
+
+        def on_stage(i, stage, is_canary):
+            pass  # every host's stage is shown from the start
 
         results, stop, stages = fleet.rollout(
             selected, functools.partial(steps.deploy, job), canary_group=canary_group, canary=canary_n,

@@ -17,6 +17,7 @@ PATCH_NEEDED = "the patch to use, NAME or NAME@REV (see patches/ or fleetpatch's
 def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
           dest=".fleetpatch/sources", accept_new_host_keys=False):
     """Copy the engine files of the profile from each host to DEST/<host>/<path>, with fetch.json."""
+    rep.check_report_path(dest, flag="--dest", directory=True)
     run_hosts("fetch", steps.fetch, inventory=inventory, hosts=hosts, group=group, report_path=report,
               parallel=parallel, patches=patches, dest=Path(dest), accept_new_host_keys=accept_new_host_keys)
 

@@ -182,20 +182,24 @@ def summary_table(task: str, results: dict) -> Table:
     return table
 
 
-def last_line(task: str, results: dict) -> tuple[str, bool]:
-    """The run's verdict in one line, with the true count of each outcome."""
-    failed = {n: r for n, r in results.items() if not r.ok}
+def last_line(task: str, results: dict, interrupted: bool = False) -> tuple[str, bool]:
+    """The run's verdict in one line, with the true count of each outcome.
+    Skipped hosts are not failures: they were never touched."""
     n = len(results)
     tally = counts_line(results)
-    if not failed:
+    bad = {h: r for h, r in results.items() if category(r) in ("failed", "unreachable", "interrupted")}
+    if all(r.ok for r in results.values()):
         where = f"all {plural(n, 'host')}" if n != 1 else "its 1 host"
         return f"OK: {task} succeeded on {where}: {tally}", True
-    names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in failed.items())
-    return (f"FAILED on {len(failed)} of {plural(n, 'host')}: {names} — {tally}; "
+    names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in bad.items())
+    if interrupted:
+        return f"INTERRUPTED: {task} on {plural(n, 'host')}: {tally}" + (f"; not ok: {names}" if names else ""), False
+    return (f"FAILED on {len(bad)} of {plural(n, 'host')}: {names} — {tally}; "
             "see the details above for each host's cause and what to do"), False
 
 
-def print_outcome(console: Console, task: str, results: dict, extra_lines: list[str] = ()) -> None:
+def print_outcome(console: Console, task: str, results: dict, extra_lines: list[str] = (),
+                  interrupted: bool = False) -> None:
     console.print(summary_table(task, results))
     failed = {n: r for n, r in results.items() if not r.ok}
     for name, r in results.items():
@@ -205,31 +209,53 @@ def print_outcome(console: Console, task: str, results: dict, extra_lines: list[
         say(console, r.message or f"FAIL {name} {r.status}", style="red")
     for line in extra_lines:
         say(console, line)
-    text, ok = last_line(task, results)
+    text, ok = last_line(task, results, interrupted)
     say(console, text, style="bold green" if ok else "bold red")
 
 
 # ----------------------------------------------------------------- JSON report
 
-def check_report_path(path: str | Path | None) -> None:
-    """Refuse a --report path that cannot be written, before any host is touched,
-    so a run's results are never lost to a typo at the end."""
+def check_report_path(path: str | Path | None, flag: str = "--report", directory: bool = False) -> None:
+    """Refuse a --report path (or with `directory`, a folder to create) that
+    cannot be written, before any host is touched, so a run's results are never
+    lost to a typo at the end. It is really tried (root may write where
+    `os.access` says yes and the kernel says no, as under /proc), and whatever
+    the try created is removed again."""
     if not path:
         return
     p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"--report {path}: is a directory; give a file path, e.g. {p / 'report.json'}")
-    if p.exists():
-        if not os.access(p, os.W_OK):
-            raise UsageError(f"--report {path}: the file is not writable by this user")
-        return
-    parent = p.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--report {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--report {path}: cannot create it: {parent} is not writable by this user")
+    if p.is_dir() and not directory:
+        raise UsageError(f"{flag} {path}: is a directory; give a file path, e.g. {p / 'report.json'}")
+    if p.exists() and directory and not p.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a directory")
+    created: list[Path] = []
+    target = p if directory else p.parent
+    try:
+        for d in reversed([target, *target.parents]):
+            if not d.exists():
+                d.mkdir()
+                created.append(d)
+            elif not d.is_dir():
+                raise UsageError(f"{flag} {path}: {d} is a file, not a directory")
+        if directory:
+            probe = target / f".fleetpatch-write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        elif p.exists():
+            with open(p, "ab"):
+                pass
+        else:
+            with open(p, "ab"):
+                pass
+            p.unlink()
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
+    finally:
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def write_report(path: str | Path, task: str, ok: bool, started: str, results: dict, extra: dict | None = None) -> None:
