@@ -228,7 +228,7 @@ def test_unreachable_hosts_are_counted_as_unreachable_and_the_stop_is_true(tmp_p
     stopped = [line for line in out.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1
     assert "more than --max-failures 0" in stopped[0]
-    assert "in the end 3 hosts unreachable: h0, h1, h2" in stopped[0]
+    assert "in the end 3 unreachable (h0, h1, h2)" in stopped[0]
     assert "2 hosts not started (skipped, untouched)" in stopped[0]
     last = out.splitlines()[-1]
     assert last.startswith("FAILED on 3 of 5 hosts: h0 (unreachable), h1 (unreachable), h2 (unreachable)")

@@ -24,6 +24,9 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+_UNREACHABLE = {Status.UNREACHABLE, Status.HOST_KEY_REJECTED, Status.AUTH_FAILED}
+
+
 def _failed(results: dict) -> list[HostResult]:
     """The hosts that count against a failure budget: failed or unreachable, not skipped."""
     return [r for r in results.values() if not r.ok and r.status not in (Status.SKIPPED, Status.INTERRUPTED)]
@@ -48,11 +51,11 @@ class Stop:
         the stop came may have failed too, and the line says so truthfully."""
         if self.reason is None:
             return None
-        bad = _failed(results)
-        by_status: dict[str, list[str]] = {}
-        for r in bad:
-            by_status.setdefault(str(r.status), []).append(r.host)
-        tally = "; ".join(f"{_plural(len(h), 'host')} {s}: {', '.join(h)}" for s, h in by_status.items())
+        groups: dict[str, list[str]] = {}
+        for r in _failed(results):
+            cat = "unreachable" if r.status in _UNREACHABLE else "failed"
+            groups.setdefault(cat, []).append(r.host if r.status == cat else f"{r.host} {r.status}")
+        tally = ", ".join(f"{len(h)} {cat} ({', '.join(h)})" for cat, h in sorted(groups.items()))
         not_started = sum(1 for r in results.values() if r.status == Status.SKIPPED)
         parts = [self.reason]
         if tally and not self.interrupted:
