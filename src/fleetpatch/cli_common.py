@@ -21,6 +21,7 @@ from .engines import get as get_profile
 from .errors import FleetpatchError, UsageError, exit_code
 from .inventory import load_inventory, resolve_inventory_path
 from .patchset import load_patch, search_dirs
+from .textsafe import safe_line
 
 HELP = {
     "inventory": "the inventory file (default: ./hosts.yaml, or $FLEETPATCH_INVENTORY)",
@@ -54,7 +55,8 @@ class RunFailed(FleetpatchError):
 
 
 def err_line(msg: str) -> None:
-    print(f"fleetpatch: error: {msg}", file=sys.stderr, flush=True)
+    # one line: a value quoted from a file or the command line cannot break it or act on the terminal
+    print(f"fleetpatch: error: {safe_line(msg)}", file=sys.stderr, flush=True)
 
 
 def command(**task_kw):

@@ -189,7 +189,7 @@ def last_line(task: str, results: dict, interrupted: bool = False) -> tuple[str,
     tally = counts_line(results)
     bad = {h: r for h, r in results.items() if category(r) in ("failed", "unreachable", "interrupted")}
     if all(r.ok for r in results.values()):
-        where = f"all {plural(n, 'host')}" if n != 1 else "its 1 host"
+        where = f"all {n} hosts" if n != 1 else "its one host"
         return f"OK: {task} succeeded on {where}: {tally}", True
     names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in bad.items())
     if interrupted:
