@@ -94,7 +94,7 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                     failures = len(_failed(results))
                     if budget is not None and failures > budget:
                         stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed "
-                                 "or were unreachable when the stop came")
+                                 f"or {'was' if failures == 1 else 'were'} unreachable when the stop came")
         except KeyboardInterrupt:
             stop.set("interrupted (Ctrl-C): no new host was started; the hosts in flight were let finish "
                      "(or roll back)", interrupted=True)
