@@ -162,6 +162,16 @@ def test_every_bad_flag_value_is_one_line_exit_2_and_no_host_is_contacted(workdi
     assert listener.accepted == before, "a bad command line contacted a host"
 
 
+def test_under_invoke_a_bad_value_is_the_same_one_line_and_exit_2(workdir, listener):
+    before = listener.accepted
+    r = invoke("status", "--parallel", "abc", cwd=workdir)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip() == "fleetpatch: error: --parallel: expected a whole number of 1 or more, got 'abc'"
+    r = invoke("rollout", "--patch", "spec-path-beacon", "--hosts", "a01", "--report", str(workdir), cwd=workdir)
+    assert r.returncode == 2 and "is a directory" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert listener.accepted == before
+
+
 def test_a_number_flag_says_the_accepted_form():
     r = fleetpatch("rollout", "--patch", "spec-path-beacon", "--group", "all", "--batch", "0")
     assert r.stderr.strip() == "fleetpatch: error: --batch: expected a whole number of 1 or more, got 0"

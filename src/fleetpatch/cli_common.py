@@ -43,6 +43,8 @@ METAVAR = {"inventory": "PATH", "hosts": "A,B", "group": "GROUP", "report": "PAT
            "patches": "DIR", "patch": "NAME[@REV]", "timeout": "SECONDS", "dest": "DIR", "canary": "N",
            "batch": "N", "max_failures": "K", "on_failure": "keep|rollback", "root": "DIR"}
 
+PATCH_NEEDED = "the patch to use, NAME or NAME@REV (see patches/ or fleetpatch's shipped patches)"
+
 COMMON = ("inventory", "hosts", "group", "report", "parallel", "patches", "accept_new_host_keys")
 
 

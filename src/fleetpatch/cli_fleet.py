@@ -9,8 +9,7 @@ from invoke.exceptions import Exit
 from . import report as rep
 from . import rollout as fleet
 from . import steps
-from .cli_common import COMMON, choice, command, count, finish, helps, prepare, required, seconds
-from .cli_hosts import PATCH_NEEDED
+from .cli_common import COMMON, PATCH_NEEDED, choice, command, count, finish, helps, prepare, required, seconds
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock",

@@ -8,9 +8,8 @@ from pathlib import Path
 from . import report as rep
 from . import rollout as fleet
 from . import steps
-from .cli_common import COMMON, RunFailed, choice, command, count, helps, prepare, required, run_hosts
-
-PATCH_NEEDED = "the patch to use, NAME or NAME@REV (see patches/ or fleetpatch's shipped patches)"
+from .cli_common import (COMMON, PATCH_NEEDED, RunFailed, choice, command, count, helps, prepare, required,
+                         run_hosts)
 
 
 @command(help=helps(*COMMON, dest="where to put the files (default .fleetpatch/sources)"))
