@@ -206,7 +206,8 @@ def print_outcome(console: Console, task: str, results: dict, extra_lines: list[
         if r.ok and r.message and task in ("check-patch", "fetch"):
             say(console, r.message)
     for name, r in failed.items():
-        say(console, r.message or f"FAIL {name} {r.status}", style="red")
+        if category(r) != "skipped":  # never touched: the stopped line and the counts say so, once
+            say(console, r.message or f"FAIL {name} {r.status}", style="red")
     for line in extra_lines:
         say(console, line)
     text, ok = last_line(task, results, interrupted)
