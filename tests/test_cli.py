@@ -89,9 +89,10 @@ def test_help_always_works_for_every_command(cmd, workdir):
         assert r.returncode == 0, (args, r.stdout, r.stderr)
         assert r.stdout.startswith(f"Usage: fleetpatch {cmd} [--options]"), (args, r.stdout)
         assert r.stderr == ""
-    r = invoke(cmd, "--help", cwd=workdir)
-    assert r.returncode == 0, (r.stdout, r.stderr)
-    assert f"{cmd} [--options]" in r.stdout
+    for args in ([cmd, "--help"], [cmd, "--hosts", "--help"] if cmd != "demo" else [cmd, "--root", "--help"]):
+        r = invoke(*args, cwd=workdir)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        assert f"{cmd} [--options]" in r.stdout and "--inventory" in r.stdout or cmd == "demo", r.stdout
 
 
 def test_top_level_help_lists_only_fleetpatch_s_options_and_whole_sentences():

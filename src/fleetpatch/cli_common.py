@@ -69,6 +69,10 @@ def command(**task_kw):
     def wrap(fn):
         @functools.wraps(fn)
         def body(c, **kw):
+            if any(v in ("--help", "-h") for v in kw.values()):
+                # `invoke cmd --patch --help`: Invoke took --help as the flag's value
+                print_help(fn, task_kw.get("help", {}))
+                raise Exit(code=0)
             try:
                 fn(c, **kw)
             except RunFailed as e:
@@ -82,6 +86,28 @@ def command(**task_kw):
         return task(body, positional=[], auto_shortflags=False, **task_kw)
 
     return wrap
+
+
+def print_help(fn, helps_: dict) -> None:
+    """A command's help from its signature, for when Invoke's parser cannot give it."""
+    import inspect
+    import os
+    name = fn.__name__.replace("_", "-")
+    print(f"Usage: {os.path.basename(sys.argv[0]) or 'fleetpatch'} {name} [--options]")
+    print("")
+    print("  " + (inspect.getdoc(fn) or "").splitlines()[0])
+    print("")
+    print("Options:")
+    rows = []
+    for p in list(inspect.signature(fn).parameters.values())[1:]:
+        flag = "--" + p.name.replace("_", "-")
+        if not isinstance(p.default, bool):
+            flag += "=" + METAVAR.get(p.name, "VALUE")
+        rows.append((flag, helps_.get(p.name, "")))
+    width = max(len(f) for f, _ in rows)
+    for flag, text in sorted(rows):
+        print(f"  {flag:<{width}}   {text}".rstrip())
+    print("")
 
 
 # ----------------------------------------------------------------- values
