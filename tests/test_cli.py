@@ -27,7 +27,7 @@ def env(**extra):
     return {**e, **extra}
 
 
-def fleetpatch(*args, cwd=None, timeout=60, **kw):
+def fleetpatch(*args, cwd=None, timeout=180, **kw):
     return subprocess.run([sys.executable, "-m", "fleetpatch", *args], cwd=cwd or REPO, capture_output=True,
                           text=True, timeout=timeout, env=env(), stdin=subprocess.DEVNULL, **kw)
 
