@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -103,28 +104,89 @@ def test_demo_up_then_down(tmp_path):
 
         summary = section(out, "demo summary", None)
         assert "The demo behaved as expected" in summary
-        assert "demo --down" in summary
+        assert "The demo fleet stays up" in summary
+        export = f"  export FLEETPATCH_INVENTORY={root / 'hosts.yaml'}"
+        assert export in summary.splitlines(), summary
+        assert "fleetpatch demo --down --root" in summary
 
-        # it keeps running after the command
+        # it keeps running after the command, and the printed line points everyday commands at it
         fleet = Fleet.attach(root)
         assert fleet.is_running()
         ports = [p for h in fleet.hosts.values() for p in (h.ssh_port, h.http_port)]
         assert set(ports) <= set(fleetmod._listening_ports())
         assert all(fleet._ns_members().values())
+        env = {**os.environ, "FLEETPATCH_INVENTORY": str(root / "hosts.yaml"), "COLUMNS": "200"}
+        proc = subprocess.run([sys.executable, "-m", "fleetpatch", "status"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr  # gpu-a03/a04 keep the forced patch, no drift
+        assert "gpu-a04" in proc.stdout and "v2-only-beacon@1" in proc.stdout
 
-        code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=tmp_path)
-        assert code == 0, out
-        assert "Stopped the demo fleet" in out
-        fleet = Fleet.attach(root)
-        assert not fleet.is_running()
-        assert not any(fleet._ns_members().values()), "no process is left in the hosts' namespaces"
-        assert not set(ports) & set(fleetmod._listening_ports()), "every port is closed"
-        assert not any(fleetmod._alive(h["sshd_pid"]) and fleetmod._ns_ino(h["sshd_pid"]) == h["ns_ino"]
-                       for h in state["hosts"].values())
-
-        code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=tmp_path)
-        assert code == 0, out
-        assert "was not running" in out
+        assert_down_removes_everything(tmp_path, root, fleet, state, ports)
     finally:
+        if (root / "fleet.json").exists():
+            Fleet.attach(root).stop()
+
+
+def assert_down_removes_everything(cwd, root, fleet, state, ports):
+    mount_point = fleet.mount_point
+    code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=cwd)
+    assert code == 0, out
+    assert "Stopped the demo fleet" in out
+    assert not any(fleetmod._alive(h["sshd_pid"]) and fleetmod._ns_ino(h["sshd_pid"]) == h["ns_ino"]
+                   for h in state["hosts"].values()), "no sshd of the fleet is left"
+    assert not set(ports) & set(fleetmod._listening_ports()), "every port is closed"
+    assert not root.exists(), f"{root} is left: {sorted(p.name for p in root.iterdir())}"
+    if demo_run._mounted_in_some_namespace(mount_point):  # another fleet (e.g. the suite's) uses it
+        assert f"Kept the mount point {mount_point}: another fleet" in out
+    else:
+        assert not os.path.exists(mount_point), out
+        assert f"Removed the empty mount point {mount_point}" in out
+    code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=cwd)
+    assert code == 0, out
+    assert "nothing to stop" in out
+
+
+@needs_fleet
+def test_ctrl_c_in_the_demo_lets_the_step_finish_its_hosts_and_says_where_the_fleet_is(tmp_path):
+    root = tmp_path / "demo"
+    env = {**os.environ, "COLUMNS": "200", demo_run.STARTUP_DELAY_ENV: "1.5"}
+    env.pop("FLEETPATCH_INVENTORY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "demo", "--root", str(root)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            stdin=subprocess.DEVNULL)
+    seen = []
+    try:
+        in_rollout = False
+        for line in proc.stdout:
+            seen.append(line)
+            in_rollout = in_rollout or "2. rollout" in line
+            if in_rollout and line.rstrip().endswith(" restart"):
+                break
+        else:
+            raise AssertionError("the rollout never restarted a host:\n" + "".join(seen))
+        proc.send_signal(signal.SIGINT)  # as the terminal does: to the demo, not to its child
+        rest, _ = proc.communicate(timeout=180)
+        out = "".join(seen) + rest
+        assert proc.returncode == 130, out
+        assert "interrupted during step 'rollout'" in out
+        assert "No host is left locked (checked)." in out
+        assert f"  export FLEETPATCH_INVENTORY={root / 'hosts.yaml'}" in out.splitlines()
+        assert "fleetpatch demo --down --root" in out and "takes it down" in out
+        assert "3. check-patch" not in out, "no later step runs after Ctrl-C"
+        doc = json.loads((root / "reports" / "2-rollout.json").read_text())
+        assert doc["interrupted"] is True
+        fleet = Fleet.attach(root)
+        statuses = {n: h["status"] for n, h in doc["hosts"].items()}
+        for n, st in statuses.items():
+            assert st in ("verified", "rolled-back", "skipped"), statuses
+            assert f"  {n}: {st}" in out
+            assert not (fleet.hosts[n].state_dir / "lock").exists(), f"{n} is left locked"
+        assert "verified" in statuses.values(), statuses  # the canary was in flight and finished
+        state = json.loads((root / "fleet.json").read_text())
+        ports = [p for h in fleet.hosts.values() for p in (h.ssh_port, h.http_port)]
+        assert_down_removes_everything(tmp_path, root, fleet, state, ports)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         if (root / "fleet.json").exists():
             Fleet.attach(root).stop()

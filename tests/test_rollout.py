@@ -92,6 +92,14 @@ def test_failure_budget_halts_the_rollout_and_rolls_the_failed_hosts_back(op8, f
         assert run.host(n)["status"] == "skipped"
         assert snapshot(fleet8, [n])[n][:2] == PRISTINE
     assert "more than --max-failures 1" in run.output
+    stopped = [line for line in run.output.splitlines() if line.startswith("stopped:")]
+    assert stopped == [run.report["stopped"]]
+    assert "in the end 2 failed (r2 rolled-back, r4 rolled-back)" in stopped[0], stopped
+    assert "3 hosts not started (skipped, untouched)" in stopped[0], stopped
+    last = run.output.splitlines()[-1]
+    assert last.startswith("FAILED on 2 of 7 hosts: r2 (rolled-back), r4 (rolled-back) — 2 verified, 2 failed, "
+                           "3 skipped"), last
+    assert run.report["counts"] == {"verified": 2, "failed": 2, "skipped": 3}
 
 
 def test_an_unreachable_host_is_reported_and_does_not_block_the_others(op8, fleet8):
@@ -105,6 +113,9 @@ def test_an_unreachable_host_is_reported_and_does_not_block_the_others(op8, flee
     assert run.host("gone")["status"] == "unreachable"
     assert run.host("r1")["status"] == "verified"
     assert run.host("r2")["status"] == "verified"
+    last = run.output.splitlines()[-1]
+    assert last.startswith("FAILED on 1 of 3 hosts: gone (unreachable) — 2 verified, 1 unreachable"), last
+    assert run.report["counts"] == {"verified": 2, "unreachable": 1}
 
 
 def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untouched(op8, fleet8):
@@ -130,6 +141,10 @@ def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untou
     statuses = {n: doc["hosts"][n]["status"] for n in NAMES}
     assert set(statuses.values()) <= {"verified", "rolled-back", "skipped"}, statuses
     assert "verified" in statuses.values() and "skipped" in statuses.values()
+    last = out.splitlines()[-1]
+    assert last.startswith("INTERRUPTED: rollout on 8 hosts: "), last
+    assert "skipped" in last and "failed" not in last, "hosts skipped after Ctrl-C are not failed"
+    assert doc["counts"]["skipped"] == sum(1 for st in statuses.values() if st == "skipped")
     after = snapshot(fleet8, NAMES)
     for n, st in statuses.items():
         if st == "skipped":

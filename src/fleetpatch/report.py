@@ -1,33 +1,103 @@
 """What the operator sees: progress while hosts work, a summary, the loud
-failure details last, and the JSON report."""
+failure details last, and the JSON report.
+
+Everything that came from a host goes through `textsafe` (control bytes
+escaped, never rich markup). Off a terminal (CI logs, `| tee`) nothing is cut
+or wrapped at a width: lines are as long as they are.
+"""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
-from rich.console import Group
 
-OK_STATUSES = {"fetched", "applies", "applied", "already-applied", "verified", "rolled-back", "ok"}
+from .errors import Status, UsageError
+from .textsafe import cell, safe, safe_line
+
+# Off a terminal rich would lay tables out for 80 columns and cut them; this
+# width is never reached, so a table is as wide as its content.
+_UNBOUNDED = 100_000
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console that wraps nothing off a terminal (rich's default is 80 columns)."""
+    probe = Console(stderr=stderr)
+    if probe.is_terminal:
+        return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=_UNBOUNDED)
+
+
+def say(console: Console, text: str, style: str = "") -> None:
+    """One message, host data in it escaped, never markup, never hard-wrapped."""
+    console.print(safe(text), style=style or None, markup=False, highlight=False, soft_wrap=True)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+# ----------------------------------------------------------------- counting
+
+UNREACHABLE_LIKE = {Status.UNREACHABLE, Status.HOST_KEY_REJECTED, Status.AUTH_FAILED}
+COUNT_ORDER = ("failed", "unreachable", "skipped", "interrupted")
+
+
+def category(r) -> str:
+    """What one host's result counts as: its own status when it succeeded
+    (verified, rolled-back, ...), else failed / unreachable / skipped / interrupted."""
+    status = Status(r.status) if r.status in Status._value2member_map_ else None
+    if r.ok:
+        return str(r.status)
+    if status in UNREACHABLE_LIKE:
+        return "unreachable"
+    if status == Status.SKIPPED:
+        return "skipped"
+    if status == Status.INTERRUPTED:
+        return "interrupted"
+    return "failed"
+
+
+def counts(results: dict) -> dict[str, int]:
+    """Hosts per category, successes first (in the order they occur), then
+    failed, unreachable, skipped, interrupted; categories with no host left out."""
+    out: dict[str, int] = {}
+    cats = [category(r) for r in results.values()]
+    for c in cats:
+        if c not in COUNT_ORDER:
+            out[c] = out.get(c, 0) + 1
+    for c in COUNT_ORDER:
+        n = cats.count(c)
+        if n:
+            out[c] = n
+    return out
+
+
+def counts_line(results: dict) -> str:
+    return ", ".join(f"{n} {c}" for c, n in counts(results).items())
+
+
+# ----------------------------------------------------------------- live view
+
 class View:
-    """Per-host phases: a rich live table on a TTY, timestamped lines otherwise."""
+    """Per-host phases: a rich live table on a TTY (with each host's stage:
+    canary, batch k of n), timestamped lines otherwise."""
 
     def __init__(self, task: str, hosts: list[str], console: Console | None = None, live: bool | None = None):
         self.task = task
-        self.console = console or Console()
+        self.console = console or make_console()
         self.live_enabled = self.console.is_terminal if live is None else live
-        self.rows = {h: {"phase": "queued", "detail": "", "since": None} for h in hosts}
+        self.rows = {h: {"phase": "queued", "detail": "", "since": None, "stage": ""} for h in hosts}
         self.lock = threading.Lock()
         self.started = time.monotonic()
         self._live = None
@@ -46,9 +116,15 @@ class View:
             self._live.update(self._render())
             self._live.__exit__(*exc)
 
+    def stage(self, host: str, stage: str) -> None:
+        """Which stage of a rollout the host belongs to (shown in its own column)."""
+        with self.lock:
+            self.rows.setdefault(host, {"phase": "queued", "detail": "", "since": None})["stage"] = stage
+        self.progress(host, "queued", stage)
+
     def progress(self, host: str, phase: str, detail: str = "") -> None:
         with self.lock:
-            row = self.rows.setdefault(host, {"phase": "", "detail": "", "since": None})
+            row = self.rows.setdefault(host, {"phase": "", "detail": "", "since": None, "stage": ""})
             if row["phase"] != phase:
                 row["since"] = time.monotonic()
             row["phase"], row["detail"] = phase, detail
@@ -64,68 +140,135 @@ class View:
                 return
             self._last_line[host] = key
         stamp = time.strftime("%H:%M:%S")
-        self.console.print(f"{stamp} {host:<12} {line}", markup=False, highlight=False)
+        say(self.console, f"{stamp} {safe_line(host):<12} {safe_line(line)}")
 
     def _render(self):
         table = Table(title=f"fleetpatch {self.task}", expand=False)
         table.add_column("host")
+        if any(row.get("stage") for row in self.rows.values()):
+            table.add_column("stage")
         table.add_column("phase", min_width=10)
         table.add_column("time", justify="right", min_width=6)
         table.add_column("detail", min_width=44)
+        staged = len(table.columns) == 5
         now = time.monotonic()
         for host, row in self.rows.items():
             style = ""
             if row["phase"] == "done":
-                style = "green" if row["detail"] in OK_STATUSES else "bold red"
+                style = "green" if row["detail"] in Status._value2member_map_ and Status(row["detail"]).succeeded \
+                    else "bold red"
             if row.get("first") is None and row["phase"] not in ("queued",):
                 row["first"] = row["since"]
             end = row.get("ended") or now
             took = f"{end - row['first']:.1f}s" if row.get("first") else ""
             if row["phase"] == "done" and not row.get("ended"):
                 row["ended"] = now
-            table.add_row(host, row["phase"], took, row["detail"], style=style)
+            cells = [cell(host)] + ([cell(row.get("stage", ""))] if staged else []) + [
+                cell(row["phase"]), cell(took), cell(row["detail"])]
+            table.add_row(*cells, style=style)
         return Group(table, self.bar)
 
+
+# ----------------------------------------------------------------- outcome
 
 def summary_table(task: str, results: dict) -> Table:
     table = Table(title=f"fleetpatch {task}: summary")
     for col in ("host", "status", "engine", "patch", "path", "time", "trips"):
         table.add_column(col)
     for name, r in results.items():
-        table.add_row(name, r.status, r.engine_version or "-", r.patch or "-", r.executed_path or "-",
-                      f"{r.duration_s:.1f}s", str(r.round_trips),
+        table.add_row(cell(name), cell(r.status), cell(r.engine_version or "-"), cell(r.patch or "-"),
+                      cell(r.executed_path or "-"), cell(f"{r.duration_s:.1f}s"), cell(str(r.round_trips)),
                       style="green" if r.ok else "bold red")
     return table
 
 
-def print_outcome(console: Console, task: str, results: dict, extra_lines: list[str] = ()) -> None:
+def last_line(task: str, results: dict, interrupted: bool = False) -> tuple[str, bool]:
+    """The run's verdict in one line, with the true count of each outcome.
+    Skipped hosts are not failures: they were never touched."""
+    n = len(results)
+    tally = counts_line(results)
+    bad = {h: r for h, r in results.items() if category(r) in ("failed", "unreachable", "interrupted")}
+    if all(r.ok for r in results.values()):
+        where = f"all {n} hosts" if n != 1 else "its one host"
+        return f"OK: {task} succeeded on {where}: {tally}", True
+    names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in bad.items())
+    if interrupted:
+        return f"INTERRUPTED: {task} on {plural(n, 'host')}: {tally}" + (f"; not ok: {names}" if names else ""), False
+    return (f"FAILED on {len(bad)} of {plural(n, 'host')}: {names} — {tally}; "
+            "see the details above for each host's cause and what to do"), False
+
+
+def print_outcome(console: Console, task: str, results: dict, extra_lines: list[str] = (),
+                  interrupted: bool = False) -> None:
     console.print(summary_table(task, results))
     failed = {n: r for n, r in results.items() if not r.ok}
     for name, r in results.items():
         if r.ok and r.message and task in ("check-patch", "fetch"):
-            console.print(r.message, markup=False, highlight=False)
+            say(console, r.message)
     for name, r in failed.items():
-        console.print(r.message or f"FAIL {name} {r.status}", style="red", markup=False, highlight=False)
+        if category(r) != "skipped":  # never touched: the stopped line and the counts say so, once
+            say(console, r.message or f"FAIL {name} {r.status}", style="red")
     for line in extra_lines:
-        console.print(line, markup=False, highlight=False)
-    if failed:
-        console.print(
-            f"FAILED on {len(failed)} of {len(results)} hosts: "
-            + ", ".join(f"{n} ({r.status})" for n, r in failed.items())
-            + " — see the details above for each host's cause and what to do",
-            style="bold red", markup=False, highlight=False)
-    else:
-        console.print(f"OK: {task} succeeded on all {len(results)} hosts", style="bold green")
+        say(console, line)
+    text, ok = last_line(task, results, interrupted)
+    say(console, text, style="bold green" if ok else "bold red")
+
+
+# ----------------------------------------------------------------- JSON report
+
+def check_report_path(path: str | Path | None, flag: str = "--report", directory: bool = False) -> None:
+    """Refuse a --report path (or with `directory`, a folder to create) that
+    cannot be written, before any host is touched, so a run's results are never
+    lost to a typo at the end. It is really tried (root may write where
+    `os.access` says yes and the kernel says no, as under /proc), and whatever
+    the try created is removed again."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir() and not directory:
+        raise UsageError(f"{flag} {path}: is a directory; give a file path, e.g. {p / 'report.json'}")
+    if p.exists() and directory and not p.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a directory")
+    created: list[Path] = []
+    target = p if directory else p.parent
+    try:
+        for d in reversed([target, *target.parents]):
+            if not d.exists():
+                d.mkdir()
+                created.append(d)
+            elif not d.is_dir():
+                raise UsageError(f"{flag} {path}: {d} is a file, not a directory")
+        if directory:
+            probe = target / f".fleetpatch-write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        elif p.exists():
+            with open(p, "ab"):
+                pass
+        else:
+            with open(p, "ab"):
+                pass
+            p.unlink()
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
+    finally:
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def write_report(path: str | Path, task: str, ok: bool, started: str, results: dict, extra: dict | None = None) -> None:
-    doc = {"task": task, "ok": ok, "started": started, "finished": now_iso(),
+    doc = {"task": task, "ok": ok, "started": started, "finished": now_iso(), "counts": counts(results),
            "hosts": {name: r.to_json() for name, r in results.items()}}
     if extra:
         doc.update(extra)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
+
+# ----------------------------------------------------------------- status
 
 def status_table(results: dict) -> Table:
     table = Table(title="fleetpatch status")
@@ -134,14 +277,16 @@ def status_table(results: dict) -> Table:
     for name, r in results.items():
         d = r.details
         if not d.get("reachable"):
-            table.add_row(name, f"no ({r.status})", "-", "-", "-", "-", "-", style="bold red")
+            table.add_row(cell(name), cell(f"no ({r.status})"), "-", "-", "-", "-", "-", style="bold red")
             continue
         last = d.get("last_verification") or {}
         table.add_row(
-            name, "yes", (r.engine_version or "?") + ("" if d.get("known_version", True) else " (unknown to profile)"),
-            ", ".join(d.get("applied") or []) or "-",
-            ", ".join(p.rsplit("/", 1)[-1] for p in d.get("drift") or []) or "no",
-            ("yes" if d.get("server_up") else "NO") + (" (restart pending)" if d.get("restart_pending") else ""),
-            f"{last.get('status', '-')} {last.get('at', '')}".strip(),
+            cell(name), "yes",
+            cell((r.engine_version or "?") + ("" if d.get("known_version", True) else " (unknown to profile)")),
+            cell(", ".join(str(a) for a in d.get("applied") or []) or "-"),
+            cell(", ".join(str(p).rsplit("/", 1)[-1] for p in d.get("drift") or []) or "no"),
+            cell(("yes" if d.get("server_up") else "NO") + (" (restart pending)" if d.get("restart_pending") else "")),
+            cell(f"{last.get('status', '-')} {last.get('at', '')}".strip()),
             style="" if r.ok else "bold red")
     return table
+

@@ -11,12 +11,25 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .errors import Status
 from .inventory import Host
 from .steps import HostResult
 
 MAX_PARALLEL = 32
 
 HostFn = Callable[[Host], HostResult]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+_UNREACHABLE = {Status.UNREACHABLE, Status.HOST_KEY_REJECTED, Status.AUTH_FAILED}
+
+
+def _failed(results: dict) -> list[HostResult]:
+    """The hosts that count against a failure budget: failed or unreachable, not skipped."""
+    return [r for r in results.values() if not r.ok and r.status not in (Status.SKIPPED, Status.INTERRUPTED)]
 
 
 @dataclass
@@ -32,6 +45,23 @@ class Stop:
             self.reason = reason
         self.interrupted = self.interrupted or interrupted
         self.event.set()
+
+    def describe(self, results: dict) -> str | None:
+        """The `stopped:` line, counted over the final results: hosts in flight when
+        the stop came may have failed too, and the line says so truthfully."""
+        if self.reason is None:
+            return None
+        groups: dict[str, list[str]] = {}
+        for r in _failed(results):
+            cat = "unreachable" if r.status in _UNREACHABLE else "failed"
+            groups.setdefault(cat, []).append(r.host if r.status == cat else f"{r.host} {r.status}")
+        tally = ", ".join(f"{len(h)} {cat} ({', '.join(h)})" for cat, h in sorted(groups.items()))
+        not_started = sum(1 for r in results.values() if r.status == Status.SKIPPED)
+        parts = [self.reason]
+        if tally and not self.interrupted:
+            parts.append(f"in the end {tally}")
+        parts.append(f"{_plural(not_started, 'host')} not started (skipped, untouched)")
+        return "stopped: " + "; ".join(parts)
 
 
 def default_parallel(n_hosts: int, parallel: int | None) -> int:
@@ -61,12 +91,13 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                     results[host.name] = result
                     if on_result:
                         on_result(result)
-                    failures = sum(1 for r in results.values() if not r.ok and r.status != "skipped")
+                    failures = len(_failed(results))
                     if budget is not None and failures > budget:
-                        stop.set(f"{failures} hosts failed (more than --max-failures {budget})")
+                        stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed "
+                                 f"or {'was' if failures == 1 else 'were'} unreachable when the stop came")
         except KeyboardInterrupt:
-            stop.set("interrupted (Ctrl-C): no new host was started; hosts in flight were let finish",
-                     interrupted=True)
+            stop.set("interrupted (Ctrl-C): no new host was started; the hosts in flight were let finish "
+                     "(or roll back)", interrupted=True)
             # Let each host in flight finish or undo its step; a second Ctrl-C is ignored here.
             while in_flight:
                 try:
@@ -77,8 +108,12 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                     host = in_flight.pop(fut)
                     results[host.name] = fut.result()
     for host in pending:
-        results.setdefault(host.name, HostResult(host.name, False, "skipped",
-                                                 f"{host.name}: not started: {stop.reason}; untouched"))
+        results.setdefault(host.name, _skipped(host, stop))
+
+
+def _skipped(host: Host, stop: Stop) -> HostResult:
+    why = "interrupted (Ctrl-C)" if stop.interrupted else (stop.reason or "the run stopped")
+    return HostResult(host.name, False, Status.SKIPPED, f"{host.name}: not started ({why}); untouched")
 
 
 def run_all(hosts: list[Host], fn: HostFn, parallel: int | None) -> tuple[dict, Stop]:
@@ -119,11 +154,11 @@ def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, ca
             on_stage(i, stage, is_canary)
         run_stage(stage, fn, default_parallel(len(stage), parallel), results, stop,
                   budget=0 if is_canary else max_failures)
-        if is_canary and any(not results[h.name].ok for h in stage) and stop.reason is None:
-            stop.set("the canary failed")
-        elif is_canary and stop.reason and not stop.interrupted:
-            stop.reason = "the canary failed"
+        bad = [h.name for h in stage if not results[h.name].ok] if is_canary else []
+        if bad and not stop.interrupted:
+            # the canary's budget is 0: its first failure is the reason, whatever run_stage said
+            stop.reason = None
+            stop.set(f"the canary failed ({', '.join(f'{n}: {results[n].status}' for n in bad)})")
     for h in hosts:
-        results.setdefault(h.name, HostResult(h.name, False, "skipped",
-                                              f"{h.name}: not started: {stop.reason}; untouched"))
+        results.setdefault(h.name, _skipped(h, stop))
     return {h.name: results[h.name] for h in hosts}, stop, [[h.name for h in s] for s in stages]

@@ -7,18 +7,23 @@ two on the spec-v2 path and two not, leaves them running (detached), and runs
 the real ``fleetpatch`` commands against them as subprocesses, exactly as a user
 would type them.  It returns 0 when every step behaved as the demo expects
 (including the two steps that are *meant* to fail), else non-zero naming the
-step.  ``down(root)`` stops the fleet and checks that nothing is left.
+step.  Ctrl-C interrupts the step in flight the way it interrupts a rollout
+(the child gets the SIGINT, hosts in flight finish or roll back, locks are
+released) and then says where each host ended.  ``down(root)`` stops the fleet,
+checks that nothing is left, and removes the empty mount-point directory.
 
 ``FLEETPATCH_DEMO_STARTUP_DELAY`` (seconds, default 1) is how long each stand-in
 server takes to come up, so the live view is watchable; the tests lower it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -41,10 +46,14 @@ V2_HOSTS = ["gpu-a01", "gpu-a02"]      # SGLANG_ENABLE_SPEC_V2=True, --speculati
 V1_HOSTS = ["gpu-a03", "gpu-a04"]      # no env, --speculative-eagle-topk 4: EAGLEWorker runs
 STARTUP_DELAY_ENV = "FLEETPATCH_DEMO_STARTUP_DELAY"
 DEPLOY_TIMEOUT = "20"
+# What up() and Fleet write under the demo's root (removed by down()).
+CREATED_IN_ROOT = (fleetmod.STATE_FILE, fleetmod.STATE_FILE + ".tmp", "hosts.yaml", "reports", "keys", "hosts")
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    # soft_wrap: a command the demo tells the user to run stays on one line,
+    # piped or not (the terminal wraps it for the eye, a copy gets it whole).
+    return Console(highlight=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------- prerequisites
@@ -112,6 +121,12 @@ class Step:
     problem: str = ""
 
 
+class _Interrupted(Exception):
+    def __init__(self, step: Step):
+        super().__init__(step.title)
+        self.step = step
+
+
 def _run_step(console: Console, step: Step) -> Step:
     shown = " ".join(shlex.quote(a) for a in ["fleetpatch", *step.args])
     console.print(f"$ {shown}", style="bold", markup=False)
@@ -121,9 +136,26 @@ def _run_step(console: Console, step: Step) -> Step:
     t = time.monotonic()
     # The child writes to our stdout/stderr: on a terminal it shows its live table.
     # Run where the user is, so the command shown is exactly the command run.
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL)
+    # Its own session: a Ctrl-C at the terminal reaches only the demo, which
+    # passes exactly one SIGINT on, so the step stops the way it stops when a
+    # person presses Ctrl-C at it (subprocess.run would kill it instead, leaving
+    # hosts patched, unverified and locked).
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    interrupted = False
+    while True:
+        try:
+            proc.wait()
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+            try:
+                proc.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                pass
     step.seconds = time.monotonic() - t
     step.code = proc.returncode
+    if interrupted:
+        raise _Interrupted(step)
     if step.code != step.expect_code:
         step.problem = f"exited {step.code}, expected {step.expect_code}"
     return step
@@ -187,15 +219,53 @@ def up(root: Path = DEFAULT_ROOT) -> int:
     shown_root = _show_path(root)
     down_cmd = "fleetpatch demo --down" + ("" if root == DEFAULT_ROOT.absolute() else f" --root {shlex.quote(shown_root)}")
     started = time.monotonic()
+    ctx: dict = {}
     try:
-        return _up(console, root, shown_root, delay, down_cmd, started)
-    except KeyboardInterrupt:
-        console.print(f"\nfleetpatch demo: interrupted; whatever was started keeps running: "
-                      f"`{down_cmd}` stops it", style="bold red", markup=False)
+        return _up(console, root, shown_root, delay, down_cmd, started, ctx)
+    except (KeyboardInterrupt, _Interrupted) as e:
+        return _interrupted(console, root, down_cmd, ctx, e.step if isinstance(e, _Interrupted) else None)
+
+
+def _point_at(inventory: Path) -> str:
+    """The one line that points the everyday commands at the demo fleet."""
+    return f"export FLEETPATCH_INVENTORY={shlex.quote(str(Path(inventory).absolute()))}"
+
+
+def _interrupted(console: Console, root: Path, down_cmd: str, ctx: dict, step: Step | None) -> int:
+    """After Ctrl-C: where each host ended (the step's report), whether a lock
+    is left (checked on the hosts' files), how to look and how to take it down."""
+    say = functools.partial(console.print, markup=False)
+    console.print()
+    if step is None:
+        say("fleetpatch demo: interrupted before a fleetpatch step ran.", style="bold red")
+    else:
+        say(f"fleetpatch demo: interrupted during step {step.title!r}: fleetpatch stopped it the way Ctrl-C "
+            f"stops a rollout (it exited {step.code}).", style="bold red")
+        try:
+            doc = _report(step)
+            for name, h in doc.get("hosts", {}).items():
+                say(f"  {name}: {h.get('status')}  {h.get('patch') or ''}".rstrip())
+        except _Misbehaved:
+            say(f"  (the step wrote no report at {_show_path(step.report)}: it was stopped before any host "
+                "was changed)")
+    fleet = ctx.get("fleet")
+    if fleet is None:
+        say(f"Whatever was started keeps running: `{down_cmd}` removes it.", style="bold")
         return 130
+    locked = [n for n, h in fleet.hosts.items() if (h.state_dir / "lock").exists()]
+    if locked:
+        say(f"Still locked: {', '.join(locked)} (a step is still finishing; rerun status in a moment).")
+    else:
+        say("No host is left locked (checked).")
+    say("The demo fleet stays up. To look at it, point the everyday commands at it:")
+    say(f"  {_point_at(ctx['inventory'])}")
+    say("  fleetpatch status")
+    say(f"`{down_cmd}` takes it down.", style="bold")
+    return 130
 
 
-def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: str, started: float) -> int:
+def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: str, started: float,
+        ctx: dict) -> int:
     console.print(Rule("fleetpatch demo"))
     console.print(
         "A local fleet of 4 GPU hosts - real OpenSSH sshd servers on 127.0.0.1, each in its own mount "
@@ -222,10 +292,12 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     t = time.monotonic()
     try:
         fleet = Fleet(root, _specs(delay), detach=True).start(timeout=60 + 4 * delay)
+        ctx["fleet"] = fleet
     except (FleetError, RuntimeError, OSError) as e:
         console.print(f"fleetpatch demo: could not start the demo fleet: {e}", style="bold red", markup=False)
         return 1
     inventory = fleet.write_inventory(root / "hosts.yaml", canary=True)
+    ctx["inventory"] = inventory
     inv = _show_path(inventory)
     console.print(f"{len(fleet.hosts)} hosts up in {time.monotonic() - t:.1f}s; inventory {inv} "
                   f"(group canary: [{V2_HOSTS[0]}])", markup=False)
@@ -327,7 +399,10 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     console.print(f"  fleetpatch rollback --patch {ONE_PATH_PATCH} --patches {patches} --hosts {v1} "
                   f"--inventory {inv}", markup=False)
     console.print(f"  fleetpatch status --inventory {inv}", markup=False)
-    console.print(f"`{down_cmd}` stops it.", style="bold", markup=False)
+    console.print("The demo fleet stays up. To point the everyday commands at it (no --inventory needed):",
+                  markup=False)
+    console.print(f"  {_point_at(inventory)}", markup=False)
+    console.print(f"`{down_cmd}` takes it down.", style="bold", markup=False)
     return 0
 
 
@@ -368,6 +443,7 @@ def down(root: Path = DEFAULT_ROOT) -> int:
         for line in left:
             console.print(f"fleetpatch demo: still there after stopping: {line}", style="bold red", markup=False)
         return 1
+    removed = _remove_created(root, fleet.mount_point)
     if procs:
         hosts = [n for n, p in members.items() if p]
         console.print(f"Stopped the demo fleet in {shown_root}: {len(hosts)} hosts ({', '.join(hosts)}), "
@@ -376,9 +452,69 @@ def down(root: Path = DEFAULT_ROOT) -> int:
     else:
         console.print(f"The demo fleet in {shown_root} was not running: nothing to stop "
                       "(checked: no process, mount namespace or port of it is left).", markup=False)
-    console.print(f"Its files (logs, reports, keys) stay in {shown_root}; remove the folder to delete them.",
-                  markup=False)
+    for line in removed:
+        console.print(line, markup=False)
+    console.print(f"The SGLang wheels stay cached in {cache_dir()} for the next run.", markup=False)
     return 0
+
+
+def _mounted_in_some_namespace(path: str) -> bool:
+    """Whether any mount namespace on this machine has a mount at `path`:
+    another demo or test fleet may use the same mount point, and removing the
+    directory under it would detach its hosts' trees (Linux >= 3.18)."""
+    seen = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            if ns in seen:
+                continue
+            seen.add(ns)
+            with open(f"/proc/{pid}/mountinfo") as f:
+                for line in f:
+                    point = line.split()[4].replace("\\040", " ")
+                    if point == path:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def _remove_created(root: Path, mount_point: str) -> list[str]:
+    """Remove what `up` created here: the demo folder (fleet record, host trees,
+    keys, logs, reports) and the empty mount-point directory. Says what it did."""
+    out = []
+    # Only the entries the demo writes: a --root that was an existing folder keeps the rest.
+    for name in CREATED_IN_ROOT:
+        p = root / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+    try:
+        root.rmdir()
+        out.append(f"Removed {_show_path(root)} (the hosts' files, keys, logs and reports).")
+    except OSError:
+        left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        out.append(f"Removed the demo's files from {_show_path(root)}"
+                   + (f"; kept what it did not create: {', '.join(left)}." if left else "."))
+    try:
+        parent = root.parent
+        if parent.name == ".fleetpatch" and not any(parent.iterdir()):
+            parent.rmdir()
+    except OSError:
+        pass
+    if os.path.isdir(mount_point):
+        if _mounted_in_some_namespace(mount_point):
+            out.append(f"Kept the mount point {mount_point}: another fleet on this machine mounts its hosts there.")
+        else:
+            try:
+                os.rmdir(mount_point)
+                out.append(f"Removed the empty mount point {mount_point}.")
+            except OSError as e:
+                out.append(f"Kept the mount point {mount_point}: {e.strerror or e}.")
+    return out
 
 
 def _leftovers(fleet: Fleet, ports: dict, wait: float = 5.0) -> list[str]:

@@ -1,0 +1,199 @@
+"""What every command shares: flag help and value checks, the `command`
+decorator that turns an error into one line and its exit code, and the run of
+one step over the selected hosts.
+
+Imported by the command modules (`cli_hosts`, `cli_fleet`); it imports none of
+them, so there is no cycle and no optional import to fail silently.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+from invoke import task
+from invoke.exceptions import Exit
+
+from . import report as rep
+from . import rollout as fleet
+from . import steps
+from .engines import get as get_profile
+from .errors import FleetpatchError, UsageError, exit_code
+from .inventory import load_inventory, resolve_inventory_path
+from .patchset import load_patch, search_dirs
+from .textsafe import safe_line
+
+HELP = {
+    "inventory": "the inventory file (default: ./hosts.yaml, or $FLEETPATCH_INVENTORY)",
+    "hosts": "comma-separated host names from the inventory",
+    "group": "the hosts of this inventory group ('all' is every host)",
+    "report": "also write the JSON report to this path (checked before any host is contacted)",
+    "parallel": "hosts worked on at once, a whole number of 1 or more (default: all selected, capped at 32)",
+    "patches": "look patches up in DIR first, then ./patches, then the shipped ones",
+    "patch": "NAME (newest revision admitting the host's engine version) or NAME@REV",
+    "timeout": "seconds to wait for the markers after a restart, a number above 0 "
+               "(default: server.ready_timeout)",
+    "accept_new_host_keys": "trust unknown host keys and record them (a changed key is always refused)",
+    "break_lock": "break a lock left behind by a dead fleetpatch run",
+    "force": "proceed although the pre-flight check says the patched path would not run",
+}
+
+# The placeholder shown after each flag in `--help` (Invoke would say STRING).
+METAVAR = {"inventory": "PATH", "hosts": "A,B", "group": "GROUP", "report": "PATH", "parallel": "N",
+           "patches": "DIR", "patch": "NAME[@REV]", "timeout": "SECONDS", "dest": "DIR", "canary": "N",
+           "batch": "N", "max_failures": "K", "on_failure": "keep|rollback", "root": "DIR"}
+
+PATCH_NEEDED = "the patch to use, NAME or NAME@REV (see patches/ or fleetpatch's shipped patches)"
+
+COMMON = ("inventory", "hosts", "group", "report", "parallel", "patches", "accept_new_host_keys")
+
+
+def helps(*names, **extra) -> dict:
+    return {**{n: HELP[n] for n in names}, **extra}
+
+
+class RunFailed(FleetpatchError):
+    """At least one host failed; its story is already printed (exit 1)."""
+
+
+def err_line(msg: str) -> None:
+    # one line: a value quoted from a file or the command line cannot break it or act on the terminal
+    print(f"fleetpatch: error: {safe_line(msg)}", file=sys.stderr, flush=True)
+
+
+def command(**task_kw):
+    """An Invoke task of fleetpatch: flags only (no positionals, which would
+    swallow `--help` as a value), no automatic short flags (so `-p` cannot mean
+    two things), and exit codes mapped once from the error type."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def body(c, **kw):
+            if any(v in ("--help", "-h") for v in kw.values()):
+                # `invoke cmd --patch --help`: Invoke took --help as the flag's value
+                print_help(fn, task_kw.get("help", {}))
+                raise Exit(code=0)
+            try:
+                fn(c, **kw)
+            except RunFailed as e:
+                raise Exit(code=exit_code(e)) from None
+            except FleetpatchError as e:
+                err_line(str(e))
+                raise Exit(code=exit_code(e)) from None
+            except KeyboardInterrupt as e:
+                raise Exit(code=exit_code(e)) from None
+
+        return task(body, positional=[], auto_shortflags=False, **task_kw)
+
+    return wrap
+
+
+def print_help(fn, helps_: dict) -> None:
+    """A command's help from its signature, for when Invoke's parser cannot give it."""
+    import inspect
+    import os
+    name = fn.__name__.replace("_", "-")
+    print(f"Usage: {os.path.basename(sys.argv[0]) or 'fleetpatch'} {name} [--options]")
+    print("")
+    print("  " + (inspect.getdoc(fn) or "").splitlines()[0])
+    print("")
+    print("Options:")
+    rows = []
+    for p in list(inspect.signature(fn).parameters.values())[1:]:
+        flag = "--" + p.name.replace("_", "-")
+        if not isinstance(p.default, bool):
+            flag += "=" + METAVAR.get(p.name, "VALUE")
+        rows.append((flag, helps_.get(p.name, "")))
+    width = max(len(f) for f, _ in rows)
+    for flag, text in sorted(rows):
+        print(f"  {flag:<{width}}   {text}".rstrip())
+    print("")
+
+
+# ----------------------------------------------------------------- values
+
+def count(flag: str, value, *, minimum: int, default: int | None = None) -> int | None:
+    """A whole-number flag value, at least `minimum`."""
+    if value in (None, ""):
+        return default
+    text = str(value).strip()
+    try:
+        n = int(text)
+    except ValueError:
+        raise UsageError(f"--{flag}: expected a whole number of {minimum} or more, got {value!r}") from None
+    if n < minimum:
+        raise UsageError(f"--{flag}: expected a whole number of {minimum} or more, got {n}")
+    return n
+
+
+def seconds(flag: str, value) -> float | None:
+    if value in (None, ""):
+        return None
+    try:
+        t = float(str(value).strip())
+    except ValueError:
+        raise UsageError(f"--{flag}: expected seconds (a number above 0, e.g. 30 or 2.5), got {value!r}") from None
+    if not t > 0 or t == float("inf"):
+        raise UsageError(f"--{flag}: expected seconds (a number above 0, e.g. 30 or 2.5), got {value!r}")
+    return t
+
+
+def choice(flag: str, value, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise UsageError(f"--{flag}: expected {' or '.join(choices)}, got {value!r}")
+    return value
+
+
+def required(flag: str, value, what: str):
+    if value in (None, ""):
+        raise UsageError(f"--{flag} is required: {what}")
+    return value
+
+
+# ----------------------------------------------------------------- running
+
+def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=None):
+    """Everything checked before a host is contacted: the report path, the
+    inventory and selection, the patch. Raises UsageError."""
+    rep.check_report_path(report)
+    inv = load_inventory(resolve_inventory_path(inventory))
+    selected = inv.select(hosts or None, group or None, changes_hosts=changes_hosts)
+    dirs = search_dirs(patches or None, Path.cwd())
+    patch_obj, rev = None, None
+    if patch:
+        kinds = {h.engine.kind for h in selected} or {"sglang"}
+        patch_obj, rev = load_patch(patch, dirs, get_profile(sorted(kinds)[0]))
+    return inv, selected, dirs, patch_obj, rev
+
+
+def finish(console, task_name, results, started, report_path, stop=None, extra=None) -> None:
+    """Print the outcome, write the report, end with the right exit code."""
+    stopped = stop.describe(results) if stop is not None else None
+    rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
+                      interrupted=bool(stop is not None and stop.interrupted))
+    ok = all(r.ok for r in results.values())
+    if report_path:
+        doc_extra = dict(extra or {})
+        if stop is not None and stop.reason:
+            doc_extra["stopped"] = stopped
+            doc_extra["interrupted"] = stop.interrupted
+        rep.write_report(report_path, task_name, ok, started, results, doc_extra)
+    if stop is not None and stop.interrupted:
+        raise KeyboardInterrupt
+    if not ok:
+        raise RunFailed(f"{task_name} failed")
+
+
+def run_hosts(task_name: str, step, *, inventory, hosts, group, report_path, parallel, patches,
+              patch=None, changes_hosts=False, **job_kw) -> None:
+    parallel_n = count("parallel", parallel, minimum=1)
+    job_kw["timeout"] = seconds("timeout", job_kw.get("timeout"))
+    inv, selected, dirs, patch_obj, rev = prepare(inventory=inventory, hosts=hosts, group=group, patches=patches,
+                                                  patch=patch, changes_hosts=changes_hosts, report=report_path)
+    console = rep.make_console()
+    started = rep.now_iso()
+    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, **job_kw)
+    with rep.View(task_name, [h.name for h in selected], console=console) as view:
+        job.progress = view.progress
+        results, stop = fleet.run_all(selected, functools.partial(step, job), parallel_n)
+    finish(console, task_name, results, started, report_path, stop)

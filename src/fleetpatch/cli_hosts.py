@@ -1,0 +1,91 @@
+"""The per-host commands: fetch, check-patch, deploy-patch, verify-logs,
+rollback, status."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from . import report as rep
+from . import rollout as fleet
+from . import steps
+from .cli_common import (COMMON, PATCH_NEEDED, RunFailed, choice, command, count, helps, prepare, required,
+                         run_hosts)
+
+
+@command(help=helps(*COMMON, dest="where to put the files (default .fleetpatch/sources)"))
+def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+          dest=".fleetpatch/sources", accept_new_host_keys=False):
+    """Copy the engine files of the profile from each host to DEST/<host>/<path>, with fetch.json."""
+    rep.check_report_path(dest, flag="--dest", directory=True)
+    run_hosts("fetch", steps.fetch, inventory=inventory, hosts=hosts, group=group, report_path=report,
+              parallel=parallel, patches=patches, dest=Path(dest), accept_new_host_keys=accept_new_host_keys)
+
+
+@command(help=helps(*COMMON, "patch", "force"))
+def check_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+                force=False, accept_new_host_keys=False):
+    """Dry run: show whether the patch applies on each host and would run there, changing nothing."""
+    run_hosts("check-patch", steps.check_patch, inventory=inventory, hosts=hosts, group=group, report_path=report,
+              parallel=parallel, patches=patches, patch=required("patch", patch, PATCH_NEEDED), force=force,
+              accept_new_host_keys=accept_new_host_keys)
+
+
+@command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock",
+                    no_restart="write the files but do not restart (the restart stays pending on the host)",
+                    on_failure="keep (default) or rollback the hosts that fail"))
+def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+                 no_restart=False, timeout=None, on_failure="keep", force=False, break_lock=False,
+                 accept_new_host_keys=False):
+    """Deploy a patch: per host lock, apply, back up, write, restart, and verify the patched path ran."""
+    run_hosts("deploy-patch", steps.deploy, inventory=inventory, hosts=hosts, group=group, report_path=report,
+              parallel=parallel, patches=patches, patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True,
+              no_restart=no_restart, timeout=timeout, on_failure=choice("on-failure", on_failure, ("keep", "rollback")),
+              force=force, break_lock=break_lock, accept_new_host_keys=accept_new_host_keys)
+
+
+@command(help=helps(*COMMON, "patch", "timeout"))
+def verify_logs(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+                timeout=None, accept_new_host_keys=False):
+    """Read the log since fleetpatch's last restart, and pass only if the patched path executed."""
+    run_hosts("verify-logs", steps.verify_logs, inventory=inventory, hosts=hosts, group=group, report_path=report,
+              parallel=parallel, patches=patches, patch=patch, timeout=timeout,
+              accept_new_host_keys=accept_new_host_keys)
+
+
+@command(help=helps(*COMMON, "patch", "timeout", "break_lock",
+                    force="restore the originals even over files changed since fleetpatch wrote them"))
+def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+             timeout=None, force=False, break_lock=False, accept_new_host_keys=False):
+    """Restore the original files byte for byte, restart, and check that the patch's markers are gone."""
+    run_hosts("rollback", steps.rollback, inventory=inventory, hosts=hosts, group=group, report_path=report,
+              parallel=parallel, patches=patches, patch=patch, changes_hosts=True, timeout=timeout, force=force,
+              break_lock=break_lock, accept_new_host_keys=accept_new_host_keys)
+
+
+@command(help=helps(*COMMON))
+def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+           accept_new_host_keys=False):
+    """Show one table of the fleet: reachable, engine version, patches applied, drift, server up, last check."""
+    parallel_n = count("parallel", parallel, minimum=1)
+    inv, selected, dirs, _, _ = prepare(inventory=inventory, hosts=hosts, group=group, patches=patches,
+                                        patch=None, changes_hosts=False, report=report)
+    console = rep.make_console()
+    started = rep.now_iso()
+    job = steps.Job(hosts_by_name=inv.hosts, patch_dirs=dirs, accept_new_host_keys=accept_new_host_keys)
+    results, stop = fleet.run_all(selected, functools.partial(steps.status, job), parallel_n)
+    console.print(rep.status_table(results))
+    ok = all(r.ok for r in results.values())
+    if report:
+        rep.write_report(report, "status", ok, started, results)
+    for r in results.values():
+        if not r.ok:
+            rep.say(console, r.message, style="red")
+    text, _ = rep.last_line("status", results)
+    rep.say(console, text, style="bold green" if ok else "bold red")
+    if stop.interrupted:
+        raise KeyboardInterrupt
+    if not ok:
+        raise RunFailed("status failed")
+
+
+TASKS = [fetch, check_patch, deploy_patch, verify_logs, rollback, status]
