@@ -11,7 +11,7 @@ from fleetpatch.cli import ns  # noqa: F401
 REPO = Path(__file__).resolve().parent
 
 
-@task(help={"sizes": "fleet sizes, comma-separated (default 1,8,32; at most 32)",
+@task(auto_shortflags=False, help={"sizes": "fleet sizes, comma-separated (default 1,8,32; at most 32)",
             "repeats": "runs per size, net and tool (default 3)",
             "tools": "which of fleetpatch,baseline,pyinfra,ansible (default all four)",
             "nets": "loopback and/or delay (through bench/delayproxy.py; default both, interleaved)",

@@ -60,7 +60,7 @@ def test_motivating_failure_forced_fails_verification_loudly(operator, fleet):
     assert "Overlap scheduler is disabled when spec v2 is off" in out
     assert "SGLANG_ENABLE_SPEC_V2 is not set" in out
     assert "marker for EAGLEWorkerV2" in out or "EAGLEWorkerV2" in out
-    assert "FAILED on 1 of 1 hosts: v1a (not-executed)" in out.splitlines()[-1]
+    assert "FAILED on 1 of 1 host: v1a (not-executed)" in out.splitlines()[-1]
     # verify-logs reaches the same verdict from the log since fleetpatch's restart
     again = operator.run("verify-logs", "--hosts", "v1a", *FIX, "--timeout", "10")
     assert again.code == 1, again

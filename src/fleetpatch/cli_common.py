@@ -17,7 +17,7 @@ from invoke.exceptions import Exit
 from . import report as rep
 from . import rollout as fleet
 from . import steps
-from .engines import get as get_profile
+from . import engines
 from .errors import FleetpatchError, UsageError, exit_code
 from .inventory import load_inventory, resolve_inventory_path
 from .patchset import load_patch, search_dirs
@@ -161,8 +161,7 @@ def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=No
     dirs = search_dirs(patches or None, Path.cwd())
     patch_obj, rev = None, None
     if patch:
-        kinds = {h.engine.kind for h in selected} or {"sglang"}
-        patch_obj, rev = load_patch(patch, dirs, get_profile(sorted(kinds)[0]))
+        patch_obj, rev = load_patch(patch, dirs, engines.for_hosts(selected))
     return inv, selected, dirs, patch_obj, rev
 
 

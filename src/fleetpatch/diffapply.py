@@ -26,7 +26,7 @@ File operations (`FileDiff.op`):
   ``conflict``: a file is only deleted when it is byte for byte the one the
   diff was made from, so that rollback can restore it from the host's backup.
 
-Rules (see the contract's "Applying"):
+Rules:
 
 - A hunk matches its context exactly: no fuzz, no whitespace folding, line
   endings included. A hunk may sit at another line than its header says

@@ -61,7 +61,7 @@ class Verdict:
     cause: str
     markers_seen: List[dict]       # {"path", "line_no", "text"}
     missing: List[str]             # what was not seen (ready line / markers / expect lines / health)
-    message: str                   # the loud multi-line explanation (contract format)
+    message: str                   # the loud multi-line explanation (the README's FAIL format)
 
 
 @dataclass

@@ -718,7 +718,7 @@ class Fleet:
     # -- inventory ----------------------------------------------------------
 
     def inventory(self, canary: bool = False) -> dict:
-        """The fleet as a hosts.yaml document (contract shape)."""
+        """The fleet as a hosts.yaml document."""
         mp = self.mount_point
         inv = {
             "defaults": {
