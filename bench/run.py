@@ -7,7 +7,7 @@ loopback and through a TCP delay proxy (bench/delayproxy.py, 50 ms RTT).
                         [--delay-ms 25] [--quiet-wait 60] [--out bench]
     invoke bench                       # the same, from the repo root
 
-One fleet of 32 real sshd hosts (``fleetpatch.demo.fleet``; h00, h02, … run
+One fleet of 32 real sshd hosts (``fleetpatch_demo.fleet``; h00, h02, … run
 spec v1 / EAGLEWorker, h01, h03, … spec v2 / EAGLEWorkerV2; stand-in startup
 delay 0).  A run of size N uses h00..h(N-1).  For every size, repeat, net and
 tool (tool order rotated per repeat), the fleet is reset to pristine, the
@@ -56,8 +56,8 @@ from pathlib import Path
 import yaml
 
 import fleetpatch
-from fleetpatch.demo.fleet import Fleet, HostSpec
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.wheels import sglang_tree
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetpatch.demo import fleet as fleetmod
-from fleetpatch.demo.fleet import Fleet, HostSpec
+from fleetpatch_demo import fleet as fleetmod
+from fleetpatch_demo.fleet import Fleet, HostSpec
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_PATCHES = REPO / "tests" / "fixtures" / "patches"

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from fleetpatch import steps
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo.wheels import sglang_tree
 from fleetpatch.engines import sglang
 from fleetpatch.inventory import parse_inventory
 from fleetpatch.patchset import load_patch, search_dirs

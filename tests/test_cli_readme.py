@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 MINE = ["README.md", "hosts.yaml", "src/fleetpatch/cli.py", "src/fleetpatch/cli_common.py",
         "src/fleetpatch/cli_hosts.py", "src/fleetpatch/cli_fleet.py", "src/fleetpatch/report.py",
         "src/fleetpatch/rollout.py", "src/fleetpatch/ssh_errors.py", "src/fleetpatch/textsafe.py",
-        "src/fleetpatch/demo/run.py"]
+        "src/fleetpatch_demo/run.py"]
 
 
 def test_no_reference_to_a_contract_document_users_do_not_have():

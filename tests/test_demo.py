@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetpatch.demo import fleet as fleetmod
-from fleetpatch.demo import run as demo_run
-from fleetpatch.demo.fleet import Fleet
+from fleetpatch_demo import fleet as fleetmod
+from fleetpatch_demo import run as demo_run
+from fleetpatch_demo.fleet import Fleet
 
 REPO = Path(__file__).resolve().parents[1]
 

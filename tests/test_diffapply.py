@@ -5,7 +5,7 @@ import difflib
 
 import pytest
 
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo.wheels import sglang_tree
 from fleetpatch.diffapply import (
     DiffError,
     FileDiff,

@@ -9,7 +9,7 @@ routing test goes further: it *runs* the wheel's own
 settings, and compares with `predict()` and with what `log_facts()` reads from
 the warnings that real code printed.
 
-Wheels come from `fleetpatch.demo.wheels.wheel_path` (cached under
+Wheels come from `fleetpatch_demo.wheels.wheel_path` (cached under
 ~/.cache/fleetpatch/wheels, downloaded with pip otherwise); a version whose
 wheel cannot be had is skipped, never faked.
 """
@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import pytest
 
 from fleetpatch import engines
-from fleetpatch.demo.wheels import sglang_tree, wheel_path
+from fleetpatch_demo.wheels import sglang_tree, wheel_path
 from fleetpatch.engines import sglang as sg
 from fleetpatch.engines.sglang import PROFILE, LaunchConfig, Prediction
 

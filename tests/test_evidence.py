@@ -18,7 +18,7 @@ from typing import Optional
 import pytest
 
 from fleetpatch import evidence
-from fleetpatch.demo.wheels import wheel_path
+from fleetpatch_demo.wheels import wheel_path
 from fleetpatch.engines import get
 from fleetpatch.engines.sglang import LaunchConfig
 from fleetpatch.evidence import Observation, judge

@@ -1,4 +1,4 @@
-"""Smoke test of the local sshd fleet (fleetpatch.demo.fleet) itself."""
+"""Smoke test of the local sshd fleet (fleetpatch_demo.fleet) itself."""
 from __future__ import annotations
 
 import os
@@ -10,9 +10,9 @@ import urllib.request
 import paramiko
 import pytest
 
-from fleetpatch.demo import fleet as fleetmod
-from fleetpatch.demo.fleet import Fleet, HostSpec
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo import fleet as fleetmod
+from fleetpatch_demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.wheels import sglang_tree
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD),

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from fleetpatch.demo.loadgen import CUT, FAILED, OK, LoadGen, main, send_one
-from fleetpatch.demo.routerproc import LocalWorker, free_port, standin_site
+from fleetpatch_demo.loadgen import CUT, FAILED, OK, LoadGen, main, send_one
+from fleetpatch_demo.routerproc import LocalWorker, free_port, standin_site
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ import pytest
 
 from conftest import FIXTURE_PATCHES, Operator, needs_fleet, sha256
 from fleetpatch import hostagent as agent
-from fleetpatch.demo.fleet import Fleet, HostSpec
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.wheels import sglang_tree
 from fleetpatch.inventory import InventoryError, load_inventory
 
 EAGLE = "sglang/srt/speculative/eagle_worker.py"

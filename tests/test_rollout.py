@@ -12,8 +12,8 @@ import time
 import pytest
 
 from conftest import FIXTURE_PATCHES, Operator, needs_fleet, sha256
-from fleetpatch.demo.fleet import Fleet, HostSpec
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.wheels import sglang_tree
 
 pytestmark = needs_fleet
 

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from fleetpatch.demo.loadgen import CUT, FAILED, OK, LoadGen
-from fleetpatch.demo.routerproc import LocalWorker, RouterProcess, router_command, standin_site
+from fleetpatch_demo.loadgen import CUT, FAILED, OK, LoadGen
+from fleetpatch_demo.routerproc import LocalWorker, RouterProcess, router_command, standin_site
 from fleetpatch.router import Router, worker_loads
 
 pytestmark = pytest.mark.skipif(router_command() is None, reason="sglang-router is not installed (test extra)")

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from fleetpatch.demo.routerproc import LocalWorker, RouterProcess, free_port, router_command, standin_site
+from fleetpatch_demo.routerproc import LocalWorker, RouterProcess, free_port, router_command, standin_site
 from fleetpatch.router import REST, Router, RouterError, Routers, worker_loads
 
 pytestmark = pytest.mark.skipif(router_command() is None, reason="sglang-router is not installed (test extra)")

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from fleetpatch.demo.routerproc import LocalWorker, RouterProcess, router_command, router_install, standin_site
+from fleetpatch_demo.routerproc import LocalWorker, RouterProcess, router_command, router_install, standin_site
 from fleetpatch.router import LEGACY, REST, Router
 
 pytestmark = pytest.mark.skipif(router_command() is None, reason="sglang-router is not installed (test extra)")

@@ -12,7 +12,7 @@ The fixtures that must be refused are refused by ``patch``/``git apply`` and by
 ``diffapply.parse_diff``; the manifest rules (sibling rule, marker rule) are
 checked with ``patchset.load_patch`` when it can be imported.
 
-With the stand-in server (``fleetpatch/demo/standin.py``) the patched tree is
+With the stand-in server (``fleetpatch_demo/standin.py``) the patched tree is
 started on the spec-v1 path (no SGLANG_ENABLE_SPEC_V2, topk 4) and on the
 spec-v2 path (SGLANG_ENABLE_SPEC_V2=True, topk 1): the stand-in constructs the
 worker that SGLang's own routing picks, so the marker of that path must appear
@@ -43,7 +43,7 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo.wheels import sglang_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "src" / "fleetpatch" / "patches"
@@ -430,7 +430,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def standin_dir(tmp_path_factory):
     if not STANDIN.is_file():
-        pytest.skip("fleetpatch/demo/standin.py is not there yet")
+        pytest.skip("fleetpatch_demo/standin.py is not there yet")
     d = tmp_path_factory.mktemp("standin")
     shutil.copy(STANDIN, d / "sglang_standin.py")
     return d

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import Operator, needs_fleet
-from fleetpatch.demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.fleet import Fleet, HostSpec
 
 pytestmark = needs_fleet
 

@@ -1,6 +1,6 @@
 """The stand-in SGLang server, run as hosts run it, against real SGLang trees.
 
-Each test copies a real source tree from the PyPI wheel (fleetpatch.demo.wheels)
+Each test copies a real source tree from the PyPI wheel (fleetpatch_demo.wheels)
 plus the stand-in (as ``sglang_standin.py``) into tmp_path, edits the copied
 engine files where a test needs a marker or a bug, and starts
 ``python -m sglang_standin <launch flags>`` with stdout and stderr appended to
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetpatch.demo import standin
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo import standin
+from fleetpatch_demo.wheels import sglang_tree
 
 READY = "The server is fired up and ready to roll!"
 W1 = ("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative "

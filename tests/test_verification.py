@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import FIXTURE_PATCHES, needs_fleet, sha256
-from fleetpatch.demo.wheels import sglang_tree
+from fleetpatch_demo.wheels import sglang_tree
 
 pytestmark = needs_fleet
 

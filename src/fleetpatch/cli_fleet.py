@@ -60,7 +60,7 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
                "root": "where the demo fleet lives (default .fleetpatch/demo)"})
 def demo(c, down=False, root=".fleetpatch/demo"):
     """Run the demo: a local fleet of 4 sshd hosts, the shipped patch rolled out, a one-path patch caught twice."""
-    from .demo import run as demo_run  # the demo's fleet code is only loaded for this command
+    from fleetpatch_demo import run as demo_run  # the demo's fleet code is only loaded for this command
     code = demo_run.down(Path(root)) if down else demo_run.up(Path(root))
     if code:
         raise Exit(code=code)

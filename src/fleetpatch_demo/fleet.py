@@ -11,7 +11,7 @@ Layout of a host, as the host sees it (``mount_point``, default
 
     sglang env/bin/python                      # wrapper around this Python, PYTHONPATH=site-packages
     sglang env/lib/pythonX.Y/site-packages/    # sglang/ + dist-info (copied from the real wheel)
-                                   sglang_standin.py   # copy of fleetpatch/demo/standin.py
+                                   sglang_standin.py   # copy of fleetpatch_demo/standin.py
     logs/sglang.log   run/sglang.pid   state/   home/   models/demo/
     etc/supervisord.conf   run/supervisor.sock   run/supervisord.pid   # restart_kind="supervisor"
 
@@ -1226,7 +1226,7 @@ def _openssh_version() -> tuple[int, int]:
     return _OPENSSH_VERSION
 
 
-def main(argv=None) -> int:  # python -m fleetpatch.demo.fleet ROOT N  (manual poking)
+def main(argv=None) -> int:  # python -m fleetpatch_demo.fleet ROOT N  (manual poking)
     import argparse
     ap = argparse.ArgumentParser(description="start a local sshd fleet and wait")
     ap.add_argument("root")

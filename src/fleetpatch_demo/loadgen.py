@@ -13,7 +13,7 @@ server's stop grace). Outcomes:
 * failed: anything else (connection refused or reset before an answer, an
   HTTP error, a malformed answer, a timeout, an ``error`` event).
 
-``python -m fleetpatch.demo.loadgen http://127.0.0.1:30080 --seconds 10``
+``python -m fleetpatch_demo.loadgen http://127.0.0.1:30080 --seconds 10``
 prints the counts as JSON. stdlib only.
 """
 from __future__ import annotations
@@ -205,7 +205,7 @@ class LoadGen:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fleetpatch.demo.loadgen", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fleetpatch_demo.loadgen", description=__doc__.split("\n")[0])
     ap.add_argument("url", help="the router (or a worker) on loopback, e.g. http://127.0.0.1:30080")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--requests", type=int, default=10_000)
