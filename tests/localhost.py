@@ -30,7 +30,7 @@ from fleetpatch.transport_local import LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_PATCHES = REPO / "tests" / "fixtures" / "patches"
-STANDIN = REPO / "src" / "fleetpatch" / "demo" / "standin.py"
+STANDIN = REPO / "src" / "fleetpatch_demo" / "standin.py"
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 EAGLE = "sglang/srt/speculative/eagle_worker.py"

@@ -48,7 +48,7 @@ from fleetpatch_demo.wheels import sglang_tree
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "src" / "fleetpatch" / "patches"
 FIXTURES = REPO / "tests" / "fixtures" / "patches"
-STANDIN = REPO / "src" / "fleetpatch" / "demo" / "standin.py"
+STANDIN = REPO / "src" / "fleetpatch_demo" / "standin.py"
 
 WHEEL_VERSIONS = ("0.5.8", "0.5.9")
 V1 = "sglang/srt/speculative/eagle_worker.py"

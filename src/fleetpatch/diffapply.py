@@ -329,8 +329,8 @@ def _build_hunk(uhunk, lines: Sequence[str], origin: str, path: str, number: int
     )
 
 
-def parse_diff(text: str, origin: str, package: str = "sglang") -> List[FileDiff]:
-    """Parse a unified diff (git or plain) into per-file hunks; refuse what fleetpatch cannot apply safely."""
+def _read_patchset(text: str, origin: str) -> tuple:
+    """The diff's lines (no-newline markers normalised) and unidiff's PatchSet of them."""
     if not text.strip():
         raise DiffError(origin, None, "the diff is empty; expected a unified diff (git diff, or diff -u)")
     if not text.endswith("\n"):
@@ -354,54 +354,62 @@ def parse_diff(text: str, origin: str, package: str = "sglang") -> List[FileDiff
                         "no file changes found: not a unified diff (expected '--- a/<path>', "
                         "'+++ b/<path>' and '@@ -l,n +l,n @@' hunks)")
 
-    result: List[FileDiff] = []
+    return lines, patch
+
+
+def _file_diff(pf, lines: List[str], origin: str, package: str, seen: Dict[str, int]) -> FileDiff:
+    """One file of the diff, checked: the path inside the package, one operation, ordered hunks."""
+    at = pf.diff_line_no or 0
+    src_raw = pf.source_file or ""
+    tgt_raw = pf.target_file or ""
+    shown = tgt_raw if tgt_raw and tgt_raw != _DEV_NULL else src_raw
+    if pf.is_binary_file:
+        raise DiffError(origin, at, f"binary diff for {shown!r}; fleetpatch patches text files only", shown)
+    if pf.is_symlink or pf.is_submodule:
+        raise DiffError(origin, at, f"{shown!r} is a symlink or submodule; fleetpatch patches regular files only",
+                        shown)
+    op = _operation(pf, origin, at, shown)
+    # The /dev/null side names no file: the other side is the path (both, when diff -N wrote them).
+    src = _normalize_path(shown if src_raw == _DEV_NULL else src_raw, package, origin, at)
+    tgt = _normalize_path(shown if tgt_raw == _DEV_NULL else tgt_raw, package, origin, at)
+    if src != tgt:
+        raise DiffError(origin, at,
+                        f"the diff renames or copies {src_raw!r} to {tgt_raw!r}; not supported: "
+                        "both headers must name the same file", shown)
+    if pf.source_mode and pf.target_mode and pf.source_mode != pf.target_mode:
+        raise DiffError(origin, at,
+                        f"the diff changes the mode of {shown!r} ({pf.source_mode} -> {pf.target_mode}); "
+                        "fleetpatch keeps file modes: drop the mode change", shown)
+    if op == CREATE and pf.target_mode and pf.target_mode != "100644":
+        raise DiffError(origin, at,
+                        f"the diff creates {shown!r} with mode {pf.target_mode}; fleetpatch gives a created "
+                        "file the mode and owner of the files beside it: make it 100644", shown)
+    if op == MODIFY and not len(pf):
+        raise DiffError(origin, at, f"no hunks for {shown!r}; nothing to apply", shown)
+    if op != MODIFY and len(pf) > 1:
+        raise DiffError(origin, at,
+                        f"the diff {'creates' if op == CREATE else 'deletes'} {shown!r} in {len(pf)} hunks; "
+                        "a whole-file diff is one hunk: the diff is damaged, regenerate it", shown)
+    if tgt in seen:
+        raise DiffError(origin, at,
+                        f"{tgt} appears twice in the diff (first at line {seen[tgt]}); "
+                        "make one entry with all its hunks", shown)
+    seen[tgt] = at
+    hunks = [_build_hunk(h, lines, origin, tgt, i + 1, op) for i, h in enumerate(pf)]
+    for i in range(1, len(hunks)):
+        prev, cur = hunks[i - 1], hunks[i]
+        if cur.source_start < prev.source_start + len(prev.source_lines):
+            raise DiffError(origin, cur.diff_line,
+                            f"hunk {i + 1} of {tgt} ({cur.short_header}) starts before hunk {i} ends "
+                            f"({prev.short_header}); hunks must be in order and must not overlap", tgt)
+    return FileDiff(path=tgt, raw_path=shown, hunks=hunks, diff_line=at, op=op)
+
+
+def parse_diff(text: str, origin: str, package: str = "sglang") -> List[FileDiff]:
+    """Parse a unified diff (git or plain) into per-file hunks; refuse what fleetpatch cannot apply safely."""
+    lines, patch = _read_patchset(text, origin)
     seen: Dict[str, int] = {}
-    for pf in patch:
-        at = pf.diff_line_no or 0
-        src_raw = pf.source_file or ""
-        tgt_raw = pf.target_file or ""
-        shown = tgt_raw if tgt_raw and tgt_raw != _DEV_NULL else src_raw
-        if pf.is_binary_file:
-            raise DiffError(origin, at, f"binary diff for {shown!r}; fleetpatch patches text files only", shown)
-        if pf.is_symlink or pf.is_submodule:
-            raise DiffError(origin, at, f"{shown!r} is a symlink or submodule; fleetpatch patches regular files only",
-                            shown)
-        op = _operation(pf, origin, at, shown)
-        # The /dev/null side names no file: the other side is the path (both, when diff -N wrote them).
-        src = _normalize_path(shown if src_raw == _DEV_NULL else src_raw, package, origin, at)
-        tgt = _normalize_path(shown if tgt_raw == _DEV_NULL else tgt_raw, package, origin, at)
-        if src != tgt:
-            raise DiffError(origin, at,
-                            f"the diff renames or copies {src_raw!r} to {tgt_raw!r}; not supported: "
-                            "both headers must name the same file", shown)
-        if pf.source_mode and pf.target_mode and pf.source_mode != pf.target_mode:
-            raise DiffError(origin, at,
-                            f"the diff changes the mode of {shown!r} ({pf.source_mode} -> {pf.target_mode}); "
-                            "fleetpatch keeps file modes: drop the mode change", shown)
-        if op == CREATE and pf.target_mode and pf.target_mode != "100644":
-            raise DiffError(origin, at,
-                            f"the diff creates {shown!r} with mode {pf.target_mode}; fleetpatch gives a created "
-                            "file the mode and owner of the files beside it: make it 100644", shown)
-        if op == MODIFY and not len(pf):
-            raise DiffError(origin, at, f"no hunks for {shown!r}; nothing to apply", shown)
-        if op != MODIFY and len(pf) > 1:
-            raise DiffError(origin, at,
-                            f"the diff {'creates' if op == CREATE else 'deletes'} {shown!r} in {len(pf)} hunks; "
-                            "a whole-file diff is one hunk: the diff is damaged, regenerate it", shown)
-        if tgt in seen:
-            raise DiffError(origin, at,
-                            f"{tgt} appears twice in the diff (first at line {seen[tgt]}); "
-                            "make one entry with all its hunks", shown)
-        seen[tgt] = at
-        hunks = [_build_hunk(h, lines, origin, tgt, i + 1, op) for i, h in enumerate(pf)]
-        for i in range(1, len(hunks)):
-            prev, cur = hunks[i - 1], hunks[i]
-            if cur.source_start < prev.source_start + len(prev.source_lines):
-                raise DiffError(origin, cur.diff_line,
-                                f"hunk {i + 1} of {tgt} ({cur.short_header}) starts before hunk {i} ends "
-                                f"({prev.short_header}); hunks must be in order and must not overlap", tgt)
-        result.append(FileDiff(path=tgt, raw_path=shown, hunks=hunks, diff_line=at, op=op))
-    return result
+    return [_file_diff(pf, lines, origin, package, seen) for pf in patch]
 
 
 def _refuse_crlf(lines: Sequence[str], origin: str) -> None:
