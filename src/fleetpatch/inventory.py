@@ -530,6 +530,34 @@ def _resolve_gateway(v: _V, host: Host, hosts: Dict[str, Host], written_at: str)
     return Jump(address=address, user=m.group("user"), port=port)
 
 
+def _parse_groups(v: "_V", groups_node, hosts: Dict[str, Host]) -> Dict[str, List[str]]:
+    """groups: name -> list of known host names, each once."""
+    groups: Dict[str, List[str]] = {}
+    if groups_node is not None:
+        groups_node = v.mapping("groups", groups_node)
+        for gname, members in groups_node.items():
+            key = f"groups.{_keyname(gname)}"
+            if gname == "all":
+                raise v.fail(key, "'all' is every host and cannot be defined; choose another group name")
+            if not _HOST_NAME.match(gname):
+                raise v.fail(key, "not a usable group name (letters, digits, '.', '-', '_')")
+            if members is None:
+                members = []
+            if not isinstance(members, list):
+                raise v.fail(key, f"expected a list of host names, got {_got(members)}")
+            names: List[str] = []
+            for i, m in enumerate(members):
+                if not isinstance(m, str):
+                    raise v.fail(f"{key}[{i}]", f"expected a host name, got {_got(m)}")
+                if m not in hosts:
+                    raise v.fail(f"{key}[{i}]", f"unknown host {m!r}{_did_you_mean(m, hosts)}; "
+                                                f"hosts: {_names(hosts)}")
+                if m not in names:
+                    names.append(m)
+            groups[gname] = names
+    return groups
+
+
 def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = None) -> Inventory:
     """Validate the text of a hosts.yaml; `file` is how messages name it."""
     v = _V(file)
@@ -574,30 +602,7 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
         if jump is not None:
             hosts[name] = _replace(host, jump=jump)
 
-    groups: Dict[str, List[str]] = {}
-    groups_node = doc.get("groups")
-    if groups_node is not None:
-        groups_node = v.mapping("groups", groups_node)
-        for gname, members in groups_node.items():
-            key = f"groups.{_keyname(gname)}"
-            if gname == "all":
-                raise v.fail(key, "'all' is every host and cannot be defined; choose another group name")
-            if not _HOST_NAME.match(gname):
-                raise v.fail(key, "not a usable group name (letters, digits, '.', '-', '_')")
-            if members is None:
-                members = []
-            if not isinstance(members, list):
-                raise v.fail(key, f"expected a list of host names, got {_got(members)}")
-            names: List[str] = []
-            for i, m in enumerate(members):
-                if not isinstance(m, str):
-                    raise v.fail(f"{key}[{i}]", f"expected a host name, got {_got(m)}")
-                if m not in hosts:
-                    raise v.fail(f"{key}[{i}]", f"unknown host {m!r}{_did_you_mean(m, hosts)}; "
-                                                f"hosts: {_names(hosts)}")
-                if m not in names:
-                    names.append(m)
-            groups[gname] = names
+    groups = _parse_groups(v, doc.get("groups"), hosts)
 
     member_of: Dict[str, List[str]] = {n: [] for n in hosts}
     for gname, names in groups.items():
