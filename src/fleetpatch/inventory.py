@@ -630,11 +630,15 @@ def load_inventory(path: Union[str, Path]) -> Inventory:
         raise InventoryError(file, None, "is a directory, not an inventory file") from None
     except OSError as exc:
         raise InventoryError(file, None, f"cannot read: {exc.strerror or exc}") from None
+    return parse_inventory(decode_utf8(data, file, InventoryError), file, p)
+
+
+def decode_utf8(data: bytes, file: str, error) -> str:
+    """The text of an input file; `error(file, None, reason)` when it is not UTF-8."""
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InventoryError(file, None, f"not UTF-8 text (byte {exc.start})") from None
-    return parse_inventory(text, file, p)
+        raise error(file, None, f"not UTF-8 text (byte {exc.start})") from None
 
 
 def resolve_inventory_path(opt: Optional[str]) -> Path:

@@ -38,7 +38,7 @@ import fleetpatch
 
 from .diffapply import CREATE, DELETE, DiffError, FileDiff, parse_diff
 from .errors import FleetpatchError, UsageError
-from .inventory import load_yaml, _got, _keyname
+from .inventory import decode_utf8, load_yaml, _got, _keyname
 
 __all__ = [
     "PatchError",
@@ -386,11 +386,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
         data = manifest.read_bytes()
     except OSError as exc:
         raise _perr(file, None, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _perr(file, None, f"not UTF-8 text (byte {exc.start})") from None
-    doc = load_yaml(text, file, _perr)
+    doc = load_yaml(decode_utf8(data, file, _perr), file, _perr)
     if doc is None:
         raise _perr(file, None, "empty; expected name, engine, revisions, markers")
     if not isinstance(doc, dict):
