@@ -140,22 +140,37 @@ def save_ledger(req, ledger):
 
 # --------------------------------------------------------------------- lock
 
-def read_lock(req):
+LOCK_LOST = LOCK + "-lost"   # beside the lock: its holder's channel ended after it changed the host
+
+
+def read_json(path):
     try:
-        with open(state_path(req, LOCK)) as f:
+        with open(path) as f:
             return json.load(f)
     except (IOError, OSError, ValueError):
         return None
+
+
+def read_lock(req):
+    """The lock, with `orphaned` when its holder's session ended without releasing it.
+    (The note is a file of its own: the lock file is only ever created and removed.)"""
+    held = read_json(state_path(req, LOCK))
+    if held:
+        lost = read_json(state_path(req, LOCK_LOST))
+        if lost and lost.get("token") == held.get("token"):
+            held["orphaned"] = lost
+    return held
 
 
 def take_lock(req, lock):
     ensure_dir(state_path(req))
     path = state_path(req, LOCK)
     if lock.get("force"):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        for stale in (path, state_path(req, LOCK_LOST)):
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
     body = json.dumps({"token": lock["token"], "holder": lock["holder"], "since": now_iso()})
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -199,10 +214,11 @@ def release_lock(req):
         return
     held = read_lock(req)
     if held and held.get("token") == token:
-        try:
-            os.unlink(state_path(req, LOCK))
-        except OSError:
-            pass
+        for name in (LOCK, LOCK_LOST):
+            try:
+                os.unlink(state_path(req, name))
+            except OSError:
+                pass
 
 
 # ------------------------------------------------------------------- server
@@ -1202,8 +1218,10 @@ class Session(object):
     def end(self, how):
         """The channel ended (`how`) with this session's lock still held. Nothing changed
         in the engine's files or server: release it, the host is as the run found it.
-        Something changed: keep it, marked with what happened, so that the next run
-        refuses with that story until an operator looks (status) and breaks it."""
+        Something changed: keep it, with a note of what happened beside it (`lock-lost`,
+        never a rewrite of the lock file, which a new session of the same run may be
+        releasing at this moment), so that the next run refuses with that story until
+        an operator looks (status) and breaks it."""
         req, self.lock_req = self.lock_req, None
         if req is None:
             return
@@ -1213,11 +1231,11 @@ class Session(object):
         if not self.changed:
             release_lock(req)
             return
-        held["orphaned"] = {"at": now_iso(), "how": how, "after": list(self.changed), "pid": os.getpid()}
+        note = {"token": held["token"], "at": now_iso(), "how": how, "after": list(self.changed), "pid": os.getpid()}
         try:
-            atomic_write(state_path(req, LOCK), json.dumps(held).encode())
+            atomic_write(state_path(req, LOCK_LOST), json.dumps(note).encode())
         except (IOError, OSError):
-            pass  # the lock stays as it was: held, which is still the safe side
+            pass  # the lock stays held without the note, which is still the safe side
 
 
 SESSION = Session()

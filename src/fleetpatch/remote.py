@@ -394,16 +394,35 @@ class Remote:
         chan = self._send_request(dict(request, op=op))
         replies = []
         sent = False
-        for reply in self._replies(chan, op, timeout + 30):
+        events = self._replies(chan, op, timeout + 30)
+        for reply in events:
             replies.append(reply)
             if reply.get("t") == "result":
                 break
             if not sent:
-                answer = on_event(reply)
+                try:
+                    answer = on_event(reply)
+                except BaseException:
+                    self._abandon(events, sent)
+                    raise
                 if answer is not None:
                     self._send(json.dumps(answer).encode() + b"\n")
                     sent = True
         return self._result(op, chan, replies)
+
+    def _abandon(self, events: Iterator[dict], sent: bool) -> None:
+        """The laptop failed while the agent streams: end that request with an empty
+        decision (no follow-ups) and read it to its Result, so the channel stays in
+        step for what comes next (the release of the lock)."""
+        try:
+            if not sent:
+                self._send(b"[]\n")
+            for reply in events:
+                if reply.get("t") == "result":
+                    return
+            self._end_session(bye=False)
+        except Exception:
+            self._end_session(bye=False)
 
     def _replies(self, chan: AgentChannel, op: str, timeout: float) -> Iterator[dict]:
         """This request's replies, up to and including its Result. A channel that
