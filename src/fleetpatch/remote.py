@@ -42,10 +42,10 @@ _HERE = Path(__file__).resolve().parent
 # (so no inventory value is ever in a shell line): read an 8-digit length and that
 # many bytes of zlib'd `agentboot`, with exact reads of fd 0, and run it. Stage two
 # reads the header and the sources the same way and starts the agent's request loop.
-BOOTSTRAP = (
-    "import os,zlib;"
-    "r=lambda n,b=b'':b if len(b)>=n else r(n,b+(os.read(0,n-len(b)) or os._exit(3)));"
-    "exec(compile(zlib.decompress(r(int(r(8)))),'fleetpatch-boot','exec'),{'__name__':'__fleetpatch_boot__'})"
+BOOTSTRAP = (  # double quotes only: shlex.quote then wraps it in one pair of single quotes
+    'import os,zlib;'
+    'r=lambda n,b=b"":b if len(b)>=n else r(n,b+(os.read(0,n-len(b)) or os._exit(3)));'
+    'exec(compile(zlib.decompress(r(int(r(8)))),"fleetpatch-boot","exec"),{"__name__":"__fleetpatch_boot__"})'
 )
 
 AGENT_MODULE = "__fleetpatch_agent__"
