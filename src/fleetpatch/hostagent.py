@@ -585,7 +585,35 @@ def package_dir(package):
     return os.path.dirname(pkg)
 
 
-def package_version(package):
+def dist_info_version(root, package):
+    """The version in the one `<package>-*.dist-info/METADATA` beside the package, or
+    None (none, several, unreadable). The distribution installed with the package
+    that imports is the one that counts, and reading it costs no importlib.metadata
+    (tens of ms of imports at every agent start)."""
+    prefix = package.replace("-", "_").lower() + "-"
+    try:
+        found = [n for n in os.listdir(root) if n.lower().startswith(prefix) and n.endswith(".dist-info")]
+    except OSError:
+        return None
+    if len(found) != 1:
+        return None
+    try:
+        with open(os.path.join(root, found[0], "METADATA"), "rb") as f:
+            for raw in f:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not line:
+                    break  # the end of the headers
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip() or None
+    except (IOError, OSError):
+        return None
+    return None
+
+
+def package_version(package, root=None):
+    found = dist_info_version(root, package) if root else None
+    if found:
+        return found
     try:
         import importlib.metadata as md
     except ImportError:  # Python 3.7
@@ -672,7 +700,7 @@ def op_probe(req):
     package = req["package"]
     root = package_dir(package)
     out["package_dir"] = root
-    out["version"] = package_version(package)
+    out["version"] = package_version(package, root)
     files = list(req.get("files") or [])
     ledger = load_ledger(req)
     if req.get("ledger_files"):  # status: every file fleetpatch wrote, to spot drift in this same trip
