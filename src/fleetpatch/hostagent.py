@@ -1288,6 +1288,14 @@ def serve(fd=0):
         except ValueError as e:
             emit({"t": "result", "ok": False, "code": "error", "message": "not a JSON request line: %s" % e})
             continue
+        if isinstance(req, list):
+            # A follow's decision that arrived after that follow had ended (at its deadline
+            # the agent waits only so long): its request was answered, so this gets no reply;
+            # the laptop sees no `then` in that answer and releases its lock by request.
+            continue
+        if not isinstance(req, dict):
+            emit({"t": "result", "ok": False, "code": "error", "message": "not a JSON request object: %r" % (req,)})
+            continue
         if req.get("op") == "bye":
             how = "the laptop said bye"
             break
