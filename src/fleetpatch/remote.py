@@ -45,7 +45,7 @@ _HERE = Path(__file__).resolve().parent
 BOOTSTRAP = (  # double quotes only: shlex.quote then wraps it in one pair of single quotes
     'import os,zlib;'
     'r=lambda n,b=b"":b if len(b)>=n else r(n,b+(os.read(0,n-len(b)) or os._exit(3)));'
-    'exec(compile(zlib.decompress(r(int(r(8)))),"fleetpatch-boot","exec"),{"__name__":"__fleetpatch_boot__"})'
+    'exec(compile(zlib.decompress(r(int(r(8)))),"fleetpatch-agent-boot","exec"),{"__name__":"__fleetpatch_boot__"})'
 )
 
 AGENT_MODULE = "__fleetpatch_agent__"
