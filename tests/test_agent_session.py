@@ -334,4 +334,5 @@ def test_the_sources_travel_once_per_host(lh, monkeypatch):
     assert r.status == "verified" and r.round_trips == 3
     assert sum(remote.AGENT_SOURCE in c for c in chunks) == 1
     assert sum(remote.PROTOCOL_SOURCE in c for c in chunks) == 1
-    assert len(chunks) == 1 + 3 + 1, "the boot stream, three requests, the follow's decision"
+    assert len(chunks) == 3 + 1, "three requests (the boot stream goes with the first), the follow's decision"
+    assert chunks[0].startswith(remote.boot_stream(host.engine.state_dir))

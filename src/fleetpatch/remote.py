@@ -329,6 +329,7 @@ class Remote:
         self.bytes_sent = 0
         self._chan: AgentChannel | None = None
         self._buf = b""
+        self._pending = b""
 
     def open(self) -> None:
         self.transport.open()
@@ -353,7 +354,7 @@ class Remote:
             chan = self.transport.start([self.host.engine.python, "-c", BOOTSTRAP])
             self.agent_starts += 1
             self._chan, self._buf = chan, b""
-            self._send(boot_stream(self.host.engine.state_dir))
+            self._pending = boot_stream(self.host.engine.state_dir)  # goes out with the first request
         return self._chan
 
     def _send(self, data: bytes) -> None:
@@ -377,7 +378,8 @@ class Remote:
     def _send_request(self, request: dict) -> AgentChannel:
         chan = self._session()
         self.round_trips += 1
-        self._send(request_line(request))
+        data, self._pending = self._pending + request_line(request), b""
+        self._send(data)
         return chan
 
     def call(self, op: str, request: dict, timeout: float = 300) -> dict:
