@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -31,6 +32,13 @@ def host_file(fleet, name: str, rel: str) -> Path:
 
 def log_text(fleet, name: str) -> str:
     return fleet.hosts[name].log_path.read_text(errors="replace")
+
+
+def assert_one_agent_command(fleet, name: str) -> None:
+    """Counted by sshd's ForceCommand wrapper: every request of the command went to one agent process."""
+    commands = fleet.commands(name)
+    assert len(commands) == 1, f"{name} ran {len(commands)} remote commands: {[c[:60] for c in commands]}"
+    assert shlex.split(commands[0])[:2] == [fleet.hosts[name].remote_python, "-c"], commands[0][:80]
 
 
 # ------------------------------------------------------------------ fetch
@@ -72,6 +80,8 @@ def test_deploy_verifies_the_marker_of_the_path_each_host_runs(operator, fleet, 
         for rel in (EAGLE, EAGLE_V2):
             assert sha256(host_file(fleet, name, rel)) != pristine("0.5.9", rel)
     assert v1["round_trips"] == 3, "probe+lock, apply+restart, follow+record+unlock"
+    for name in ("v1a", "v2a"):
+        assert_one_agent_command(fleet, name)
 
 
 def test_mixed_fleet_gets_the_revision_for_its_version(operator, fleet):
@@ -147,10 +157,14 @@ def test_hand_edited_file_is_refused_as_drift_untouched_and_not_restarted(operat
 
 def test_rollback_restores_pristine_sha256_and_the_marker_is_gone(operator, fleet):
     assert operator.run("deploy-patch", "--patch", "dynamic-spec-disable", "--hosts", "v2b").code == 0
+    assert_one_agent_command(fleet, "v2b")
+    fleet.clear_commands("v2b")
     pid = fleet.server_pid("v2b")
     run = operator.run("rollback", "--hosts", "v2b")
     assert run.code == 0, run
     assert run.host("v2b")["status"] == "rolled-back"
+    assert_one_agent_command(fleet, "v2b")
+    assert run.host("v2b")["round_trips"] == 3, "probe+lock, rollback+restart, follow+record+unlock"
     for rel in (SERVER_ARGS, EAGLE, EAGLE_V2):
         assert sha256(host_file(fleet, "v2b", rel)) == pristine("0.5.9", rel)
         assert run.host("v2b")["files"][rel] == pristine("0.5.9", rel)

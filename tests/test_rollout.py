@@ -59,6 +59,8 @@ def test_eight_host_rollout_with_a_canary_verifies_every_host(op8, fleet8):
         assert h["status"] == "verified", (n, h)
         assert h["executed_path"] == ("EAGLEWorkerV2" if i % 2 else "EAGLEWorker")
     assert "OK: rollout succeeded on all 8 hosts" in run.output
+    for n in NAMES:  # counted by sshd's ForceCommand wrapper: one agent process per host
+        assert len(fleet8.commands(n)) == 1, (n, [c[:60] for c in fleet8.commands(n)])
 
 
 def test_a_failing_canary_stops_the_rollout_with_every_other_host_untouched(op8, fleet8):
@@ -88,6 +90,8 @@ def test_failure_budget_halts_the_rollout_and_rolls_the_failed_hosts_back(op8, f
         assert snapshot(fleet8, [n])[n][:2] == PRISTINE
         assert run.host(n)["rollback"]["ok"] is True
         assert not (fleet8.hosts[n].state_dir / "lock").exists(), "the lock held through the rollback is released"
+        # deploy, failed verification and the rollback after it: one agent process, one remote command
+        assert len(fleet8.commands(n)) == 1, (n, [c[:60] for c in fleet8.commands(n)])
     for n in ("r5", "r6", "r7"):
         assert run.host(n)["status"] == "skipped"
         assert snapshot(fleet8, [n])[n][:2] == PRISTINE

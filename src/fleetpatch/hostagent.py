@@ -1,17 +1,20 @@
 """The half of fleetpatch that runs on a host, under the engine's own interpreter.
 
-Sent over SSH on stdin with each request (never installed), so a host needs
-nothing but the Python that already runs its engine. Stdlib only, Python 3.8+.
-Every operation is one remote command: the laptop decides, this side only
-reads, writes atomically, restarts and follows the log. Keeping the steps of
-one phase in one request is what keeps a deploy at three round trips a host.
+Sent over SSH on stdin when a command starts (never installed), so a host
+needs nothing but the Python that already runs its engine. Stdlib only,
+Python 3.8+. One process per host per command: the laptop starts it once
+(`agentboot` loads it, through a compile cache) and sends it every request of
+the operation as JSON lines on the same channel, then `bye`. The laptop
+decides; this side only reads, writes atomically, restarts and follows the
+log. Keeping the steps of one phase in one request is what keeps a deploy at
+three requests (probe+lock, apply+restart, follow+record+unlock).
 
 The protocol (every request, reply and the ledger record) is `protocol.py`,
-sent with this source: stdin carries the request as one JSON line (after the
-two sources); the answer is JSON lines on stdout, each prefixed with
+sent with this source. Each answer is JSON lines on stdout, each prefixed with
 REPLY_PREFIX so that any noise a login shell prints can never be mistaken for
-an answer. Every deadline here uses the monotonic clock: a clock step on the
-host must not end a wait early or late.
+an answer, the last one a Result. A channel that ends mid-operation ends the
+session after the step in progress (see `Session`). Every deadline here uses
+the monotonic clock: a clock step on the host must not end a wait early or late.
 """
 import atexit
 import errno
@@ -39,8 +42,15 @@ unpack = protocol.unpack
 
 
 def emit(obj):
-    sys.stdout.write(REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n")
-    sys.stdout.flush()
+    """One reply line. A laptop that is gone must not stop the step in progress:
+    the write fails quietly and the session notes the channel is gone."""
+    if SESSION.gone:
+        return
+    try:
+        sys.stdout.write(REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    except (IOError, OSError, ValueError):
+        SESSION.gone = True
 
 
 class AgentError(Exception):
@@ -130,22 +140,37 @@ def save_ledger(req, ledger):
 
 # --------------------------------------------------------------------- lock
 
-def read_lock(req):
+LOCK_LOST = LOCK + "-lost"   # beside the lock: its holder's channel ended after it changed the host
+
+
+def read_json(path):
     try:
-        with open(state_path(req, LOCK)) as f:
+        with open(path) as f:
             return json.load(f)
     except (IOError, OSError, ValueError):
         return None
+
+
+def read_lock(req):
+    """The lock, with `orphaned` when its holder's session ended without releasing it.
+    (The note is a file of its own: the lock file is only ever created and removed.)"""
+    held = read_json(state_path(req, LOCK))
+    if held:
+        lost = read_json(state_path(req, LOCK_LOST))
+        if lost and lost.get("token") == held.get("token"):
+            held["orphaned"] = lost
+    return held
 
 
 def take_lock(req, lock):
     ensure_dir(state_path(req))
     path = state_path(req, LOCK)
     if lock.get("force"):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        for stale in (path, state_path(req, LOCK_LOST)):
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
     body = json.dumps({"token": lock["token"], "holder": lock["holder"], "since": now_iso()})
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -155,6 +180,15 @@ def take_lock(req, lock):
         held = read_lock(req) or {}
         if held.get("token") == lock["token"]:
             return
+        lost = held.get("orphaned")
+        if lost:
+            raise AgentError(
+                "locked",
+                "the lock %s is left by %s (since %s), whose channel ended at %s (%s) after it ran %s on this "
+                "host: check what it left (fleetpatch status: restart pending, last verification), then rerun "
+                "with --break-lock" % (path, held.get("holder", "unknown holder"), held.get("since", "?"),
+                                       lost.get("at", "?"), lost.get("how", "?"), "+".join(lost.get("after") or [])),
+            )
         raise AgentError(
             "locked",
             "another fleetpatch run holds the lock %s: %s since %s; wait for it, or if that run is dead, "
@@ -180,10 +214,11 @@ def release_lock(req):
         return
     held = read_lock(req)
     if held and held.get("token") == token:
-        try:
-            os.unlink(state_path(req, LOCK))
-        except OSError:
-            pass
+        for name in (LOCK, LOCK_LOST):
+            try:
+                os.unlink(state_path(req, name))
+            except OSError:
+                pass
 
 
 # ------------------------------------------------------------------- server
@@ -550,7 +585,35 @@ def package_dir(package):
     return os.path.dirname(pkg)
 
 
-def package_version(package):
+def dist_info_version(root, package):
+    """The version in the one `<package>-*.dist-info/METADATA` beside the package, or
+    None (none, several, unreadable). The distribution installed with the package
+    that imports is the one that counts, and reading it costs no importlib.metadata
+    (tens of ms of imports at every agent start)."""
+    prefix = package.replace("-", "_").lower() + "-"
+    try:
+        found = [n for n in os.listdir(root) if n.lower().startswith(prefix) and n.endswith(".dist-info")]
+    except OSError:
+        return None
+    if len(found) != 1:
+        return None
+    try:
+        with open(os.path.join(root, found[0], "METADATA"), "rb") as f:
+            for raw in f:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not line:
+                    break  # the end of the headers
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip() or None
+    except (IOError, OSError):
+        return None
+    return None
+
+
+def package_version(package, root=None):
+    found = dist_info_version(root, package) if root else None
+    if found:
+        return found
     try:
         import importlib.metadata as md
     except ImportError:  # Python 3.7
@@ -637,7 +700,7 @@ def op_probe(req):
     package = req["package"]
     root = package_dir(package)
     out["package_dir"] = root
-    out["version"] = package_version(package)
+    out["version"] = package_version(package, root)
     files = list(req.get("files") or [])
     ledger = load_ledger(req)
     if req.get("ledger_files"):  # status: every file fleetpatch wrote, to spot drift in this same trip
@@ -975,7 +1038,8 @@ class Follow(object):
         self.last_state = None
         self.last_emit = self.started
         self.next_health = 0.0
-        self.stdin_buf = b""
+        # The session's request stream (the laptop's decision arrives on it), or stdin when run alone.
+        self.requests = SESSION.requests or RequestReader(sys.stdin.fileno())
 
     def run(self):
         while True:
@@ -1047,17 +1111,11 @@ class Follow(object):
 
     def read_followups(self):
         """None while the laptop is still listening; else follow's result."""
-        fd = sys.stdin.fileno()
-        r, _, _ = select.select([fd], [], [], self.POLL_S)
-        if not r:
-            return None
-        chunk = os.read(fd, 65536)
-        if not chunk:
+        line = None if SESSION.gone else self.requests.poll(self.POLL_S)
+        if SESSION.gone or self.requests.eof:
             return {"ended": "stdin closed"}
-        self.stdin_buf += chunk
-        if b"\n" not in self.stdin_buf:
+        if line is None:
             return None
-        line = self.stdin_buf.split(b"\n", 1)[0]
         requests = json.loads(line.decode("utf-8") or "[]")
         return {"ended": "finished", "then": [run_request(r) for r in requests]}
 
@@ -1084,7 +1142,16 @@ def dispatch(req):
     op = OPS.get(req.get("op"))
     if op is None:
         raise AgentError("error", "unknown agent operation %r" % req.get("op"))
-    return op(req)
+    try:
+        result = op(req)
+    except AgentError as e:
+        SESSION.failed(req, e.code)
+        raise
+    except BaseException:
+        SESSION.failed(req, "error")
+        raise
+    SESSION.done(req, result)
+    return result
 
 
 def run_request(req):
@@ -1096,9 +1163,13 @@ def run_request(req):
     return result
 
 
-def main(req):
+def answer(req):
+    """Run one request and emit its Result line, whatever happens."""
     try:
-        emit({"t": "result", "ok": True, "result": run_request(req)})
+        result = run_request(req)
+        if req.get("op") == "probe" and AGENT_BOOT:
+            result["agent"] = dict(AGENT_BOOT)
+        emit({"t": "result", "ok": True, "result": result})
     except AgentError as e:
         emit({"t": "result", "ok": False, "code": e.code, "message": e.message})
     except Exception as e:  # a bug or an OS error: report it, don't hang the laptop
@@ -1106,5 +1177,131 @@ def main(req):
               "message": "%s: %s" % (type(e).__name__, e), "traceback": traceback.format_exc()})
 
 
-if __name__ == "__main__" or __name__ == "__fleetpatch_agent__":
-    main(json.loads(sys.stdin.buffer.readline().decode("utf-8")))
+main = answer
+
+
+# ------------------------------------------------------------------ session
+#
+# One agent process serves every request of one command on this host: the laptop
+# sends them as JSON lines on the same channel and ends with `bye` (or closes it).
+# Each request runs to its end whatever happens to the channel meanwhile (a step
+# is never cut half-way: a write is atomic, a restart finishes), so a channel that
+# closes mid-operation is seen only between requests. Then the lock this session
+# took is left so that the next run knows what happened (`Session.end`).
+
+class RequestReader(object):
+    """Request lines from fd 0, read unbuffered past what stage two of the boot
+    read exactly, so nothing the laptop sent can sit unseen in a buffer."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def poll(self, wait):
+        """The next line (without its newline) if one arrives within `wait` s
+        (None: wait forever); None if not, or at the end (then `eof` is set)."""
+        deadline = None if wait is None else time.monotonic() + wait
+        while b"\n" not in self.buf:
+            if self.eof:
+                return None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            r, _, _ = select.select([self.fd], [], [], left)
+            if not r:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                self.eof = True
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+
+MUTATING = ("apply", "rollback", "restart")
+REFUSALS = ("drift", "locked", "conflict")   # refused before anything was written
+
+
+class Session(object):
+    """What this process did to the host, for the end of the channel."""
+
+    def __init__(self):
+        self.requests = None     # RequestReader while serving
+        self.gone = False        # stdout broken or SIGHUP: nobody reads our replies any more
+        self.lock_req = None     # the request whose lock this session took and still holds
+        self.changed = []        # mutating ops that ran (or may have written before failing)
+
+    def done(self, req, result):
+        if req.get("op") == "probe" and result.get("locked"):
+            self.lock_req = req
+        elif req.get("op") == "unlock" and self.lock_req and req.get("lock_token") == self.lock_req.get("lock_token"):
+            self.lock_req = None
+        elif req.get("op") in MUTATING:
+            self.changed.append(req["op"])
+
+    def failed(self, req, code):
+        if req.get("op") in MUTATING and code not in REFUSALS:
+            self.changed.append(req["op"])
+
+    def end(self, how):
+        """The channel ended (`how`) with this session's lock still held. Nothing changed
+        in the engine's files or server: release it, the host is as the run found it.
+        Something changed: keep it, with a note of what happened beside it (`lock-lost`,
+        never a rewrite of the lock file, which a new session of the same run may be
+        releasing at this moment), so that the next run refuses with that story until
+        an operator looks (status) and breaks it."""
+        req, self.lock_req = self.lock_req, None
+        if req is None:
+            return
+        held = read_lock(req)
+        if not held or held.get("token") != req.get("lock_token"):
+            return
+        if not self.changed:
+            release_lock(req)
+            return
+        note = {"token": held["token"], "at": now_iso(), "how": how, "after": list(self.changed), "pid": os.getpid()}
+        try:
+            atomic_write(state_path(req, LOCK_LOST), json.dumps(note).encode())
+        except (IOError, OSError):
+            pass  # the lock stays held without the note, which is still the safe side
+
+
+SESSION = Session()
+AGENT_BOOT = globals().get("AGENT_BOOT")   # set by agentboot: how each module was loaded (cached / compiled)
+
+
+def serve(fd=0):
+    """Answer request lines until `bye` or the end of the channel."""
+    # A hangup must not kill a step half-way; the reply writes then fail quietly.
+    # (A handler, not SIG_IGN: an ignored signal would be inherited by the server we start.)
+    signal.signal(signal.SIGHUP, lambda *a: setattr(SESSION, "gone", True))
+    SESSION.requests = reader = RequestReader(fd)
+    how = "the laptop closed the channel"
+    while True:
+        line = reader.poll(None)
+        if line is None:
+            break
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line.decode("utf-8"))
+        except ValueError as e:
+            emit({"t": "result", "ok": False, "code": "error", "message": "not a JSON request line: %s" % e})
+            continue
+        if isinstance(req, list):
+            # A follow's decision that arrived after that follow had ended (at its deadline
+            # the agent waits only so long): its request was answered, so this gets no reply;
+            # the laptop sees no `then` in that answer and releases its lock by request.
+            continue
+        if not isinstance(req, dict):
+            emit({"t": "result", "ok": False, "code": "error", "message": "not a JSON request object: %r" % (req,)})
+            continue
+        if req.get("op") == "bye":
+            how = "the laptop said bye"
+            break
+        answer(req)
+    SESSION.end(how)
+
+
+if __name__ in ("__main__", "__fleetpatch_agent__"):
+    serve()

@@ -5,14 +5,17 @@ receives this source together with its own, so a host needs nothing
 installed. Stdlib only, Python 3.8+ (a test parses it with feature_version
 (3, 8) and checks its imports).
 
-Wire format: the agent reads one JSON request per line on stdin and writes
-JSON lines on stdout, each prefixed with REPLY_PREFIX so that whatever a
-login shell or a `.pth` file prints can never be mistaken for an answer. The
-last line of one request's answer is a `Result`. A request may chain requests
-to run after it succeeds (`then`, e.g. the release of the lock after an apply
-without restart). `follow` is the one op that reads more from stdin: the
-laptop's follow-up requests once it has its verdict (a JSON list of requests,
-run in order on the same channel). Both save a round trip.
+Wire format: one agent process serves every request of one command on a
+host. After its sources (see `agentboot`), it reads one JSON request per line
+on stdin, answers each in turn, and stops at `{"op": "bye"}` or at the end of
+stdin. It writes JSON lines on stdout, each prefixed with REPLY_PREFIX so that
+whatever a login shell or a `.pth` file prints can never be mistaken for an
+answer. The last line of one request's answer is a `Result`; the next request
+is sent only after it (so replies never interleave). A request may chain
+requests to run after it succeeds (`then`, e.g. the release of the lock after
+an apply without restart). `follow` is the one op that reads a line while it
+runs: the laptop's follow-up requests once it has its verdict (a JSON list of
+requests, run in order; `[]` ends the follow with none). Both save a round trip.
 
 The records are TypedDicts, so at run time they are the plain dicts that go
 through `json`; a type checker sees a misspelt field on either side.
@@ -147,10 +150,20 @@ class ServerState(TypedDict, total=False):
     env: Optional[Dict[str, str]]
 
 
+class LockLost(TypedDict, total=False):
+    """state_dir/lock-lost: the holder's session ended, without releasing, after it changed the host."""
+    token: str                  # the lock's (a note for another token is stale and ignored)
+    at: str
+    how: str                    # "the laptop closed the channel" | "the laptop said bye"
+    after: List[str]            # the mutating ops the session ran: apply, restart, rollback
+    pid: int                    # the agent process
+
+
 class LockRecord(TypedDict, total=False):
     token: str
     holder: str
     since: str
+    orphaned: LockLost          # read_lock adds it when lock-lost is this lock's
 
 
 class LogPosition(TypedDict):
@@ -169,6 +182,7 @@ class ProbeReply(TypedDict, total=False):
     lock: Optional[LockRecord]
     server: ServerState
     log: LogPosition
+    agent: Dict[str, str]                    # per module sent: "cached" (compile cache) | "compiled"
 
 
 class JournalWindow(TypedDict, total=False):
@@ -203,7 +217,7 @@ class RollbackReply(TypedDict, total=False):
 
 
 class FollowReply(TypedDict, total=False):
-    ended: str                  # finished | deadline | stdin closed
+    ended: str                  # finished | deadline | stdin closed (the laptop's channel ended)
     then: List[Dict[str, Any]]  # the results of the follow-up requests, in order
 
 

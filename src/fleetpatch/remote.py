@@ -1,15 +1,23 @@
 """The one seam to a host: `Remote` speaks the agent protocol over a transport.
 
 Everything fleetpatch does on a host is a request to `hostagent` run by the
-host's engine interpreter. `Remote` starts the agent (its source and the
-protocol's travel with every request: the host needs nothing installed),
-sends requests, streams replies and counts the round trips; a `Transport`
-only carries bytes to and from one agent process. `SSHTransport` (here) is a
-Fabric Connection per host with host keys enforced; `transport_local.LocalTransport`
-runs the same bootstrap as a local subprocess, for tests. Nothing here decides.
+host's engine interpreter. `Remote` starts the agent once per host per
+command (one remote command: `<python> -c BOOTSTRAP`, its sources on stdin:
+the host needs nothing installed), sends it every request of the operation as
+JSON lines on that one channel, streams the replies, counts the requests
+(`round_trips`) and the agent starts (`agent_starts`), and ends with `bye`. A
+`Transport` only carries bytes to and from one agent process. `SSHTransport`
+(here) is a Fabric Connection per host with host keys enforced;
+`transport_local.LocalTransport` runs the same bootstrap as a local
+subprocess, for tests. Nothing here decides.
+
+paramiko and Fabric are imported when the first SSH connection is made, not
+when this module is: a command reaches its first connect sooner.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shlex
@@ -18,56 +26,100 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol
 
-import paramiko
-from fabric import Connection
-
-from . import hostagent, protocol
+from . import protocol
 from .errors import HostFailure
 from .inventory import Host
 
-# Sent with every request, compressed: the host needs nothing installed.
-PROTOCOL_SOURCE = zlib.compress(Path(protocol.__file__).read_bytes(), 9)
-AGENT_SOURCE = zlib.compress(Path(hostagent.__file__).read_bytes(), 9)
+if TYPE_CHECKING:  # imported lazily: see the module's docstring
+    import paramiko
+    from fabric import Connection
 
-# The host's interpreter compiles what it is sent: the protocol module (registered
-# under protocol.AGENT_MODULE_NAME, where the agent looks for it), then the agent.
-# `python -c` plus length-prefixed sources on stdin keeps every inventory value out
-# of the shell line (only the quoted interpreter path is in it).
-BOOTSTRAP = (
-    "import sys,types,zlib;b=sys.stdin.buffer;"
-    "s=lambda n:compile(zlib.decompress(b.read(int(b.readline()))),n,'exec');"
-    f"m=types.ModuleType('{protocol.AGENT_MODULE_NAME}');exec(s('fleetpatch-protocol'),m.__dict__);"
-    "sys.modules[m.__name__]=m;"
-    "exec(s('fleetpatch-agent'),{'__name__':'__fleetpatch_agent__'})"
+_HERE = Path(__file__).resolve().parent
+
+# Stage one, the whole of the SSH command line besides the quoted interpreter path
+# (so no inventory value is ever in a shell line): read an 8-digit length and that
+# many bytes of zlib'd `agentboot`, with exact reads of fd 0, and run it. Stage two
+# reads the header and the sources the same way and starts the agent's request loop.
+BOOTSTRAP = (  # double quotes only: shlex.quote then wraps it in one pair of single quotes
+    'import os,zlib;'
+    'r=lambda n,b=b"":b if len(b)>=n else r(n,b+(os.read(0,n-len(b)) or os._exit(3)));'
+    'exec(compile(zlib.decompress(r(int(r(8)))),"fleetpatch-agent-boot","exec"),{"__name__":"__fleetpatch_boot__"})'
 )
+
+AGENT_MODULE = "__fleetpatch_agent__"
+
+
+@functools.lru_cache(maxsize=None)
+def _source(name: str) -> bytes:
+    return (_HERE / name).read_bytes()
+
+
+@functools.lru_cache(maxsize=None)
+def _compressed(name: str) -> bytes:
+    return zlib.compress(_source(name), 9)
+
+
+def __getattr__(name: str) -> bytes:
+    """The compressed sources as sent, computed on first use (tests read them)."""
+    if name == "PROTOCOL_SOURCE":
+        return _compressed("protocol.py")
+    if name == "AGENT_SOURCE":
+        return _compressed("hostagent.py")
+    if name == "BOOT_SOURCE":
+        return _compressed("agentboot.py")
+    raise AttributeError(name)
+
+
+def _block(data: bytes) -> bytes:
+    return b"%08d" % len(data) + data
+
+
+def boot_stream(state_dir: str | None) -> bytes:
+    """Everything the agent reads before its first request: stage two, the header,
+    the protocol then the agent (each with the sha256 the host checks it against).
+    The compile cache lives in the host's state dir."""
+    modules, blobs = [], []
+    for name, module, filename in (("protocol.py", protocol.AGENT_MODULE_NAME, "fleetpatch-protocol"),
+                                   ("hostagent.py", AGENT_MODULE, "fleetpatch-agent")):
+        blob = _compressed(name)
+        modules.append({"name": module, "filename": filename, "size": len(blob),
+                        "sha256": hashlib.sha256(_source(name)).hexdigest()})
+        blobs.append(blob)
+    header = {"modules": modules, "cache_dir": os.path.join(state_dir, "agent-cache") if state_dir else None}
+    return _block(_compressed("agentboot.py")) + _block(json.dumps(header).encode()) + b"".join(blobs)
+
+
+def request_line(request: dict) -> bytes:
+    return json.dumps(request).encode() + b"\n"
 
 
 def agent_payload(request: dict) -> bytes:
-    """What the agent process reads on stdin: both sources, then the request line."""
-    out = b""
-    for source in (PROTOCOL_SOURCE, AGENT_SOURCE):
-        out += str(len(source)).encode() + b"\n" + source
-    return out + json.dumps(request).encode() + b"\n"
+    """A whole one-request session as bytes: the boot stream, the request, `bye`."""
+    return boot_stream(request.get("state_dir")) + request_line(request) + request_line({"op": "bye"})
 
 SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "~/.ssh/known_hosts")
 
 
-class _RecordNewHostKey(paramiko.MissingHostKeyPolicy):
+def _record_new_host_key_policy(save_to: Path):
     """--accept-new-host-keys: trust on first use and record the key. A
     *changed* key never reaches a policy: paramiko raises BadHostKeyException."""
+    import paramiko
 
-    def __init__(self, save_to: Path):
-        self.save_to = save_to
-        self.lock = threading.Lock()
+    class RecordNewHostKey(paramiko.MissingHostKeyPolicy):
+        def __init__(self):
+            self.save_to = save_to
+            self.lock = threading.Lock()
 
-    def missing_host_key(self, client, hostname, key):
-        with self.lock:
-            self.save_to.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.save_to, "a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
+        def missing_host_key(self, client, hostname, key):
+            with self.lock:
+                self.save_to.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.save_to, "a") as f:
+                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            client.get_host_keys().add(hostname, key.get_name(), key)
+
+    return RecordNewHostKey()
 
 
 def _known_hosts_files(host: Host) -> list[Path]:
@@ -79,6 +131,8 @@ def _known_hosts_files(host: Host) -> list[Path]:
 
 def _harden(conn: Connection, host: Host, accept_new: bool) -> None:
     """Fabric defaults every Connection (gateways too) to AutoAddPolicy."""
+    import paramiko
+    from fabric import Connection
     hop = conn
     while isinstance(hop, Connection):
         client = hop.client
@@ -87,7 +141,7 @@ def _harden(conn: Connection, host: Host, accept_new: bool) -> None:
                 client.get_host_keys().load(str(path))
         if accept_new:
             target = Path(os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts"))
-            client.set_missing_host_key_policy(_RecordNewHostKey(target))
+            client.set_missing_host_key_policy(_record_new_host_key_policy(target))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         hop = hop.gateway
@@ -104,6 +158,7 @@ def connection_for(host: Host, hosts_by_name: dict[str, Host] | None = None,
                    accept_new_host_keys: bool = False) -> Connection:
     """A Fabric Connection; ~/.ssh/config (aliases, User, Port, IdentityFile,
     ProxyJump) and the ssh-agent are honoured, inventory values win."""
+    from fabric import Connection
     gateway = None
     jump = host.jump
     if jump is not None:
@@ -126,6 +181,8 @@ def connection_for(host: Host, hosts_by_name: dict[str, Host] | None = None,
 
 
 def classify_connect_error(host: Host, exc: BaseException) -> HostFailure:
+    import paramiko
+    import paramiko.ssh_exception
     where = f"{host.name} ({host.target})"
     if isinstance(exc, paramiko.BadHostKeyException):
         return HostFailure("host-key-rejected",
@@ -167,8 +224,9 @@ class AgentChannel(Protocol):
 
 
 class Transport(Protocol):
-    """How the agent is started on one host. One `start` per request today; a
-    transport whose channel stays open could carry several requests (issue 11)."""
+    """How the agent is started on one host: `start` runs one remote command whose
+    channel carries every request of the command (one `start` per host, unless a
+    channel breaks)."""
 
     def open(self) -> None: ...
 
@@ -257,19 +315,32 @@ class SSHTransport:
 # ----------------------------------------------------------------- Remote
 
 class Remote:
-    """One host's agent, over SSH unless another transport is given."""
+    """One host's agent, over SSH unless another transport is given: started on
+    the first request, then every request goes to the same process."""
+
+    BYE = request_line({"op": "bye"})
 
     def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False,
                  transport: Transport | None = None):
         self.host = host
         self.transport = transport or SSHTransport(host, hosts_by_name, accept_new_host_keys)
-        self.round_trips = 0
+        self.round_trips = 0     # requests (a chained `then` rides on its request)
+        self.agent_starts = 0    # remote commands
+        self.bytes_sent = 0
+        self._chan: AgentChannel | None = None
+        self._buf = b""
+        self._pending = b""
 
     def open(self) -> None:
         self.transport.open()
 
     def close(self) -> None:
-        self.transport.close()
+        """`bye` ends the agent's loop; the agent's exit is not waited for (its own
+        rule covers a channel that ends without it). Then the connection closes."""
+        try:
+            self._end_session(bye=True)
+        finally:
+            self.transport.close()
 
     def __enter__(self):
         self.open()
@@ -278,67 +349,113 @@ class Remote:
     def __exit__(self, *exc):
         self.close()
 
-    def _start(self, request: dict) -> AgentChannel:
-        chan = self.transport.start([self.host.engine.python, "-c", BOOTSTRAP])
+    def _session(self) -> AgentChannel:
+        if self._chan is None:
+            chan = self.transport.start([self.host.engine.python, "-c", BOOTSTRAP])
+            self.agent_starts += 1
+            self._chan, self._buf = chan, b""
+            self._pending = boot_stream(self.host.engine.state_dir)  # goes out with the first request
+        return self._chan
+
+    def _send(self, data: bytes) -> None:
+        self._chan.send(data)
+        self.bytes_sent += len(data)
+
+    def _end_session(self, bye: bool) -> None:
+        chan, self._chan = self._chan, None
+        if chan is None:
+            return
+        try:
+            if bye:
+                chan.send(self.BYE)
+                self.bytes_sent += len(self.BYE)
+            chan.shutdown_write()
+        except Exception:
+            pass  # a channel that is already gone has ended the agent's loop too
+        finally:
+            chan.close()
+
+    def _send_request(self, request: dict) -> AgentChannel:
+        chan = self._session()
         self.round_trips += 1
-        chan.send(agent_payload(request))
+        data, self._pending = self._pending + request_line(request), b""
+        self._send(data)
         return chan
 
     def call(self, op: str, request: dict, timeout: float = 300) -> dict:
         """Run one agent operation and return its result, or raise HostFailure."""
-        chan = self._start(dict(request, op=op))
-        try:
-            chan.shutdown_write()
-            replies = list(self._replies(chan, timeout))
-            return self._result(op, chan, replies)
-        finally:
-            chan.close()
+        chan = self._send_request(dict(request, op=op))
+        replies = list(self._replies(chan, op, timeout))
+        return self._result(op, chan, replies)
 
     def stream(self, op: str, request: dict, on_event: Callable[[dict], list | None],
                timeout: float) -> dict:
         """Run a streaming operation. `on_event` gets every event and returns the
         follow-up requests to send back (the laptop's decision) or None to keep
         listening; their results are in the reply's "then"."""
-        chan = self._start(dict(request, op=op))
-        try:
-            replies = []
-            sent = False
-            for reply in self._replies(chan, timeout + 30):
-                replies.append(reply)
-                if reply.get("t") == "result":
-                    break
-                if not sent:
-                    answer = on_event(reply)
-                    if answer is not None:
-                        chan.send(json.dumps(answer).encode() + b"\n")
-                        sent = True
-            return self._result(op, chan, replies)
-        finally:
-            chan.close()
-
-    def _replies(self, chan: AgentChannel, timeout: float) -> Iterator[dict]:
-        deadline = time.monotonic() + timeout
-        buf = b""
-        while True:
-            chunk = chan.recv(0.5)
-            if chunk is None:
-                if time.monotonic() > deadline:
-                    raise HostFailure("timeout", f"{self.host.name}: the host did not answer within {timeout:.0f}s")
-                continue
-            if not chunk:
+        chan = self._send_request(dict(request, op=op))
+        replies = []
+        sent = False
+        events = self._replies(chan, op, timeout + 30)
+        for reply in events:
+            replies.append(reply)
+            if reply.get("t") == "result":
                 break
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
+            if not sent:
+                try:
+                    answer = on_event(reply)
+                except BaseException:
+                    self._abandon(events, sent)
+                    raise
+                if answer is not None:
+                    self._send(json.dumps(answer).encode() + b"\n")
+                    sent = True
+        return self._result(op, chan, replies)
+
+    def _abandon(self, events: Iterator[dict], sent: bool) -> None:
+        """The laptop failed while the agent streams: end that request with an empty
+        decision (no follow-ups) and read it to its Result, so the channel stays in
+        step for what comes next (the release of the lock)."""
+        try:
+            if not sent:
+                self._send(b"[]\n")
+            for reply in events:
+                if reply.get("t") == "result":
+                    return
+            self._end_session(bye=False)
+        except Exception:
+            self._end_session(bye=False)
+
+    def _replies(self, chan: AgentChannel, op: str, timeout: float) -> Iterator[dict]:
+        """This request's replies, up to and including its Result. A channel that
+        times out or ends is dropped: the next request starts a fresh agent (whose
+        lock token is the same run's), never one whose replies are out of step."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
                 reply = parse_reply(line)
                 if reply is not None:
                     yield reply
+                    if reply.get("t") == "result":
+                        return
+            chunk = chan.recv(0.5)
+            if chunk is None:
+                if time.monotonic() > deadline:
+                    self._end_session(bye=False)
+                    raise HostFailure("timeout", f"{self.host.name}: the host did not answer ({op}) within "
+                                                 f"{timeout:.0f}s")
+                continue
+            if not chunk:
+                return  # the agent ended without a Result: _result says why
+            self._buf += chunk
 
     def _result(self, op: str, chan: AgentChannel, replies: list[dict]) -> dict:
-        status = chan.exit_status()
         final = next((r for r in reversed(replies) if r.get("t") == "result"), None)
         if final is None:
+            status = chan.exit_status()
             err = chan.stderr().decode("utf-8", "replace").strip()
+            self._end_session(bye=False)
             hint = ""
             if status == 127 or "No such file" in err or "not found" in err:
                 hint = f"; is engine.python ({self.host.engine.python}) right for this host?"

@@ -2,7 +2,9 @@
 
 Each public function takes a `Job` (what the operator asked for) and one
 host, and returns a `HostResult`; none raises for a host's failure. The round
-trips of a deploy: probe+lock, apply+restart, follow+record+unlock.
+trips (requests) of a deploy: probe+lock, apply+restart, follow+record+unlock,
+all to one agent process on the host (one remote command per host per step
+function: `host_step` opens the Remote and closes it with `bye`).
 
 A host's lock is one `with HostLock(...)` block on this side: taken by the
 block's first probe and released when the block ends, however it ends (the
@@ -21,16 +23,19 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, evidence, protocol
+from . import diffapply, protocol
 from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
 from .inventory import Host
 from .patchset import NoRevisionFits, Patch
 from .remote import Remote, Transport
+
+if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
+    from . import evidence
 
 
 @dataclass
@@ -373,6 +378,7 @@ def preflight_verdict(job, host, profile, revision, prediction, label) -> eviden
                 f"  the server would not start: {prediction.error}\n"
                 f"    cause: {prediction.cause}\n"
                 "  nothing was written; fix the launch configuration, or rerun with --force")
+    from . import evidence
     return evidence.Verdict(status=Status.NOT_EXECUTED, final=True, executed_path=prediction.path, evidence=[],
                             cause=prediction.cause, markers_seen=[], missing=[], message=text)
 
@@ -467,6 +473,7 @@ class EventLog:
             self.ready_at = now
 
     def observation(self, timed_out: bool) -> evidence.Observation:
+        from . import evidence
         since_ready = None if self.ready_at is None else time.monotonic() - self.ready_at
         return evidence.Observation(lines=list(self.lines), first_line_no=self.first_line_no or 1,
                                     server_info=self.server_info, alive=self.alive, healthy=self.healthy,
@@ -495,6 +502,7 @@ class Judging:
     timings: dict = field(default_factory=dict)
 
     def judge(self, timed_out: bool) -> list[evidence.Verdict]:
+        from . import evidence
         profile = get_profile(self.host.engine.kind)
         obs = self.events.observation(timed_out)
         return [evidence.judge(obs, profile, self.version, self.events.launch, p.markers, p.expect, p.forbid,

@@ -1,7 +1,8 @@
 """A transport that runs the agent as a local subprocess: the host is this machine.
 
-The same bootstrap, the same sources on stdin and the same JSON lines as over
-SSH; only the pipe differs. The host's `engine.python` is a local interpreter
+The same bootstrap, the same sources on stdin, the same one agent process
+serving every request of a command and the same JSON lines as over SSH; only
+the pipe differs. The host's `engine.python` is a local interpreter
 and its paths are local paths, so a directory tree (a venv holding the real
 SGLang files) is a host. That makes `steps` testable in seconds, without sshd.
 The environment is this process's minus PYTHONPATH/PYTHONHOME, so the agent
@@ -85,7 +86,8 @@ class _LocalChannel:
 
 
 class LocalTransport:
-    """Runs each agent request as `argv` here; `name` is for messages."""
+    """Runs the agent as `argv` here, one process for all of a Remote's requests
+    (as over SSH: one start per host per command); `name` is for messages."""
 
     def __init__(self, name: str = "localhost", env: dict | None = None):
         self.name = name

@@ -1,0 +1,161 @@
+"""Stage two of the agent's start on a host: load the sent sources, through a compile cache.
+
+The SSH command line carries only stage one (`remote.BOOTSTRAP`): it reads an
+8-digit length and that many bytes of this file (zlib), and runs it with fd 0
+untouched beyond what it read. This stage then reads, all from fd 0 with exact
+reads (nothing is buffered ahead, so the agent's request loop owns the rest of
+the stream):
+
+    8-digit length, header JSON   {"cache_dir": ..., "modules": [{"name", "filename", "sha256", "size"}, ...]}
+    per module: `size` bytes of zlib-compressed source
+
+Every source is sent every time, so the host never runs code the laptop did
+not send. The cache only saves the compile: an entry is keyed by the sha256 of
+the sent source plus the interpreter's exact version, holds that sha256 and the
+sha256 of its own marshal bytes, and is used only when both check out; anything
+else (absent, torn, corrupt, another interpreter's) falls back to compiling the
+sent source, and rewrites the entry atomically. A cache that cannot be written
+(read-only state dir) costs the compile and nothing else.
+
+The first module is registered in sys.modules under its name (the protocol);
+the last is the agent, run as `__fleetpatch_agent__`, whose request loop then
+reads requests from fd 0 until the laptop says `bye` or closes the channel.
+
+Stdlib only, Python 3.8+.
+"""
+import hashlib
+import json
+import marshal
+import os
+import sys
+import types
+import zlib
+
+MAGIC = b"fleetpatch-agent-cache 1\n"
+KEEP_ENTRIES = 16      # other agent versions' entries beyond this many are pruned, oldest first
+
+
+def read_exact(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            sys.stderr.write("fleetpatch agent: the laptop closed the channel while sending the agent\n")
+            os._exit(3)
+        data += chunk
+    return data
+
+
+def read_block():
+    return read_exact(int(read_exact(8)))
+
+
+def interpreter_tag():
+    return "%s %s" % (sys.implementation.cache_tag, sys.version)
+
+
+def entry_path(cache_dir, source_sha, filename):
+    key = hashlib.sha256(("%s\0%s\0%s" % (source_sha, filename, interpreter_tag())).encode()).hexdigest()
+    return os.path.join(cache_dir, key + ".code")
+
+
+def load_cached(path, source_sha):
+    """The cached code object, or None unless the entry proves it is this source's."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except (IOError, OSError):
+        return None
+    if not data.startswith(MAGIC):
+        return None
+    head, sep, body = data[len(MAGIC):].partition(b"\n\n")
+    if not sep:
+        return None
+    fields = dict(line.split(" ", 1) for line in head.decode("ascii", "replace").splitlines() if " " in line)
+    if (fields.get("source") != source_sha or fields.get("python") != interpreter_tag()
+            or fields.get("code") != hashlib.sha256(body).hexdigest()):
+        return None
+    try:
+        code = marshal.loads(body)
+    except (ValueError, EOFError, TypeError):
+        return None
+    return code if isinstance(code, types.CodeType) else None
+
+
+def store(path, source_sha, code):
+    """Write the entry beside its final name and rename it over: a reader sees all of it or nothing."""
+    body = marshal.dumps(code)
+    head = "source %s\npython %s\ncode %s\n\n" % (source_sha, interpreter_tag(), hashlib.sha256(body).hexdigest())
+    directory = os.path.dirname(path)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        if not os.path.isdir(directory):
+            os.makedirs(directory, 0o700)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + head.encode("ascii") + body)
+        os.rename(tmp, path)
+        prune(directory, keep=path)
+    except (IOError, OSError):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def prune(directory, keep):
+    entries = []
+    for name in os.listdir(directory):
+        p = os.path.join(directory, name)
+        if p != keep and name.endswith((".code", ".tmp")):
+            try:
+                entries.append((os.stat(p).st_mtime, p))
+            except OSError:
+                pass
+    for _, p in sorted(entries, reverse=True)[KEEP_ENTRIES - 1:]:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def load(module, source, cache_dir):
+    """(code, how): the module's code object, from the cache when it is this source's."""
+    source_sha = hashlib.sha256(source).hexdigest()
+    if source_sha != module["sha256"]:
+        sys.stderr.write("fleetpatch agent: %s arrived damaged (sha256 differs from the laptop's); rerun\n"
+                         % module["filename"])
+        os._exit(3)
+    path = entry_path(cache_dir, source_sha, module["filename"]) if cache_dir else None
+    code = load_cached(path, source_sha) if path else None
+    if code is not None:
+        return code, "cached"
+    code = compile(source, module["filename"], "exec")
+    if path:
+        store(path, source_sha, code)
+    return code, "compiled"
+
+
+def boot():
+    header = json.loads(read_block().decode("utf-8"))
+    cache_dir = header.get("cache_dir")
+    if cache_dir:
+        cache_dir = os.path.expanduser(cache_dir)
+    modules = header["modules"]
+    loaded = []
+    for module in modules:
+        loaded.append((module, zlib.decompress(read_exact(module["size"]))))
+    info = {}
+    for i, (module, source) in enumerate(loaded):
+        code, how = load(module, source, cache_dir)
+        info[module["name"]] = how
+        if i < len(loaded) - 1:
+            m = types.ModuleType(module["name"])
+            exec(code, m.__dict__)
+            sys.modules[module["name"]] = m
+        else:
+            exec(code, {"__name__": module["name"], "AGENT_BOOT": info})
+
+
+if __name__ == "__fleetpatch_boot__":
+    boot()
