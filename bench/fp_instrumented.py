@@ -79,7 +79,7 @@ def _count(orig, key, from_result):
     return wrapped
 
 
-fp_remote.Remote.open = _wrap_open(fp_remote.Remote.open)
+fp_remote.SSHTransport.open = _wrap_open(fp_remote.SSHTransport.open)
 fp_remote.Remote.call = _wrap_op(fp_remote.Remote.call)
 fp_remote.Remote.stream = _wrap_op(fp_remote.Remote.stream)
 paramiko.Channel.sendall = _count(paramiko.Channel.sendall, "sent", False)

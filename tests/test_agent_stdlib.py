@@ -11,7 +11,7 @@ import pytest
 
 from fleetpatch import protocol, remote
 
-SENT = {"hostagent": remote.AGENT_SOURCE, "protocol": remote.PROTOCOL_SOURCE}
+SENT = {"hostagent": remote.AGENT_SOURCE, "protocol": remote.PROTOCOL_SOURCE, "agentboot": remote.BOOT_SOURCE}
 
 
 def imported_modules(tree: ast.AST) -> set[str]:

@@ -12,7 +12,7 @@ CORE = SRC / "fleetpatch"
 
 # Lower layers first: a module may import only modules of its own or a lower layer.
 LAYERS = [
-    {"errors", "textsafe", "protocol"},
+    {"errors", "textsafe", "protocol", "agentboot"},
     {"engines", "diffapply", "inventory", "router"},
     {"patchset", "evidence", "hostagent", "ssh_errors"},
     {"remote", "transport_local"},

@@ -379,7 +379,8 @@ def load_patch(ref: str, dirs: List[Path], profile) -> Tuple[Patch, Optional[int
     return patch, want_rev
 
 
-def _load_folder(folder: Path, name: str, profile) -> Patch:
+def _read_manifest(folder: Path) -> tuple:
+    """(how messages name patch.yaml, its top-level mapping), the keys checked."""
     manifest = folder / MANIFEST
     file = _display(manifest)
     try:
@@ -397,6 +398,48 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     for k in ("name", "engine", "revisions"):
         if doc.get(k) is None:
             raise _perr(file, k, "required but missing")
+    return file, doc
+
+
+def _revision(file: str, folder: Path, i: int, node, seen: Dict[int, str], markers, asp, profile,
+              package: str) -> Revision:
+    """One entry of `revisions`, its diff read and the path rules checked."""
+    key = f"revisions[{i}]"
+    if not isinstance(node, dict):
+        raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
+    for k in node:
+        if k not in _REV_KEYS:
+            raise _perr(file, f"{key}.{_keyname(k)}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
+    for k in _REV_KEYS:
+        if node.get(k) is None:
+            raise _perr(file, f"{key}.{k}", "required but missing")
+    rev = node["rev"]
+    if isinstance(rev, bool) or not isinstance(rev, int) or rev < 1:
+        raise _perr(file, f"{key}.rev", f"expected a positive integer, got {_got(rev)}")
+    if rev in seen:
+        raise _perr(file, f"{key}.rev", f"revision {rev} is listed twice (also {seen[rev]})")
+    seen[rev] = key
+    spec_text = node["engine_versions"]
+    if not isinstance(spec_text, str):
+        raise _perr(file, f"{key}.engine_versions",
+                    f"expected a PEP 440 specifier string such as \"==0.5.9\", got {_got(spec_text)} (quote it)")
+    try:
+        spec = SpecifierSet(spec_text)
+    except InvalidSpecifier:
+        raise _perr(file, f"{key}.engine_versions",
+                    f"{spec_text!r} is not a PEP 440 version specifier (e.g. \"==0.5.9\", \">=0.5.8,<0.5.10\")"
+                    ) from None
+    if not spec_text.strip():
+        raise _perr(file, f"{key}.engine_versions",
+                    'must not be empty: say which engine versions the diff is for, e.g. "==0.5.9"')
+    path, diff_text, sha, files = _read_diff(folder, file, f"{key}.diff", node["diff"], package)
+    _check_rules(file, _display(path), rev, files, markers, asp, profile, spec)
+    return Revision(rev=rev, diff_file=path, diff_text=diff_text, diff_sha256=sha,
+                    engine_versions=spec, files=files, spec_text=spec_text.strip())
+
+
+def _load_folder(folder: Path, name: str, profile) -> Patch:
+    file, doc = _read_manifest(folder)
 
     pname = _str(file, "name", doc["name"])
     if pname != name:
@@ -431,38 +474,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     revisions: List[Revision] = []
     seen: Dict[int, str] = {}
     for i, node in enumerate(revs_node):
-        key = f"revisions[{i}]"
-        if not isinstance(node, dict):
-            raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
-        for k in node:
-            if k not in _REV_KEYS:
-                raise _perr(file, f"{key}.{_keyname(k)}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
-        for k in _REV_KEYS:
-            if node.get(k) is None:
-                raise _perr(file, f"{key}.{k}", "required but missing")
-        rev = node["rev"]
-        if isinstance(rev, bool) or not isinstance(rev, int) or rev < 1:
-            raise _perr(file, f"{key}.rev", f"expected a positive integer, got {_got(rev)}")
-        if rev in seen:
-            raise _perr(file, f"{key}.rev", f"revision {rev} is listed twice (also {seen[rev]})")
-        seen[rev] = key
-        spec_text = node["engine_versions"]
-        if not isinstance(spec_text, str):
-            raise _perr(file, f"{key}.engine_versions",
-                        f"expected a PEP 440 specifier string such as \"==0.5.9\", got {_got(spec_text)} (quote it)")
-        try:
-            spec = SpecifierSet(spec_text)
-        except InvalidSpecifier:
-            raise _perr(file, f"{key}.engine_versions",
-                        f"{spec_text!r} is not a PEP 440 version specifier (e.g. \"==0.5.9\", \">=0.5.8,<0.5.10\")"
-                        ) from None
-        if not spec_text.strip():
-            raise _perr(file, f"{key}.engine_versions",
-                        'must not be empty: say which engine versions the diff is for, e.g. "==0.5.9"')
-        path, diff_text, sha, files = _read_diff(folder, file, f"{key}.diff", node["diff"], package)
-        _check_rules(file, _display(path), rev, files, markers, asp, profile, spec)
-        revisions.append(Revision(rev=rev, diff_file=path, diff_text=diff_text, diff_sha256=sha,
-                                  engine_versions=spec, files=files, spec_text=spec_text.strip()))
+        revisions.append(_revision(file, folder, i, node, seen, markers, asp, profile, package))
     revisions.sort(key=lambda r: r.rev)
     return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
                  expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder)

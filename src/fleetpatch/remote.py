@@ -180,30 +180,6 @@ def connection_for(host: Host, hosts_by_name: dict[str, Host] | None = None,
     return conn
 
 
-def classify_connect_error(host: Host, exc: BaseException) -> HostFailure:
-    import paramiko
-    import paramiko.ssh_exception
-    where = f"{host.name} ({host.target})"
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return HostFailure("host-key-rejected",
-                           f"{where}: the host key CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); "
-                           "refusing to connect. If the host was really reinstalled, remove its old line from known_hosts.")
-    if isinstance(exc, paramiko.AuthenticationException) or "No authentication methods" in str(exc):
-        return HostFailure("auth-failed", f"{where}: authentication failed ({exc}); check user and identity_file "
-                                          "in the inventory, or your ssh-agent")
-    if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
-        return HostFailure("host-key-rejected",
-                           f"{where}: unknown host key (not in any known_hosts file); verify the host's key and add it "
-                           "to known_hosts, or rerun with --accept-new-host-keys to record it")
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return HostFailure("unreachable", f"{where}: connection timed out; check the address and that sshd runs")
-    if isinstance(exc, (OSError, paramiko.ssh_exception.NoValidConnectionsError, EOFError)):
-        return HostFailure("unreachable", f"{where}: cannot connect ({exc}); check the address and that sshd runs")
-    if isinstance(exc, paramiko.SSHException):
-        return HostFailure("unreachable", f"{where}: SSH failed ({exc})")
-    return HostFailure("error", f"{where}: {type(exc).__name__}: {exc}")
-
-
 # ------------------------------------------------------------ transports
 
 class AgentChannel(Protocol):
@@ -284,15 +260,32 @@ class SSHTransport:
     def open(self) -> None:
         if self._conn is not None and self._conn.is_connected:
             return
-        conn = connection_for(self.host, self.hosts_by_name, self.accept_new_host_keys)
+        from . import ssh_errors
+        ssh_errors.silence_paramiko()
+        h = self.host
+        conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys)
+        banner = h.connect_timeout or ssh_errors.DEFAULT_BANNER_TIMEOUT
+        conn.connect_kwargs.update(banner_timeout=banner, auth_timeout=banner)
+        sock = None
         try:
+            if conn.gateway is None:
+                # our own socket (to the address ~/.ssh/config resolved), watched, so a failed
+                # handshake can tell "not SSH" from "silent"; through a gateway Fabric dials
+                sock = ssh_errors.dial(conn.host, conn.port, h.connect_timeout)
+                conn.connect_kwargs["sock"] = sock
             conn.open()
-        except Exception as exc:  # paramiko raises a zoo; classify it once, here
-            try:
-                conn.close()
-            except Exception:
-                pass
-            raise classify_connect_error(self.host, exc) from None
+        except Exception as exc:  # paramiko raises a zoo; describe it once, here
+            for closing in (conn.close, getattr(sock, "close", None)):
+                try:
+                    if closing is not None:
+                        closing()
+                except Exception:
+                    pass
+            raise ssh_errors.describe(
+                exc, where=f"{h.name} ({h.target})", address=conn.host, port=conn.port, banner_timeout=banner,
+                connect_timeout=h.connect_timeout, sock=sock, user=h.user,
+                tried=[f"publickey {h.identity_file}" if h.identity_file else "publickey (default keys)",
+                       "ssh-agent"]) from None
         self._conn = conn
 
     def close(self) -> None:
