@@ -276,7 +276,7 @@ def test_off_a_tty_nothing_is_cut_or_wrapped(tmp_path):
     table_rows = [line for line in r.stdout.splitlines() if long_names[0] in line]
     assert table_rows and any("no (unreachable)" in line for line in table_rows), r.stdout
     message = [line for line in r.stdout.splitlines() if line.startswith(long_names[1] + " (")]
-    assert message and "check the address" in message[0], r.stdout
+    assert message and message[0].endswith("check the port and that sshd runs"), r.stdout
     help_text = fleetpatch("rollout", "--help").stdout
     assert any(line.strip().startswith("--canary=N") and line.rstrip().endswith("skips the canary stage)")
                for line in help_text.splitlines()), help_text
