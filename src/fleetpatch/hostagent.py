@@ -627,6 +627,21 @@ def write_all_or_nothing(root, changes):
                          % (changes[len(done)]["path"], e))
 
 
+def write_with_ledger(req, root, changes, previous):
+    """write_all_or_nothing, and when it put every file back, the ledger as it was before
+    (`previous`): a patch that is not in the files is never recorded, nor a restart for it."""
+    try:
+        write_all_or_nothing(root, changes)
+    except AgentError:
+        try:
+            save_ledger(req, previous)
+        except OSError as e:  # disk full: the next probe sees the files as they are
+            raise AgentError("error", "writing the engine files failed and every file was put back, but the ledger "
+                             "%s could not be restored (%s); free space, then rerun"
+                             % (state_path(req, LEDGER), e))
+        raise
+
+
 # ---------------------------------------------------------------- operations
 
 def op_probe(req):
@@ -684,8 +699,13 @@ def op_apply(req):
         dest = os.path.join(backups, ch["path"])
         if os.path.exists(dest) and sha256_bytes(read_bytes(dest)) == sha256_bytes(ch["original"]):
             continue
-        ensure_dir(os.path.dirname(dest))
-        atomic_write(dest, ch["original"], like=None)
+        try:
+            ensure_dir(os.path.dirname(dest))
+            atomic_write(dest, ch["original"], like=None)
+        except OSError as e:
+            raise AgentError("error", "cannot back up %s to %s (%s); no engine file was changed; free space "
+                             "or fix the permissions of the state dir, then rerun" % (ch["path"], dest, e))
+    previous = json.loads(json.dumps(ledger))
     ledger["restart_pending"] = True
     seq = 1 + max([e.get("seq", 0) for e in ledger.get("patches", {}).values()] or [0])
     files = dict((f["path"], protocol.LedgerFile(before=f["before"], after=f["after"],
@@ -697,7 +717,7 @@ def op_apply(req):
     # The ledger says "restart pending" before any engine file changes: a run that
     # dies between the write and the restart is finished by the next run.
     save_ledger(req, ledger)
-    write_all_or_nothing(root, changes)
+    write_with_ledger(req, root, changes, previous)
     out = {"written": [c["path"] for c in changes]}
     if req.get("restart"):
         out["restart"] = restart_server(req, ledger, "deploy " + label)
@@ -737,15 +757,17 @@ def op_rollback(req):
                              "inspect it, then rerun with --force to restore the original anyway"
                              % (rel, cur_sha[:12], rec["after"][:12]))
         changes.append({"path": rel, "data": backup, "original": current})
-    ledger["restart_pending"] = True
-    save_ledger(req, ledger)
-    write_all_or_nothing(root, changes)
+    previous = json.loads(json.dumps(ledger))
+    if changes:  # a patch whose files are all original already needs no restart to undo it
+        ledger["restart_pending"] = True
+        save_ledger(req, ledger)
+        write_with_ledger(req, root, changes, previous)
     del ledger["patches"][req["name"]]
     ledger.setdefault("rolled_back", {})[req["name"]] = protocol.RolledBack(label=entry["label"], at=now_iso())
     out = {"restored": [c["path"] for c in changes],
            "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
     save_ledger(req, ledger)  # the originals are back: record it before a restart that may fail
-    if req.get("restart"):
+    if req.get("restart") and (changes or previous.get("restart_pending")):
         out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])
         save_ledger(req, ledger)
     return out

@@ -624,7 +624,7 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
     if refused is not None:
         return refused
     if plan.already:
-        return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {})
+        return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {}, reply.get("server") or {})
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
     files = [protocol.ApplyFile(path=r.path, before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
                                 content=protocol.pack(r.new)) for r in plan.changes]
@@ -641,13 +641,34 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
     return _restart_and_verify(job, host, remote, lock, plan, "apply", apply_req)
 
 
+# A last restart that ended so is retried by the next deploy: the operator fixed the cause.
+RETRY_AFTER = (Status.RESTART_FAILED, Status.TIMEOUT)
+
+
+def restart_reason(ledger: protocol.Ledger, server: dict, name: str) -> str | None:
+    """Why a deploy that has nothing to write must still restart, if it must: a restart
+    left pending, a server that is down, or a last restart that failed or never got ready.
+    Re-reading that restart's window would only repeat its failure."""
+    if ledger.get("restart_pending"):
+        return "restart pending from an earlier run"
+    if not ledger.get("last_restart"):
+        return None
+    if server.get("alive") is False:
+        return "the server is not running"
+    verification = (ledger.get("patches", {}).get(name) or {}).get("verification") or {}
+    if verification.get("status") in RETRY_AFTER:
+        return f"the last restart ended {verification['status']}"
+    return None
+
+
 def _already_applied(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan,
-                     ledger: protocol.Ledger) -> HostResult:
-    if ledger.get("restart_pending") and not job.no_restart:
-        job.progress(host.name, "restart", "restart pending from an earlier run")
+                     ledger: protocol.Ledger, server: dict) -> HostResult:
+    reason = restart_reason(ledger, server, job.patch.name)
+    if reason and not job.no_restart:
+        job.progress(host.name, "restart", reason)
         return _restart_and_verify(job, host, remote, lock, plan, "restart",
                                    protocol.RestartRequest(**base_request(host, job),
-                                                           reason=f"pending restart for {plan.label}"))
+                                                           reason=f"{reason}: restart for {plan.label}"))
     # Nothing to write: prove it still runs from the window of the last restart.
     last = ledger.get("last_restart")
     if job.no_restart or not last:
@@ -772,6 +793,10 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, False, Status.ERROR, f"{host.name}: after restoring, {', '.join(bad)} do not "
                                                           "match the recorded original sha256", engine_version=version,
                           files=restored)
+    if "restart" not in out:  # every file already held its original: nothing ran the patch, no restart
+        return HostResult(host.name, True, Status.ROLLED_BACK,
+                          f"{host.name}: {entry['label']} forgotten: its files already held their original sha256; "
+                          "not restarted", engine_version=version, files=restored)
     patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
                                          version=version, launch=running_launch(host, {}), patches=[patch],
