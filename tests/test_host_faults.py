@@ -79,3 +79,58 @@ def test_after_a_server_that_crashed_at_start_verify_logs_and_deploy_restart_and
     again = steps.deploy(job(lh)[0], lh.host())
     assert again.status == "verified", again.message
     assert lh.server_pid()
+
+
+# ------------------------------------------- 4: a log rotated by rename while verifying
+
+def wait_for(predicate, timeout: float = 20.0, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+def test_a_log_renamed_away_during_verification_is_still_followed(lh):
+    """logrotate (create, no copytruncate) renames the log while the server starts: the
+    server, started by `command`, keeps writing the renamed file, and that is the one to read."""
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1.5"})
+    lh.log.write_text("an older run's line\n")
+    rotated = lh.log.with_name(lh.log.name + ".1")
+
+    def rotate():
+        if wait_for(lambda: lh.log.exists() and "Uvicorn running" in lh.log.read_text()):
+            os.rename(lh.log, rotated)
+            lh.log.write_text("")
+
+    import threading
+    t = threading.Thread(target=rotate, daemon=True)
+    t.start()
+    r = steps.deploy(job(lh, host=host)[0], host)
+    t.join()
+    assert rotated.exists(), "the log was rotated during the run"
+    assert r.status == "verified", r.message
+    assert "ready to roll" in rotated.read_text() and lh.log.read_text() == ""
+    assert not lh.lock.exists()
+
+
+def test_the_follower_moves_to_the_new_file_once_the_writer_does(tmp_path):
+    from fleetpatch.hostagent import LogFollower
+    log = tmp_path / "server.log"
+    log.write_text("old 1\n")
+    st = log.stat()
+    f = LogFollower(str(log), st.st_ino, st.st_size)
+    with open(log, "a") as w:
+        w.write("old 2\n")
+        w.flush()
+        os.rename(log, tmp_path / "server.log.1")
+        log.write_text("")
+        assert [l for _, _, ls in f.read() for l in ls] == ["old 2"]
+        w.write("old 3\n")   # the writer has not reopened yet
+        w.flush()
+    assert [l for _, _, ls in f.read() for l in ls] == ["old 3"]
+    log.write_text("new 1\n")  # it has: lines under the log's name again
+    got = f.read()
+    assert [(str(p), n, ls) for p, n, ls in got] == [(str(log), 1, ["new 1"])]
+    f.close()

@@ -808,14 +808,26 @@ def add_lines(batches, source, line_no, data, final):
 
 
 class LogFollower(object):
-    """Reads a log from a recorded (inode, offset), following rotation and truncation."""
+    """Reads a log from a recorded (inode, offset), following the file the server writes.
+
+    A log renamed away (logrotate without copytruncate) is still the server's until
+    it reopens its log: the follower keeps reading the recorded inode and moves to
+    the new file under the log's name only once that file gets lines (the writer
+    moved), finishing the old one first. A log truncated in place is read from its
+    start again. Reads are bounded (READ_CHUNK a batch, READ_BUDGET a call), so a
+    chatty server cannot make the agent hold its whole log."""
+
+    READ_CHUNK = 1 << 20
+    READ_BUDGET = 4 << 20
 
     def __init__(self, path, inode, offset):
         self.path = expand(path)
         self.fh = None
+        self.ino = None
         self.line_no = 1       # line number (in the current file) of the next full line
         self.partial = b""
         self.files = []
+        self.more = False      # the last read stopped at its budget: more is waiting
         cur = self._stat(self.path)
         if inode is not None and cur is not None and cur.st_ino != inode:
             old = self._find_inode(inode)
@@ -861,7 +873,7 @@ class LogFollower(object):
         n, left = 0, offset
         self.fh.seek(0)
         while left > 0:
-            chunk = self.fh.read(min(left, 1 << 20))
+            chunk = self.fh.read(min(left, self.READ_CHUNK))
             if not chunk:
                 break
             n += chunk.count(b"\n")
@@ -871,29 +883,50 @@ class LogFollower(object):
     def read(self):
         """New complete lines: list of (file, first_line_no, [lines])."""
         batches = []
+        self.budget = self.READ_BUDGET
         if self.fh is None:
             if self._stat(self.path) is not None:
                 self._open(self.path, 0)
             else:
                 return batches
         self._drain(batches)
+        if self.budget <= 0:
+            self.more = True
+            return batches
+        self.more = False
         cur = self._stat(self.path)
         if cur is not None and cur.st_ino != self.ino:
-            self._drain(batches, final=True)   # the rest of the rotated file first
-            self.fh.close()
-            self._open(self.path, 0)
-            self._drain(batches)
+            # Renamed away: the server writes the old inode until it reopens its log.
+            # The new file having lines says it has; finish the old one, then move.
+            if cur.st_size > 0:
+                self._drain(batches, final=True)
+                self.fh.close()
+                self._open(self.path, 0)
+                self._drain(batches)
         elif cur is not None and cur.st_size < self.fh.tell():
+            self._drain(batches, final=True)
             self.fh.close()
             self._open(self.path, 0)
             self._drain(batches)
+        self.more = self.budget <= 0
         return batches
 
     def _drain(self, batches, final=False):
-        data = self.fh.read()
-        if not data and not (final and self.partial):
-            return
-        self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial + data, final)
+        """Read what is there in bounded chunks, up to this call's budget."""
+        while self.budget > 0:
+            data = self.fh.read(min(self.READ_CHUNK, self.budget))
+            self.budget -= len(data)
+            if not data:
+                break
+            self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial + data, False)
+            if len(self.partial) > self.READ_CHUNK:   # a "line" without end: pass it on in pieces
+                self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial, True)
+        if final and self.partial:
+            self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial, True)
+
+    def close(self):
+        if self.fh is not None:
+            self.fh.close()
 
 
 class JournalFollower(object):
@@ -917,10 +950,12 @@ class JournalFollower(object):
             os.set_blocking(stream.fileno(), False)
         atexit.register(self.close)
 
-    @staticmethod
-    def _available(stream):
-        chunks = []
-        while True:
+    more = False
+
+    def _available(self, stream):
+        """What the pipe holds now, at most LogFollower.READ_BUDGET (a chatty unit keeps it full)."""
+        chunks, size = [], 0
+        while size < LogFollower.READ_BUDGET:
             try:
                 chunk = os.read(stream.fileno(), 65536)
             except (BlockingIOError, InterruptedError):
@@ -928,6 +963,9 @@ class JournalFollower(object):
             if not chunk:
                 break
             chunks.append(chunk)
+            size += len(chunk)
+        if stream is self.proc.stdout:
+            self.more = size >= LogFollower.READ_BUDGET
         return b"".join(chunks)
 
     def read(self):
@@ -1070,7 +1108,8 @@ class Follow(object):
     def read_followups(self):
         """None while the laptop is still listening; else follow's result."""
         fd = sys.stdin.fileno()
-        r, _, _ = select.select([fd], [], [], self.POLL_S)
+        # no wait while the log has more to read: a burst is passed on as fast as it is read
+        r, _, _ = select.select([fd], [], [], 0 if getattr(self.follower, "more", False) else self.POLL_S)
         if not r:
             return None
         chunk = os.read(fd, 65536)

@@ -432,7 +432,14 @@ SUCCESS = (Status.VERIFIED, Status.ROLLED_BACK)
 
 class EventLog:
     """What the follow stream has told so far: the log window, the server's
-    state, its /server_info and how it was launched."""
+    state, its /server_info and how it was launched.
+
+    The window is bounded: a chatty server may write hundreds of MB after its
+    restart, while what decides (the settings dump, the markers, the ready line,
+    a traceback) comes at start. The first MAX_LINES lines are kept; later lines
+    are counted (`dropped`) and still seen for the ready line."""
+
+    MAX_LINES = 200_000
 
     def __init__(self, ready_line: str, launch: LaunchConfig):
         self.ready_line = ready_line
@@ -444,6 +451,7 @@ class EventLog:
         self.server_info: dict | None = None
         self.ready_at: float | None = None
         self.launch = launch
+        self.dropped = 0
 
     def add(self, ev: dict) -> None:
         kind = ev.get("t")
@@ -461,9 +469,12 @@ class EventLog:
         if self.first_line_no is None:
             self.first_line_no = ev["first_line_no"]
         now = time.monotonic()
-        self.lines.extend(ev["lines"])
-        self.arrived.extend([now] * len(ev["lines"]))
-        if self.ready_at is None and any(self.ready_line in line for line in ev["lines"]):
+        lines = ev["lines"]
+        room = max(0, self.MAX_LINES - len(self.lines))
+        self.lines.extend(lines[:room])
+        self.arrived.extend([now] * min(room, len(lines)))
+        self.dropped += max(0, len(lines) - room)
+        if self.ready_at is None and any(self.ready_line in line for line in lines):
             self.ready_at = now
 
     def observation(self, timed_out: bool) -> evidence.Observation:
@@ -475,6 +486,13 @@ class EventLog:
     def arrival_of(self, line_no: int) -> float | None:
         idx = line_no - (self.first_line_no or 1)
         return self.arrived[idx] if 0 <= idx < len(self.arrived) else None
+
+
+def _marker_matches(marker, line: str) -> bool:
+    try:
+        return bool(marker.matches(line))
+    except Exception:  # a broken marker never matches (evidence does the same)
+        return False
 
 
 @dataclass
@@ -491,6 +509,7 @@ class Judging:
     events: EventLog
     t0: float = field(default_factory=time.monotonic)
     failed_at: float | None = None
+    last_judged: float | None = None
     verdicts: list | None = None
     timings: dict = field(default_factory=dict)
 
@@ -501,11 +520,33 @@ class Judging:
                                label, self.host.name, want_markers=self.want_markers, settle_s=self.job.settle_s)
                 for p, label in zip(self.patches, self.labels)]
 
+    # Lines are judged at most this often (other events at once): the whole window is
+    # read on every judgement, so judging every batch of a chatty log would be quadratic.
+    JUDGE_EVERY_S = 0.25
+
+    def _worth_judging(self, ev: dict, timed_out: bool) -> bool:
+        """A batch of lines is judged at once when it holds a line that can decide (the ready
+        line, a marker, an expect or forbid text); else at most every JUDGE_EVERY_S."""
+        if ev.get("t") != "lines" or timed_out or self.last_judged is None:
+            return True
+        if time.monotonic() - self.last_judged >= self.JUDGE_EVERY_S:
+            return True
+        texts = [self.events.ready_line] + [t for p in self.patches for t in list(p.expect or []) + list(p.forbid or [])
+                                            if t]
+        markers = [m for p in self.patches for m in (p.markers or {}).values()]
+        for line in ev.get("lines") or ():
+            if any(t in line for t in texts) or any(_marker_matches(m, line) for m in markers):
+                return True
+        return False
+
     def on_event(self, ev: dict) -> list[evidence.Verdict] | None:
         """The final verdicts once decided, else None (keep listening)."""
         self.events.add(ev)
         elapsed = time.monotonic() - self.t0
         timed_out = elapsed >= self.timeout or ev.get("t") == "deadline"
+        if not self._worth_judging(ev, timed_out):
+            return None
+        self.last_judged = time.monotonic()
         vs = self.judge(timed_out)
         waiting = [v for v in vs if not v.final]
         self.job.progress(self.host.name, "verify", f"{elapsed:4.1f}s " + (
@@ -567,7 +608,11 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
                                  server_info_url=server_info_url(host.server.health_url))
 
     def on_event(ev: dict) -> list | None:
-        if judging.on_event(ev) is None:
+        decided = judging.on_event(ev)
+        # The window holds what it keeps; Remote keeps every event until the result,
+        # so a chatty log must not stay in memory twice.
+        ev.pop("lines", None)
+        if decided is None:
             return None
         followups = [dict(base_request(host, job), op="record", ledger_update=ledger_update(judging))]
         if lock is not None and ends_work(judging.ok):
@@ -579,6 +624,8 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
         lock.chained_done(reply)
     if judging.verdicts is None:  # the stream ended before a decision (the server host went away)
         judging.verdicts = judging.judge(True)
+    if judging.events.dropped:
+        judging.timings["log_lines_not_kept"] = judging.events.dropped
     return judging.verdicts, judging.timings
 
 
