@@ -134,3 +134,105 @@ def test_the_follower_moves_to_the_new_file_once_the_writer_does(tmp_path):
     got = f.read()
     assert [(str(p), n, ls) for p, n, ls in got] == [(str(log), 1, ["new 1"])]
     f.close()
+
+
+# -------------------------------------------------------- 9: a chatty server
+
+def agent_rss_kb() -> int:
+    """The largest resident size of a running fleetpatch agent (found by its bootstrap)."""
+    most = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"fleetpatch-agent" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        most = max(most, int(line.split()[1]))
+        except OSError:
+            continue
+    return most
+
+
+BURST_MB = 200
+
+
+def test_a_200_mb_burst_after_the_restart_verifies_in_seconds_with_bounded_memory(lh):
+    """A second writer appends 200 MB to the log while the server starts (after its
+    markers, before its ready line): the agent reads in bounded chunks, the laptop keeps
+    a bounded window and judges incrementally, and the host verifies in seconds."""
+    import resource
+    import threading
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1.0"})
+    line = b"[2026-01-05 10:11:12] INFO chatty: " + b"x" * 64 + b"\n"
+    block = line * ((1 << 20) // len(line))
+    peaks = {"agent_kb": 0}
+    stop = threading.Event()
+
+    def flood():
+        if not wait_for(lambda: lh.log.exists() and b"Uvicorn running" in lh.log.read_bytes()):
+            return
+        with open(lh.log, "ab") as f:
+            for _ in range(BURST_MB):
+                f.write(block)
+        peaks["flooded_at"] = time.monotonic()
+
+    def watch():
+        while not stop.is_set():
+            peaks["agent_kb"] = max(peaks["agent_kb"], agent_rss_kb())
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=flood, daemon=True), threading.Thread(target=watch, daemon=True)]
+    for t in threads:
+        t.start()
+    before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    try:
+        r = steps.deploy(job(lh, host=host, timeout=60)[0], host)
+    finally:
+        took = time.monotonic() - started
+        stop.set()
+        for t in threads:
+            t.join()
+    laptop_growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kb) / 1024
+    print(f"\n200 MB burst: {r.status} in {took:.1f}s, agent peak RSS {peaks['agent_kb'] / 1024:.0f} MB, "
+          f"laptop peak growth {laptop_growth_mb:.0f} MB, lines not kept {r.details.get('log_lines_not_kept')}")
+    assert "flooded_at" in peaks and lh.log.stat().st_size > BURST_MB * len(block), "the burst was written"
+    assert r.status == "verified", r.message
+    assert took < 30, f"verification took {took:.1f}s"
+    assert peaks["agent_kb"] < 100 * 1024, f"agent peak RSS {peaks['agent_kb']} kB"
+    assert laptop_growth_mb < 150, f"laptop grew {laptop_growth_mb:.0f} MB"
+    assert not lh.lock.exists()
+
+
+# ------------------------------------------- 6: stacked patches and --force
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+
+
+@pytest.fixture
+def lh2(tmp_path, template):
+    h = LocalHost(tmp_path / "h2", template, name="h2", spec_v2=True)
+    yield h
+    h.stop()
+
+
+def test_force_never_forgets_a_patch_whose_lines_are_still_in_the_files(lh2):
+    lh = lh2
+    pristine = dict(lh.pristine, **{SERVER_ARGS: sha256(lh.file(SERVER_ARGS))})
+    assert steps.deploy(job(lh, "dynamic-spec-disable")[0], lh.host()).ok
+    assert steps.deploy(job(lh, "v2-only-beacon")[0], lh.host()).ok
+    stacked = {rel: sha256(lh.file(rel)) for rel in pristine}
+    ledger = lh.ledger()
+    for force in (False, True):
+        r = steps.rollback(job(lh, "dynamic-spec-disable", force=force)[0], lh.host())
+        assert r.status == "error" and "roll back v2-only-beacon first" in r.message, r.message
+        assert {rel: sha256(lh.file(rel)) for rel in pristine} == stacked, "nothing restored"
+        assert lh.ledger()["patches"] == ledger["patches"] and not lh.lock.exists()
+    r = steps.rollback(job(lh, None)[0], lh.host())
+    assert r.status == "rolled-back", r.message
+    assert {rel: sha256(lh.file(rel)) for rel in pristine} == pristine, "stacked rollback ends pristine"
+    assert lh.ledger()["patches"] == {} and not lh.lock.exists()

@@ -741,6 +741,20 @@ def op_rollback(req):
     entry = ledger.get("patches", {}).get(req["name"])
     if not entry:
         raise AgentError("error", "%s is not recorded as applied on this host; nothing to roll back" % req["name"])
+    # Patches stack: in a shared file a newer patch's lines sit on this one's, and the
+    # backup holds neither. Restoring it, even with --force, would take the newer patch's
+    # lines out while its record stays (and a later rollback of it would put this one's
+    # lines back unrecorded). So the newest goes first, always.
+    shared, newer = set(), []
+    for other, e in sorted(ledger.get("patches", {}).items()):
+        overlap = set(e.get("files", {})) & set(entry["files"])
+        if other != req["name"] and e.get("seq", 0) > entry.get("seq", 0) and overlap:
+            newer.append(other)
+            shared |= overlap
+    if newer:
+        raise AgentError("error", "%s was applied after %s and changes the same files (%s); nothing was restored; "
+                         "roll back %s first, or roll back everything (rollback without --patch goes newest first)"
+                         % (", ".join(newer), entry["label"], ", ".join(sorted(shared)), " and ".join(newer)))
     changes = []
     for rel, rec in sorted(entry["files"].items()):
         path = safe_join(root, rel)

@@ -437,9 +437,9 @@ class EventLog:
     The window is bounded: a chatty server may write hundreds of MB after its
     restart, while what decides (the settings dump, the markers, the ready line,
     a traceback) comes at start. The first MAX_LINES lines are kept; later lines
-    are counted (`dropped`) and still seen for the ready line."""
+    are counted (`dropped`) and still seen for the ready line, not judged."""
 
-    MAX_LINES = 200_000
+    MAX_LINES = 50_000   # a judgement of this many lines takes about half a second
 
     def __init__(self, ready_line: str, launch: LaunchConfig):
         self.ready_line = ready_line
@@ -510,6 +510,7 @@ class Judging:
     t0: float = field(default_factory=time.monotonic)
     failed_at: float | None = None
     last_judged: float | None = None
+    judge_s: float = 0.0     # how long the last judgement took
     verdicts: list | None = None
     timings: dict = field(default_factory=dict)
 
@@ -523,14 +524,17 @@ class Judging:
     # Lines are judged at most this often (other events at once): the whole window is
     # read on every judgement, so judging every batch of a chatty log would be quadratic.
     JUDGE_EVERY_S = 0.25
+    SCAN_LINES = 1000
 
     def _worth_judging(self, ev: dict, timed_out: bool) -> bool:
         """A batch of lines is judged at once when it holds a line that can decide (the ready
         line, a marker, an expect or forbid text); else at most every JUDGE_EVERY_S."""
         if ev.get("t") != "lines" or timed_out or self.last_judged is None:
             return True
-        if time.monotonic() - self.last_judged >= self.JUDGE_EVERY_S:
-            return True
+        if time.monotonic() - self.last_judged >= max(self.JUDGE_EVERY_S, 2 * self.judge_s):
+            return True  # at most half of the laptop's time goes to judging, however big the window
+        if len(ev.get("lines") or ()) > self.SCAN_LINES:
+            return False  # a burst: the next judgement is at most JUDGE_EVERY_S away
         texts = [self.events.ready_line] + [t for p in self.patches for t in list(p.expect or []) + list(p.forbid or [])
                                             if t]
         markers = [m for p in self.patches for m in (p.markers or {}).values()]
@@ -546,8 +550,9 @@ class Judging:
         timed_out = elapsed >= self.timeout or ev.get("t") == "deadline"
         if not self._worth_judging(ev, timed_out):
             return None
-        self.last_judged = time.monotonic()
         vs = self.judge(timed_out)
+        self.last_judged = time.monotonic()
+        self.judge_s = self.last_judged - (self.t0 + elapsed)
         waiting = [v for v in vs if not v.final]
         self.job.progress(self.host.name, "verify", f"{elapsed:4.1f}s " + (
             "waiting for " + ", ".join(v.missing[0] if v.missing else "the server" for v in waiting) if waiting
@@ -626,6 +631,10 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
         judging.verdicts = judging.judge(True)
     if judging.events.dropped:
         judging.timings["log_lines_not_kept"] = judging.events.dropped
+        if not judging.ok:
+            for v in judging.verdicts:
+                v.message += (f"\n  note: the log grew by {judging.events.dropped} more lines after the first "
+                              f"{EventLog.MAX_LINES} since the restart; only those first lines were judged")
     return judging.verdicts, judging.timings
 
 
