@@ -236,3 +236,88 @@ def test_force_never_forgets_a_patch_whose_lines_are_still_in_the_files(lh2):
     assert r.status == "rolled-back", r.message
     assert {rel: sha256(lh.file(rel)) for rel in pristine} == pristine, "stacked rollback ends pristine"
     assert lh.ledger()["patches"] == {} and not lh.lock.exists()
+
+
+# ------------------------------------------- 11: the agent killed with -9 mid-operation
+
+def kill_agent_at(lh: LocalHost, host, j, when: str) -> subprocess.CompletedProcess:
+    """Run one apply as the agent runs it (the real hostagent, under the host's python), but
+    SIGKILL it at `when`: "second-rename" (between the renames of a revision's files)
+    or "pidfile" (the server started, its pidfile being written)."""
+    probe = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, steps.revision_files(j), True)
+    plan, revision = steps.make_plan(j, host, probe)
+    files = [dict(path=r.path, before=sha256(lh.file(r.path)), after=steps.sha256(r.new),
+                  content=steps.protocol.pack(r.new)) for r in plan.changes]
+    req = dict(steps.base_request(host, j), op="apply", package_dir=probe["package_dir"], name=j.patch.name,
+               rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256, files=files, lock_token=None)
+    harness = f"""
+import json, os, signal, sys
+sys.path.insert(0, {str(steps.__file__.rsplit('/', 2)[0])!r})
+from fleetpatch import hostagent
+when, package = {when!r}, {probe["package_dir"]!r}
+real_rename, renames = os.rename, []
+def rename(src, dst):
+    if when == "second-rename" and dst.startswith(package + os.sep):
+        renames.append(dst)
+        if len(renames) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    if when == "pidfile" and dst.endswith(".pid"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_rename(src, dst)
+os.rename = rename
+hostagent.main(json.loads(sys.stdin.readline()))
+"""
+    return subprocess.run([str(lh.python), "-c", harness], input=json.dumps(req) + "\n", text=True,
+                          capture_output=True, timeout=60)
+
+
+def test_an_agent_killed_between_the_renames_leaves_no_half_patched_host(lh):
+    j, host = job(lh)
+    dead = kill_agent_at(lh, host, j, "second-rename")
+    assert dead.returncode == -9, dead.stderr
+    assert not lh.is_pristine() and strays(lh), "killed half-way: one file renamed, a temp file left"
+    r = steps.deploy(job(lh)[0], host)
+    assert r.status == "verified", r.message
+    assert not strays(lh) and not lh.lock.exists()
+    assert not (lh.state / "writing.json").exists()
+    led = lh.ledger()["patches"]["spec-path-beacon"]
+    assert all(sha256(lh.file(p)) == rec["after"] for p, rec in led["files"].items()), "the ledger matches the files"
+
+
+def test_the_next_run_after_a_killed_apply_can_roll_back_to_pristine(lh):
+    j, host = job(lh)
+    kill_agent_at(lh, host, j, "second-rename")
+    r = steps.rollback(job(lh, None)[0], host)
+    assert r.ok, r.message
+    assert lh.is_pristine() and not strays(lh) and not lh.lock.exists()
+    assert lh.ledger().get("patches", {}) == {}
+
+
+def test_an_agent_killed_while_writing_the_pidfile_leaves_no_orphan_server(lh):
+    j, host = job(lh)
+    dead = kill_agent_at(lh, host, j, "pidfile")
+    try:
+        assert dead.returncode == -9, dead.stderr
+        assert wait_for(lambda: "ready to roll" in lh.log.read_text()), "the orphan server runs"
+        r = steps.deploy(job(lh)[0], host)
+    finally:
+        for pid in [p for p in os.listdir("/proc") if p.isdigit() and _started_here(p, lh)]:
+            if int(pid) != lh.server_pid():
+                os.kill(int(pid), 9)   # an orphan the code under test failed to find
+    assert r.status == "verified", r.message
+    assert "address already in use" not in lh.log.read_text().lower()
+    assert not strays(lh)
+    servers = [p for p in os.listdir("/proc") if p.isdigit() and _started_here(p, lh)]
+    assert servers == [str(lh.server_pid())], "one server, the one the pidfile names"
+
+
+def _started_here(pid: str, lh: LocalHost) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] in "ZX" or fields[3] != pid:
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"sglang_standin" in f.read() and str(lh.port).encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False

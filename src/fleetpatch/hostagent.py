@@ -257,8 +257,43 @@ def log_position(log):
         return {"inode": None, "offset": 0}
 
 
-def stop_command_server(restart):
+STARTED_BY = "FLEETPATCH_STATE_DIR"   # in the environment of every server fleetpatch starts
+
+
+def started_servers(state_dir):
+    """Session leaders started by fleetpatch for this state dir, found by their environment:
+    a pidfile lost with the run that wrote it (kill -9) must not leave an orphan server."""
+    if not state_dir:
+        return []
+    mark = ("%s=%s" % (STARTED_BY, os.path.abspath(expand(state_dir)))).encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        pid = int(name)
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] in ("Z", "X") or int(fields[3]) != pid:   # state, session id
+                continue
+            if mark in read_bytes("/proc/%d/environ" % pid).split(b"\0"):
+                found.append(pid)
+        except (IOError, OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def command_server_pid(restart):
+    """The pidfile's server, else the one fleetpatch started whose pidfile was lost."""
     pid = read_pid(restart["pidfile"])
+    if pid_alive(pid):
+        return pid
+    found = started_servers(restart.get("state_dir"))
+    return found[0] if found else pid
+
+
+def stop_command_server(restart):
+    pid = command_server_pid(restart)
     if not pid_alive(pid):
         return {"stopped": None}
     grace = float(restart.get("stop_grace", 10))
@@ -283,6 +318,8 @@ def stop_command_server(restart):
 def start_command_server(restart, log):
     env = dict((k, v) for k, v in os.environ.items() if not k.startswith("SSH_"))
     env.update(restart.get("env") or {})
+    if restart.get("state_dir"):
+        env[STARTED_BY] = os.path.abspath(expand(restart["state_dir"]))
     logpath = expand(log)
     ensure_dir(os.path.dirname(logpath) or ".", 0o755)
     out = open(logpath, "ab")
@@ -306,7 +343,7 @@ def server_pid(restart):
     """pid of the running server as its manager reports it; None if it is not running."""
     kind = restart.get("kind", "command")
     if kind == "command":
-        return read_pid(restart["pidfile"])
+        return command_server_pid(restart)
     if kind == "systemd":
         rc, out = run_tool(systemd_show_argv(restart), timeout=60)
         return parse_main_pid(out) if rc == 0 else None
@@ -511,7 +548,7 @@ def restart_supervisor(restart, log):
 def restart_server(req, ledger, reason):
     """Stop, note where the log ends, start. The offset is taken after the old
     server is gone, so nothing it wrote can count for the new one."""
-    restart = req["restart"]
+    restart = dict(req["restart"], state_dir=req.get("state_dir"))
     log = req["log"]
     kind = restart.get("kind", "command")
     result = {"kind": kind}
@@ -627,19 +664,118 @@ def write_all_or_nothing(root, changes):
                          % (changes[len(done)]["path"], e))
 
 
-def write_with_ledger(req, root, changes, previous):
-    """write_all_or_nothing, and when it put every file back, the ledger as it was before
-    (`previous`): a patch that is not in the files is never recorded, nor a restart for it."""
+WRITING = "writing.json"   # in the state dir while engine files are being renamed: see recover()
+TMP_MARK = ".fleetpatch-"
+
+
+def write_with_ledger(req, root, changes, previous, after, backups):
+    """write_all_or_nothing under a journal, and when it put every file back, the ledger
+    as it was (`previous`): a patch that is not in the files is never recorded, nor a
+    restart for it.
+
+    All-or-nothing must hold against the agent's own death too (kill -9, a lost host):
+    the journal says which backup each file must end as, and which ledger then holds.
+    The next run that takes the lock finishes it (recover): an apply is undone, a
+    rollback completed; both end with every file restored from its backup."""
+    # per file: the backup it ends as (target), and the other content it may hold (what
+    # an apply writes, or what a rollback replaces)
+    journal = {"root": root, "ledger": after, "files": [
+        {"path": ch["path"], "target": sha256_bytes(ch["backup"]), "source": ch["source"],
+         "other": sha256_bytes(ch["original"] if ch["data"] == ch["backup"] else ch["data"])} for ch in changes]}
+    if backups:   # an apply: dying half-way, it is undone, and the ledger is the one before it
+        journal["ledger"] = previous
+    atomic_write(state_path(req, WRITING), json.dumps(journal, sort_keys=True).encode())
     try:
         write_all_or_nothing(root, changes)
     except AgentError:
         try:
             save_ledger(req, previous)
-        except OSError as e:  # disk full: the next probe sees the files as they are
+        except OSError as e:  # disk full: the journal stays, and the next run finishes this
             raise AgentError("error", "writing the engine files failed and every file was put back, but the ledger "
                              "%s could not be restored (%s); free space, then rerun"
                              % (state_path(req, LEDGER), e))
+        os.unlink(state_path(req, WRITING))
         raise
+    save_ledger(req, after)
+    os.unlink(state_path(req, WRITING))
+
+
+def tmp_owner(name):
+    """The pid in a `.NAME.fleetpatch-PID.tmp` name, else None."""
+    if not (name.startswith(".") and name.endswith(".tmp") and TMP_MARK in name):
+        return None
+    try:
+        return int(name[:-len(".tmp")].rsplit(TMP_MARK, 1)[1])
+    except ValueError:
+        return None
+
+
+def remove_stale_tmp(directory, prefix=""):
+    """Delete the temp files of fleetpatch runs that died (their pid is gone) in `directory`."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        pid = tmp_owner(name)
+        if pid is None or not name.startswith("." + prefix) or pid == os.getpid() or pid_alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except OSError:
+            pass
+    return removed
+
+
+def recover(req):
+    """Finish what a dead run left (called with the lock held): a journaled write is
+    brought to its backups, and every temp file of a dead run is removed."""
+    out = {}
+    path = state_path(req, WRITING)
+    journal = None
+    try:
+        with open(path) as f:
+            journal = json.load(f)
+    except (IOError, OSError, ValueError):
+        pass
+    if journal:
+        root = journal["root"]
+        restored, left = [], []
+        for f in journal["files"]:
+            full = safe_join(root, f["path"])
+            remove_stale_tmp(os.path.dirname(full))
+            try:
+                current = sha256_bytes(read_bytes(full))
+            except (IOError, OSError):
+                current = None
+            if current == f["target"]:
+                continue
+            backup = read_bytes(state_path(req, f["source"]))
+            if current != f["other"] or sha256_bytes(backup) != f["target"]:
+                left.append(f["path"])
+                continue
+            atomic_write(full, backup, like=full)
+            remove_bytecode(full)
+            restored.append(f["path"])
+        if left:
+            raise AgentError("drift", "a fleetpatch run died while writing, and %s now match neither the original nor "
+                             "what it wrote; the journal %s and the backups in %s say what was meant; restore "
+                             "them by hand, then remove the journal" % (", ".join(left), path, state_path(req)))
+        save_ledger(req, journal["ledger"])
+        os.unlink(path)
+        out["finished_write"] = restored
+    stale = []
+    for directory, _, _ in os.walk(state_path(req)):
+        stale += remove_stale_tmp(directory)
+    pidfile = (req.get("restart") or {}).get("pidfile")
+    if pidfile:
+        pidfile = expand(pidfile)
+        stale += remove_stale_tmp(os.path.dirname(pidfile) or ".", os.path.basename(pidfile))
+    if stale:
+        out["removed_tmp"] = stale
+    return out
 
 
 # ---------------------------------------------------------------- operations
@@ -649,6 +785,10 @@ def op_probe(req):
     if req.get("lock"):
         take_lock(req, req["lock"])
         out["locked"] = True
+        # a run that died mid-write (or left temp files) is finished before anything is read
+        recovered = recover(req)
+        if recovered:
+            out["recovered"] = recovered
     package = req["package"]
     root = package_dir(package)
     out["package_dir"] = root
@@ -663,7 +803,7 @@ def op_probe(req):
     out["lock"] = read_lock(req)
     restart = req.get("restart")
     if restart:
-        pid = server_pid(restart)
+        pid = server_pid(dict(restart, state_dir=req.get("state_dir")))
         alive = pid_alive(pid)
         out["server"] = {"pid": pid, "alive": alive}
         if alive:
@@ -693,7 +833,8 @@ def op_apply(req):
         data = unpack(f["content"])
         if sha256_bytes(data) != f["after"]:
             raise AgentError("error", "the new content of %s was damaged in transit; nothing was written" % f["path"])
-        changes.append({"path": f["path"], "data": data, "original": original})
+        changes.append({"path": f["path"], "data": data, "original": original, "backup": original,
+                        "source": os.path.join("backups", label, f["path"])})
     # Backups first, and durable, so the originals survive whatever follows.
     for ch in changes:
         dest = os.path.join(backups, ch["path"])
@@ -717,7 +858,7 @@ def op_apply(req):
     # The ledger says "restart pending" before any engine file changes: a run that
     # dies between the write and the restart is finished by the next run.
     save_ledger(req, ledger)
-    write_with_ledger(req, root, changes, previous)
+    write_with_ledger(req, root, changes, previous, ledger, backups=True)
     out = {"written": [c["path"] for c in changes]}
     if req.get("restart"):
         out["restart"] = restart_server(req, ledger, "deploy " + label)
@@ -770,17 +911,18 @@ def op_rollback(req):
             raise AgentError("drift", "%s changed since fleetpatch wrote it (sha256 %s, wrote %s); nothing was restored; "
                              "inspect it, then rerun with --force to restore the original anyway"
                              % (rel, cur_sha[:12], rec["after"][:12]))
-        changes.append({"path": rel, "data": backup, "original": current})
+        changes.append({"path": rel, "data": backup, "original": current, "backup": backup, "source": rec["backup"]})
     previous = json.loads(json.dumps(ledger))
-    if changes:  # a patch whose files are all original already needs no restart to undo it
-        ledger["restart_pending"] = True
-        save_ledger(req, ledger)
-        write_with_ledger(req, root, changes, previous)
     del ledger["patches"][req["name"]]
     ledger.setdefault("rolled_back", {})[req["name"]] = protocol.RolledBack(label=entry["label"], at=now_iso())
+    if changes:  # a patch whose files are all original already needs no restart to undo it
+        ledger["restart_pending"] = True
+        # the originals are back: recorded before a restart that may fail
+        write_with_ledger(req, root, changes, previous, ledger, backups=False)
+    else:
+        save_ledger(req, ledger)
     out = {"restored": [c["path"] for c in changes],
            "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
-    save_ledger(req, ledger)  # the originals are back: record it before a restart that may fail
     if req.get("restart") and (changes or previous.get("restart_pending")):
         out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])
         save_ledger(req, ledger)
