@@ -321,3 +321,49 @@ def _started_here(pid: str, lh: LocalHost) -> bool:
             return b"sglang_standin" in f.read() and str(lh.port).encode() in open(f"/proc/{pid}/cmdline", "rb").read()
     except OSError:
         return False
+
+
+# ------------------------------------------------------------- 13: symlinks
+
+def tree_sha(root) -> dict:
+    return {str(p.relative_to(root)): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_engine_file_that_is_a_symlink_is_refused_and_left_a_link(lh, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    real = outside / "eagle_worker_v2.py"
+    real.write_bytes(lh.file(EAGLE_V2).read_bytes())
+    lh.file(EAGLE_V2).unlink()
+    lh.file(EAGLE_V2).symlink_to(real)
+    r = steps.deploy(job(lh)[0], lh.host())
+    assert r.status == "error" and "is a symlink" in r.message and EAGLE_V2 in r.message, r.message
+    assert lh.file(EAGLE_V2).is_symlink() and os.readlink(lh.file(EAGLE_V2)) == str(real)
+    assert lh.is_pristine() and sha256(real) == lh.pristine[EAGLE_V2], "nothing written, in or outside"
+    assert not lh.lock.exists() and lh.ledger().get("patches", {}) == {} and not strays(lh)
+
+
+def test_a_package_subdirectory_that_is_a_symlink_is_never_written_through(lh, tmp_path):
+    spec = lh.file(EAGLE).parent
+    outside = tmp_path / "elsewhere-speculative"
+    spec.rename(outside)
+    spec.symlink_to(outside)
+    before = tree_sha(outside)
+    r = steps.deploy(job(lh)[0], lh.host())
+    assert r.status == "error" and "is a symlink" in r.message and str(spec) in r.message, r.message
+    assert tree_sha(outside) == before and spec.is_symlink()
+    assert not lh.lock.exists()
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_state_dir_that_is_a_symlink_is_refused_clearly(lh, tmp_path, dangling):
+    target = tmp_path / "elsewhere-state"
+    if not dangling:
+        target.mkdir()
+    lh.state.rmdir()
+    lh.state.symlink_to(target)
+    r = steps.deploy(job(lh)[0], lh.host())
+    assert r.status == "error" and "engine.state_dir" in r.message and "is a symlink" in r.message, r.message
+    assert "Traceback" not in r.message and "FileExistsError" not in r.message
+    assert lh.is_pristine() and lh.server_pid() is None
+    assert (not target.exists()) if dangling else list(target.iterdir()) == [], "nothing written through the link"

@@ -72,7 +72,30 @@ def expand(path):
 # ---------------------------------------------------------------- state dir
 
 def state_path(req, *parts):
-    return os.path.join(expand(req["state_dir"]), *parts)
+    base = expand(req["state_dir"])
+    if os.path.islink(base):
+        # followed, every write of fleetpatch's would land wherever the link points (or,
+        # dangling, nowhere): the state dir must be a directory of its own
+        raise AgentError("error", "engine.state_dir %s is a symlink (to %s); fleetpatch keeps its ledger, lock and "
+                         "backups only in a real directory: point engine.state_dir at one"
+                         % (base, os.readlink(base)))
+    path = os.path.join(base, *parts)
+    if parts:
+        refuse_links(base, path, "in the state dir")
+    return path
+
+
+def refuse_links(base, path, where):
+    """No component below `base` up to `path` may be a symlink: a write through one lands
+    outside the directory fleetpatch owns there, and a rename over one replaces the link."""
+    rel = os.path.relpath(path, base)
+    cur = base
+    for part in rel.split(os.sep):
+        cur = os.path.join(cur, part)
+        if os.path.islink(cur):
+            raise AgentError("error", "%s is a symlink (to %s) %s; fleetpatch writes only regular files inside "
+                             "the package and its state dir, so nothing was written; replace the link by the "
+                             "file or directory it points to, then rerun" % (cur, os.readlink(cur), where))
 
 
 def ensure_dir(path, mode=0o700):
@@ -605,6 +628,13 @@ def safe_join(root, rel):
     return full
 
 
+def writable_join(root, rel):
+    """safe_join for a file fleetpatch will rename over: no symlink on the way, nor the file."""
+    full = safe_join(root, rel)
+    refuse_links(os.path.normpath(root), full, "in the package " + root)
+    return full
+
+
 def describe_file(root, rel, content):
     path = safe_join(root, rel)
     try:
@@ -649,7 +679,7 @@ def write_all_or_nothing(root, changes):
     done = []
     try:
         for ch in changes:
-            path = safe_join(root, ch["path"])
+            path = writable_join(root, ch["path"])
             atomic_write(path, ch["data"], like=path)
             done.append(ch)
             remove_bytecode(path)
@@ -744,7 +774,7 @@ def recover(req):
         root = journal["root"]
         restored, left = [], []
         for f in journal["files"]:
-            full = safe_join(root, f["path"])
+            full = writable_join(root, f["path"])
             remove_stale_tmp(os.path.dirname(full))
             try:
                 current = sha256_bytes(read_bytes(full))
@@ -825,7 +855,7 @@ def op_apply(req):
     backups = state_path(req, "backups", label)
     changes = []
     for f in req["files"]:
-        path = safe_join(root, f["path"])
+        path = writable_join(root, f["path"])
         original = read_bytes(path)
         if sha256_bytes(original) != f["before"]:
             raise AgentError("drift", "%s changed on the host while fleetpatch was working (sha256 %s, expected %s); "
@@ -837,7 +867,7 @@ def op_apply(req):
                         "source": os.path.join("backups", label, f["path"])})
     # Backups first, and durable, so the originals survive whatever follows.
     for ch in changes:
-        dest = os.path.join(backups, ch["path"])
+        dest = state_path(req, "backups", label, ch["path"])
         if os.path.exists(dest) and sha256_bytes(read_bytes(dest)) == sha256_bytes(ch["original"]):
             continue
         try:
@@ -898,7 +928,7 @@ def op_rollback(req):
                          % (", ".join(newer), entry["label"], ", ".join(sorted(shared)), " and ".join(newer)))
     changes = []
     for rel, rec in sorted(entry["files"].items()):
-        path = safe_join(root, rel)
+        path = writable_join(root, rel)
         current = read_bytes(path)
         backup = read_bytes(state_path(req, rec["backup"]))
         if sha256_bytes(backup) != rec["before"]:
