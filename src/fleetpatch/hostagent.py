@@ -174,7 +174,8 @@ def take_lock(req, lock):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as e:
         if e.errno != errno.EEXIST:
-            raise
+            raise AgentError("error", "cannot create the lock %s (%s); no engine file was changed; fix the state "
+                             "dir (free space, permissions), then rerun" % (path, e))
         held = read_lock(req) or {}
         if held.get("token") == lock["token"]:
             return
@@ -183,8 +184,13 @@ def take_lock(req, lock):
             "another fleetpatch run holds the lock %s: %s since %s; wait for it, or if that run is dead, "
             "rerun with --break-lock" % (path, held.get("holder", "unknown holder"), held.get("since", "?")),
         )
-    with os.fdopen(fd, "w") as f:
-        f.write(body)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+    except OSError as e:   # disk full: an empty lock would block every later run
+        os.unlink(path)
+        raise AgentError("error", "cannot write the lock %s (%s); no engine file was changed; free space in the "
+                         "state dir, then rerun" % (path, e))
 
 
 def check_lock(req):
@@ -579,6 +585,8 @@ def restart_server(req, ledger, reason):
         result.update(stop_command_server(restart))
         pos = log_position(log)
         pid = start_command_server(restart, log)
+        if pos["inode"] is None:   # no log yet: the server's is the one just created, from its start
+            pos = {"inode": log_position(log)["inode"], "offset": 0}
     elif kind == "systemd":
         extra, pos, pid = restart_systemd(restart, log)
         result.update(extra)
@@ -843,7 +851,21 @@ def op_probe(req):
             out["server"]["healthy"] = status == 200
     if req.get("log"):
         out["log"] = log_position(req["log"])
+        out["window_intact"] = window_intact(req["log"], ledger.get("last_restart"))
     return out
+
+
+def window_intact(log, last):
+    """Does the log still hold what the server wrote since fleetpatch's last restart? Not
+    when the file was truncated below the window's start, or rotated or deleted away."""
+    if not last or last.get("inode") is None or last.get("log") not in (None, log):
+        return None
+    if last.get("window_cut"):
+        return False
+    st = LogFollower._stat(expand(log))
+    if st is not None and st.st_ino == last["inode"]:
+        return st.st_size >= max(last.get("offset", 0), last.get("verified_size", 0))
+    return LogFollower(log, None, 0)._find_inode(last["inode"]) is not None
 
 
 def op_apply(req):
@@ -974,6 +996,14 @@ def op_record(req):
             ledger["patches"][name]["verification"] = verification
     if "last_verification" in update:
         ledger["last_verification"] = update["last_verification"]
+    last = ledger.get("last_restart")
+    if last and req.get("log") and last.get("inode") is not None:
+        # how far the verified window reached: a log cut below it no longer holds the evidence
+        st = LogFollower._stat(expand(req["log"]))
+        if st is not None and st.st_ino == last["inode"]:
+            last["verified_size"] = st.st_size
+        if FOLLOWING and getattr(FOLLOWING[-1].follower, "truncated", False):
+            last["window_cut"] = True
     save_ledger(req, ledger)
     return {"recorded": True}
 
@@ -1014,6 +1044,7 @@ class LogFollower(object):
         self.partial = b""
         self.files = []
         self.more = False      # the last read stopped at its budget: more is waiting
+        self.truncated = False
         cur = self._stat(self.path)
         if inode is not None and cur is not None and cur.st_ino != inode:
             old = self._find_inode(inode)
@@ -1090,6 +1121,7 @@ class LogFollower(object):
                 self._open(self.path, 0)
                 self._drain(batches)
         elif cur is not None and cur.st_size < self.fh.tell():
+            self.truncated = True   # what was read before the cut can never be read again
             self._drain(batches, final=True)
             self.fh.close()
             self._open(self.path, 0)
@@ -1314,11 +1346,16 @@ class Follow(object):
             close()
 
 
+FOLLOWING = []   # the follow whose decision (record) is running: it knows whether the log was cut
+
+
 def op_follow(req):
     follow = Follow(req)
+    FOLLOWING.append(follow)
     try:
         return follow.run()
     finally:
+        FOLLOWING.remove(follow)
         follow.close()
 
 

@@ -11,10 +11,12 @@ replies are the records of `protocol`.
 """
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import hashlib
 import json
 import os
+import re
 import shlex
 import socket
 import time
@@ -161,14 +163,23 @@ class HostLock:
         return self
 
     def probe(self, files: list[str], content: bool) -> protocol.ProbeReply:
-        """The locking probe (again, inside the block: the lock is re-entrant for this run)."""
+        """The locking probe (again, inside the block: the lock is re-entrant for this run).
+        A lock whose holder is provably dead (a run on this machine whose pid is gone,
+        e.g. killed with -9) is taken over: only a live holder, or one elsewhere, needs a human."""
         self.held = True  # from the moment the request leaves, the lock may be ours
         try:
             return probe(self.remote, self.host, self.job, files, content, lock=True)
         except HostFailure as f:
-            if f.status == Status.LOCKED:
+            if f.status != Status.LOCKED:
+                raise
+            dead = dead_local_holder(f.message)
+            if dead is None or self.job.break_lock:
                 self.held = False  # another run's lock: not ours to release
-            raise
+                raise
+        self.job.progress(self.host.name, "fetch", f"taking over the lock of {dead} (that process is gone)")
+        took = probe(self.remote, self.host, dataclasses.replace(self.job, break_lock=True), files, content, lock=True)
+        took["lock_taken_over"] = dead
+        return took
 
     def release_followup(self) -> list[protocol.Request]:
         """The unlock request to chain onto the request (or follow) that ends the work."""
@@ -184,15 +195,53 @@ class HostLock:
             self.held = False
         self._riding = False
 
-    def __exit__(self, *exc) -> bool:
+    # The release after a failure gets a short wait of its own: after a stalled call the
+    # connection is likely stalled too, and the operator must not wait minutes for it.
+    RELEASE_TIMEOUT_S = 20.0
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
         self._riding = False
         if self.held:
             self.held = False
             try:
-                self.remote.call("unlock", base_request(self.host, self.job))
-            except Exception:
-                pass  # the run's own failure is what the operator needs to see
+                self.remote.call("unlock", base_request(self.host, self.job), timeout=self.RELEASE_TIMEOUT_S)
+            except Exception as e:  # the run's own failure comes first; this is said after it
+                note = (f"\n  the lock {self.host.engine.state_dir}/{protocol.LOCK_FILE} was NOT released "
+                        f"({getattr(e, 'message', e)}); the next run names this one as its holder: rerun with "
+                        "--break-lock once this run has ended")
+                if isinstance(exc, HostFailure):
+                    exc.message += note
+                else:
+                    self.release_note = note
         return False
+
+    release_note = ""
+
+    def annotate(self, result: "HostResult") -> "HostResult":
+        """The result, with the release's failure when there was one."""
+        result.message += self.release_note
+        return result
+
+
+_HOLDER = re.compile(r"holds the lock .*?: (\S+)@(\S+) pid (\d+) since")
+
+
+def dead_local_holder(message: str) -> str | None:
+    """The holder named in a `locked` refusal when it is a fleetpatch run on this machine
+    whose process no longer exists (kill -9, a crash): provably not working on the host."""
+    m = _HOLDER.search(message)
+    if not m or m.group(2) != socket.gethostname():
+        return None
+    pid = int(m.group(3))
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"{m.group(1)}@{m.group(2)} pid {pid}"
+    except OSError:
+        return None   # it exists (another user's): alive
+    return None
 
 
 def load_named(job: Job, host: Host, name: str) -> Patch:
@@ -656,7 +705,8 @@ def deploy(job: Job, host: Host, remote: Remote) -> HostResult:
     with HostLock(remote, host, job) as lock:
         job.progress(host.name, "fetch", "lock + read files")
         reply = lock.probe(revision_files(job), content=True)
-        return _deploy_locked(job, host, remote, lock, reply)
+        result = _deploy_locked(job, host, remote, lock, reply)
+    return lock.annotate(result)
 
 
 def _refusal(job: Job, host: Host, plan: Plan) -> HostResult | None:
@@ -680,7 +730,8 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
     if refused is not None:
         return refused
     if plan.already:
-        return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {}, reply.get("server") or {})
+        return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {}, reply.get("server") or {},
+                                reply.get("window_intact"))
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
     files = [protocol.ApplyFile(path=r.path, before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
                                 content=protocol.pack(r.new)) for r in plan.changes]
@@ -718,7 +769,7 @@ def restart_reason(ledger: protocol.Ledger, server: dict, name: str) -> str | No
 
 
 def _already_applied(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan,
-                     ledger: protocol.Ledger, server: dict) -> HostResult:
+                     ledger: protocol.Ledger, server: dict, window_intact: bool | None = None) -> HostResult:
     reason = restart_reason(ledger, server, job.patch.name)
     if reason and not job.no_restart:
         job.progress(host.name, "restart", reason)
@@ -731,6 +782,16 @@ def _already_applied(job: Job, host: Host, remote: Remote, lock: HostLock, plan:
         return HostResult(host.name, True, Status.ALREADY_APPLIED,
                           f"{host.name}: {plan.label} already applied; nothing changed", engine_version=plan.version,
                           patch=plan.label)
+    verification = (ledger.get("patches", {}).get(job.patch.name) or {}).get("verification") or {}
+    if window_intact is False and verification.get("status") == Status.VERIFIED and server.get("pid") == last.get("pid"):
+        # The log since that restart was rotated, truncated or deleted away: re-reading it
+        # would wait for lines that are gone. The process fleetpatch verified still runs.
+        return HostResult(host.name, True, Status.ALREADY_APPLIED,
+                          f"{host.name}: {plan.label} already applied; nothing changed; the server fleetpatch verified "
+                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path')}) "
+                          "still runs; its log since that restart is no longer there to re-read",
+                          engine_version=plan.version, patch=plan.label,
+                          executed_path=verification.get("executed_path"))
     return _verify(job, host, remote, plan.version, plan.launch, [job.patch], [plan.label],
                    protocol.log_window(last), lock=lock, already=True)
 
@@ -745,7 +806,7 @@ def _restart_and_verify(job: Job, host: Host, remote: Remote, lock: HostLock, pl
         out = remote.call(op, request)
     except HostFailure as f:
         if f.status != Status.RESTART_FAILED:
-            raise
+            return _cut_off(host, plan, f, "write and restart" if op == "apply" else "restart")
         # The files are written (the ledger says so, restart pending) but the server did not start.
         failed = HostResult(host.name, False, Status.RESTART_FAILED, f.message, engine_version=plan.version,
                             patch=plan.label)
@@ -754,12 +815,32 @@ def _restart_and_verify(job: Job, host: Host, remote: Remote, lock: HostLock, pl
         failed.message += "\n  the files are written and a restart is pending; fix the start, then rerun or roll back"
         return failed
     # With a rollback to follow a failure, the lock stays held until the rollback ends.
-    result = _verify(job, host, remote, plan.version, launch_after_restart(host, plan), [job.patch], [plan.label],
-                     protocol.log_window(out["restart"]), lock=lock,
-                     ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
+    try:
+        result = _verify(job, host, remote, plan.version, launch_after_restart(host, plan), [job.patch],
+                         [plan.label], protocol.log_window(out["restart"]), lock=lock,
+                         ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
+    except HostFailure as f:
+        return _cut_off(host, plan, f, "verification")
     if not result.ok and rollback:
         result = _rollback_after_failure(job, host, remote, lock, result)
     return result
+
+
+# What Remote says when the agent's answer never came: the connection (or the agent) died.
+NO_ANSWER = ("without an answer", "did not answer within", "connection dropped")
+
+
+def _cut_off(host: Host, plan: Plan, f: HostFailure, phase: str) -> HostResult:
+    """A failure of the call that writes, restarts or verifies, with what the host was
+    being asked to do. When no answer came, say what that means for the host."""
+    message = f.message
+    if f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER):
+        message = (f"{host.name}: the connection was lost during the {phase} of {plan.label}, before the host "
+                   f"answered ({f.message.removeprefix(host.name + ': ')})\n"
+                   "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
+                   "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
+                   "restart done) or rollback undoes it")
+    return HostResult(host.name, False, f.status, message, engine_version=plan.version, patch=plan.label)
 
 
 def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
@@ -822,7 +903,7 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
             result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
             if not result.ok:
                 break
-        return result
+    return lock.annotate(result)
 
 
 def newest_first(ledger: protocol.Ledger) -> list[str]:
