@@ -467,8 +467,13 @@ def test_ssh_session_killed_during_verification(operator, fleet):
     pristine = {rel: sha256(h.site_packages / rel) for rel in (EAGLE, EAGLE_V2)}
     killed = []
 
+    start = h.log_path.stat().st_size if h.log_path.exists() else 0
+
+    def restarted() -> bool:   # the new server's start, not the one the reset left running
+        return h.log_path.exists() and b"Uvicorn running" in h.log_path.read_bytes()[start:]
+
     def cut():
-        if not wait_for(lambda: h.log_path.exists() and "Uvicorn running" in h.log_path.read_text(), 60):
+        if not wait_for(restarted, 60):
             return
         for pid in session_pids(h.sshd_pid):
             try:

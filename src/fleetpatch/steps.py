@@ -835,8 +835,12 @@ def _cut_off(host: Host, plan: Plan, f: HostFailure, phase: str) -> HostResult:
     being asked to do. When no answer came, say what that means for the host."""
     message = f.message
     if f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER):
+        detail = f.message.removeprefix(host.name + ": ")
+        if "without an answer" in detail:   # the channel closed under the agent: nothing more to say
+            detail = "the session ended before the agent's reply" + (
+                "" if detail.endswith("no output") else ": " + detail.split("without an answer: ", 1)[-1])
         message = (f"{host.name}: the connection was lost during the {phase} of {plan.label}, before the host "
-                   f"answered ({f.message.removeprefix(host.name + ': ')})\n"
+                   f"answered ({detail})\n"
                    "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
                    "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
                    "restart done) or rollback undoes it")
