@@ -197,9 +197,12 @@ def test_agent_killed_during_rollback(lh):
     reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, [], False)
     req = dict(steps.base_request(host, j), op="rollback", package_dir=reply["package_dir"],
                name="spec-path-beacon", force=False, lock_token=None)
+    patched_pid = lh.server_pid()
     assert run_killed_agent(lh, req, "write", 2, reply["package_dir"]) == -9
     record("kill-9 agent", "rollback", lh, pristine, "killed", lambda: rollback_all(lh), killed=True)
     assert lh.is_pristine()
+    assert lh.server_pid() not in (None, patched_pid), "the server no longer runs the patched code"
+    assert RESULTS[-1]["rerun"] == "rolled-back"
 
 
 def kill_orphans(lh: LocalHost) -> None:

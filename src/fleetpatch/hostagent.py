@@ -865,7 +865,7 @@ def window_intact(log, last):
     st = LogFollower._stat(expand(log))
     if st is not None and st.st_ino == last["inode"]:
         return st.st_size >= max(last.get("offset", 0), last.get("verified_size", 0))
-    return LogFollower(log, None, 0)._find_inode(last["inode"]) is not None
+    return find_inode(expand(log), last["inode"]) is not None
 
 
 def op_apply(req):
@@ -1023,6 +1023,25 @@ def add_lines(batches, source, line_no, data, final):
     return line_no + len(lines), partial
 
 
+def find_inode(path, inode):
+    """Where the log `path` went by rename (logrotate: path.1, path-DATE, ...): the file
+    beside it, named after it, with that inode."""
+    directory = os.path.dirname(path) or "."
+    base = os.path.basename(path)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    for name in sorted(names):
+        if name.startswith(base):
+            try:
+                if os.stat(os.path.join(directory, name)).st_ino == inode:
+                    return os.path.join(directory, name)
+            except OSError:
+                continue
+    return None
+
+
 class LogFollower(object):
     """Reads a log from a recorded (inode, offset), following the file the server writes.
 
@@ -1065,18 +1084,7 @@ class LogFollower(object):
             return None
 
     def _find_inode(self, inode):
-        directory = os.path.dirname(self.path) or "."
-        base = os.path.basename(self.path)
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            return None
-        for name in sorted(names):
-            if name.startswith(base):
-                st = self._stat(os.path.join(directory, name))
-                if st is not None and st.st_ino == inode:
-                    return os.path.join(directory, name)
-        return None
+        return find_inode(self.path, inode)
 
     def _open(self, path, offset):
         self.fh = open(path, "rb")

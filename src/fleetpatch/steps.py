@@ -897,7 +897,12 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
     with HostLock(remote, host, job) as lock:
         job.progress(host.name, "fetch", "lock + read ledger")
         reply = lock.probe([], content=False)
-        names = [job.patch.name] if job.patch else newest_first(reply.get("ledger") or {})
+        ledger = reply.get("ledger") or {}
+        names = [job.patch.name] if job.patch else newest_first(ledger)
+        if not names and ledger.get("restart_pending") and ledger.get("rolled_back"):
+            # an earlier rollback restored the files (or the next run finished it for a
+            # killed one) but the server still runs the patched code: restart and check it
+            return lock.annotate(_pending_rollback_restart(job, host, remote, lock, reply))
         if not names:
             return HostResult(host.name, True, Status.OK,
                               f"{host.name}: no patch recorded as applied; nothing to roll back",
@@ -908,6 +913,27 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
             if not result.ok:
                 break
     return lock.annotate(result)
+
+
+def _pending_rollback_restart(job: Job, host: Host, remote: Remote, lock: HostLock,
+                              reply: protocol.ProbeReply) -> HostResult:
+    rolled = reply["ledger"]["rolled_back"]
+    name = max(rolled, key=lambda n: rolled[n].get("at", ""))
+    label = rolled[name]["label"]
+    version = reply.get("version")
+    job.progress(host.name, "restart", f"pending restart after rolling back {label}")
+    out = remote.call("restart", protocol.RestartRequest(**base_request(host, job),
+                                                         reason=f"pending restart after rollback {label}"))
+    patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
+    verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
+                                         version=version, launch=running_launch(host, {}), patches=[patch],
+                                         labels=[label], want_markers=False, timeout=_timeout(job, host), lock=lock)
+    result = verdict_result(host, version, verdicts, [label], timings)
+    if result.ok:
+        result.status = Status.ROLLED_BACK
+        result.message = (f"{host.name}: {label} was rolled back with its restart pending; restarted, the server "
+                          "runs without the patch's markers")
+    return result
 
 
 def newest_first(ledger: protocol.Ledger) -> list[str]:
