@@ -367,3 +367,27 @@ def test_a_state_dir_that_is_a_symlink_is_refused_clearly(lh, tmp_path, dangling
     assert "Traceback" not in r.message and "FileExistsError" not in r.message
     assert lh.is_pristine() and lh.server_pid() is None
     assert (not target.exists()) if dangling else list(target.iterdir()) == [], "nothing written through the link"
+
+
+# ------------------------------------------- a lock whose holder is provably gone
+
+def test_a_lock_of_a_dead_run_on_this_machine_is_taken_over_and_a_live_ones_is_not(lh):
+    import getpass
+    import socket
+    lh.state.mkdir(exist_ok=True)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        me = f"{getpass.getuser()}@{socket.gethostname()}"
+        live_lock = json.dumps({"token": "other", "holder": f"{me} pid {alive.pid}", "since": "now"})
+        lh.lock.write_text(live_lock)
+        r = steps.deploy(job(lh)[0], lh.host())
+        assert r.status == "locked" and lh.lock.read_text() == live_lock, "a live holder keeps its lock"
+        lh.lock.write_text(json.dumps({"token": "other", "holder": f"{me} pid {dead.pid}", "since": "now"}))
+        r = steps.deploy(job(lh)[0], lh.host())
+        assert r.status == "verified", r.message
+        assert not lh.lock.exists()
+    finally:
+        alive.kill()
+        alive.wait()
