@@ -82,7 +82,30 @@ def expand(path):
 # ---------------------------------------------------------------- state dir
 
 def state_path(req, *parts):
-    return os.path.join(expand(req["state_dir"]), *parts)
+    base = expand(req["state_dir"])
+    if os.path.islink(base):
+        # followed, every write of fleetpatch's would land wherever the link points (or,
+        # dangling, nowhere): the state dir must be a directory of its own
+        raise AgentError("error", "engine.state_dir %s is a symlink (to %s); fleetpatch keeps its ledger, lock and "
+                         "backups only in a real directory: point engine.state_dir at one"
+                         % (base, os.readlink(base)))
+    path = os.path.join(base, *parts)
+    if parts:
+        refuse_links(base, path, "in the state dir")
+    return path
+
+
+def refuse_links(base, path, where):
+    """No component below `base` up to `path` may be a symlink: a write through one lands
+    outside the directory fleetpatch owns there, and a rename over one replaces the link."""
+    rel = os.path.relpath(path, base)
+    cur = base
+    for part in rel.split(os.sep):
+        cur = os.path.join(cur, part)
+        if os.path.islink(cur):
+            raise AgentError("error", "%s is a symlink (to %s) %s; fleetpatch writes only regular files inside "
+                             "the package and its state dir, so nothing was written; replace the link by the "
+                             "file or directory it points to, then rerun" % (cur, os.readlink(cur), where))
 
 
 def ensure_dir(path, mode=0o700):
@@ -176,7 +199,8 @@ def take_lock(req, lock):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as e:
         if e.errno != errno.EEXIST:
-            raise
+            raise AgentError("error", "cannot create the lock %s (%s); no engine file was changed; fix the state "
+                             "dir (free space, permissions), then rerun" % (path, e))
         held = read_lock(req) or {}
         if held.get("token") == lock["token"]:
             return
@@ -194,8 +218,13 @@ def take_lock(req, lock):
             "another fleetpatch run holds the lock %s: %s since %s; wait for it, or if that run is dead, "
             "rerun with --break-lock" % (path, held.get("holder", "unknown holder"), held.get("since", "?")),
         )
-    with os.fdopen(fd, "w") as f:
-        f.write(body)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+    except OSError as e:   # disk full: an empty lock would block every later run
+        os.unlink(path)
+        raise AgentError("error", "cannot write the lock %s (%s); no engine file was changed; free space in the "
+                         "state dir, then rerun" % (path, e))
 
 
 def check_lock(req):
@@ -292,8 +321,43 @@ def log_position(log):
         return {"inode": None, "offset": 0}
 
 
-def stop_command_server(restart):
+STARTED_BY = "FLEETPATCH_STATE_DIR"   # in the environment of every server fleetpatch starts
+
+
+def started_servers(state_dir):
+    """Session leaders started by fleetpatch for this state dir, found by their environment:
+    a pidfile lost with the run that wrote it (kill -9) must not leave an orphan server."""
+    if not state_dir:
+        return []
+    mark = ("%s=%s" % (STARTED_BY, os.path.abspath(expand(state_dir)))).encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        pid = int(name)
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] in ("Z", "X") or int(fields[3]) != pid:   # state, session id
+                continue
+            if mark in read_bytes("/proc/%d/environ" % pid).split(b"\0"):
+                found.append(pid)
+        except (IOError, OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def command_server_pid(restart):
+    """The pidfile's server, else the one fleetpatch started whose pidfile was lost."""
     pid = read_pid(restart["pidfile"])
+    if pid_alive(pid):
+        return pid
+    found = started_servers(restart.get("state_dir"))
+    return found[0] if found else pid
+
+
+def stop_command_server(restart):
+    pid = command_server_pid(restart)
     if not pid_alive(pid):
         return {"stopped": None}
     grace = float(restart.get("stop_grace", 10))
@@ -318,6 +382,8 @@ def stop_command_server(restart):
 def start_command_server(restart, log):
     env = dict((k, v) for k, v in os.environ.items() if not k.startswith("SSH_"))
     env.update(restart.get("env") or {})
+    if restart.get("state_dir"):
+        env[STARTED_BY] = os.path.abspath(expand(restart["state_dir"]))
     logpath = expand(log)
     ensure_dir(os.path.dirname(logpath) or ".", 0o755)
     out = open(logpath, "ab")
@@ -341,7 +407,7 @@ def server_pid(restart):
     """pid of the running server as its manager reports it; None if it is not running."""
     kind = restart.get("kind", "command")
     if kind == "command":
-        return read_pid(restart["pidfile"])
+        return command_server_pid(restart)
     if kind == "systemd":
         rc, out = run_tool(systemd_show_argv(restart), timeout=60)
         return parse_main_pid(out) if rc == 0 else None
@@ -546,7 +612,7 @@ def restart_supervisor(restart, log):
 def restart_server(req, ledger, reason):
     """Stop, note where the log ends, start. The offset is taken after the old
     server is gone, so nothing it wrote can count for the new one."""
-    restart = req["restart"]
+    restart = dict(req["restart"], state_dir=req.get("state_dir"))
     log = req["log"]
     kind = restart.get("kind", "command")
     result = {"kind": kind}
@@ -554,6 +620,8 @@ def restart_server(req, ledger, reason):
         result.update(stop_command_server(restart))
         pos = log_position(log)
         pid = start_command_server(restart, log)
+        if pos["inode"] is None:   # no log yet: the server's is the one just created, from its start
+            pos = {"inode": log_position(log)["inode"], "offset": 0}
     elif kind == "systemd":
         extra, pos, pid = restart_systemd(restart, log)
         result.update(extra)
@@ -631,6 +699,13 @@ def safe_join(root, rel):
     return full
 
 
+def writable_join(root, rel):
+    """safe_join for a file fleetpatch will rename over: no symlink on the way, nor the file."""
+    full = safe_join(root, rel)
+    refuse_links(os.path.normpath(root), full, "in the package " + root)
+    return full
+
+
 def describe_file(root, rel, content):
     path = safe_join(root, rel)
     try:
@@ -675,7 +750,7 @@ def write_all_or_nothing(root, changes):
     done = []
     try:
         for ch in changes:
-            path = safe_join(root, ch["path"])
+            path = writable_join(root, ch["path"])
             atomic_write(path, ch["data"], like=path)
             done.append(ch)
             remove_bytecode(path)
@@ -690,6 +765,120 @@ def write_all_or_nothing(root, changes):
                          % (changes[len(done)]["path"], e))
 
 
+WRITING = "writing.json"   # in the state dir while engine files are being renamed: see recover()
+TMP_MARK = ".fleetpatch-"
+
+
+def write_with_ledger(req, root, changes, previous, after, backups):
+    """write_all_or_nothing under a journal, and when it put every file back, the ledger
+    as it was (`previous`): a patch that is not in the files is never recorded, nor a
+    restart for it.
+
+    All-or-nothing must hold against the agent's own death too (kill -9, a lost host):
+    the journal says which backup each file must end as, and which ledger then holds.
+    The next run that takes the lock finishes it (recover): an apply is undone, a
+    rollback completed; both end with every file restored from its backup."""
+    # per file: the backup it ends as (target), and the other content it may hold (what
+    # an apply writes, or what a rollback replaces)
+    journal = {"root": root, "ledger": after, "files": [
+        {"path": ch["path"], "target": sha256_bytes(ch["backup"]), "source": ch["source"],
+         "other": sha256_bytes(ch["original"] if ch["data"] == ch["backup"] else ch["data"])} for ch in changes]}
+    if backups:   # an apply: dying half-way, it is undone, and the ledger is the one before it
+        journal["ledger"] = previous
+    atomic_write(state_path(req, WRITING), json.dumps(journal, sort_keys=True).encode())
+    try:
+        write_all_or_nothing(root, changes)
+    except AgentError:
+        try:
+            save_ledger(req, previous)
+        except OSError as e:  # disk full: the journal stays, and the next run finishes this
+            raise AgentError("error", "writing the engine files failed and every file was put back, but the ledger "
+                             "%s could not be restored (%s); free space, then rerun"
+                             % (state_path(req, LEDGER), e))
+        os.unlink(state_path(req, WRITING))
+        raise
+    save_ledger(req, after)
+    os.unlink(state_path(req, WRITING))
+
+
+def tmp_owner(name):
+    """The pid in a `.NAME.fleetpatch-PID.tmp` name, else None."""
+    if not (name.startswith(".") and name.endswith(".tmp") and TMP_MARK in name):
+        return None
+    try:
+        return int(name[:-len(".tmp")].rsplit(TMP_MARK, 1)[1])
+    except ValueError:
+        return None
+
+
+def remove_stale_tmp(directory, prefix=""):
+    """Delete the temp files of fleetpatch runs that died (their pid is gone) in `directory`."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        pid = tmp_owner(name)
+        if pid is None or not name.startswith("." + prefix) or pid == os.getpid() or pid_alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except OSError:
+            pass
+    return removed
+
+
+def recover(req):
+    """Finish what a dead run left (called with the lock held): a journaled write is
+    brought to its backups, and every temp file of a dead run is removed."""
+    out = {}
+    path = state_path(req, WRITING)
+    journal = None
+    try:
+        with open(path) as f:
+            journal = json.load(f)
+    except (IOError, OSError, ValueError):
+        pass
+    if journal:
+        root = journal["root"]
+        restored, left = [], []
+        for f in journal["files"]:
+            full = writable_join(root, f["path"])
+            remove_stale_tmp(os.path.dirname(full))
+            try:
+                current = sha256_bytes(read_bytes(full))
+            except (IOError, OSError):
+                current = None
+            if current == f["target"]:
+                continue
+            backup = read_bytes(state_path(req, f["source"]))
+            if current != f["other"] or sha256_bytes(backup) != f["target"]:
+                left.append(f["path"])
+                continue
+            atomic_write(full, backup, like=full)
+            remove_bytecode(full)
+            restored.append(f["path"])
+        if left:
+            raise AgentError("drift", "a fleetpatch run died while writing, and %s now match neither the original nor "
+                             "what it wrote; the journal %s and the backups in %s say what was meant; restore "
+                             "them by hand, then remove the journal" % (", ".join(left), path, state_path(req)))
+        save_ledger(req, journal["ledger"])
+        os.unlink(path)
+        out["finished_write"] = restored
+    stale = []
+    for directory, _, _ in os.walk(state_path(req)):
+        stale += remove_stale_tmp(directory)
+    pidfile = (req.get("restart") or {}).get("pidfile")
+    if pidfile:
+        pidfile = expand(pidfile)
+        stale += remove_stale_tmp(os.path.dirname(pidfile) or ".", os.path.basename(pidfile))
+    if stale:
+        out["removed_tmp"] = stale
+    return out
+
+
 # ---------------------------------------------------------------- operations
 
 def op_probe(req):
@@ -697,6 +886,10 @@ def op_probe(req):
     if req.get("lock"):
         take_lock(req, req["lock"])
         out["locked"] = True
+        # a run that died mid-write (or left temp files) is finished before anything is read
+        recovered = recover(req)
+        if recovered:
+            out["recovered"] = recovered
     package = req["package"]
     root = package_dir(package)
     out["package_dir"] = root
@@ -711,7 +904,7 @@ def op_probe(req):
     out["lock"] = read_lock(req)
     restart = req.get("restart")
     if restart:
-        pid = server_pid(restart)
+        pid = server_pid(dict(restart, state_dir=req.get("state_dir")))
         alive = pid_alive(pid)
         out["server"] = {"pid": pid, "alive": alive}
         if alive:
@@ -721,7 +914,21 @@ def op_probe(req):
             out["server"]["healthy"] = status == 200
     if req.get("log"):
         out["log"] = log_position(req["log"])
+        out["window_intact"] = window_intact(req["log"], ledger.get("last_restart"))
     return out
+
+
+def window_intact(log, last):
+    """Does the log still hold what the server wrote since fleetpatch's last restart? Not
+    when the file was truncated below the window's start, or rotated or deleted away."""
+    if not last or last.get("inode") is None or last.get("log") not in (None, log):
+        return None
+    if last.get("window_cut"):
+        return False
+    st = LogFollower._stat(expand(log))
+    if st is not None and st.st_ino == last["inode"]:
+        return st.st_size >= max(last.get("offset", 0), last.get("verified_size", 0))
+    return find_inode(expand(log), last["inode"]) is not None
 
 
 def op_apply(req):
@@ -733,7 +940,7 @@ def op_apply(req):
     backups = state_path(req, "backups", label)
     changes = []
     for f in req["files"]:
-        path = safe_join(root, f["path"])
+        path = writable_join(root, f["path"])
         original = read_bytes(path)
         if sha256_bytes(original) != f["before"]:
             raise AgentError("drift", "%s changed on the host while fleetpatch was working (sha256 %s, expected %s); "
@@ -741,14 +948,20 @@ def op_apply(req):
         data = unpack(f["content"])
         if sha256_bytes(data) != f["after"]:
             raise AgentError("error", "the new content of %s was damaged in transit; nothing was written" % f["path"])
-        changes.append({"path": f["path"], "data": data, "original": original})
+        changes.append({"path": f["path"], "data": data, "original": original, "backup": original,
+                        "source": os.path.join("backups", label, f["path"])})
     # Backups first, and durable, so the originals survive whatever follows.
     for ch in changes:
-        dest = os.path.join(backups, ch["path"])
+        dest = state_path(req, "backups", label, ch["path"])
         if os.path.exists(dest) and sha256_bytes(read_bytes(dest)) == sha256_bytes(ch["original"]):
             continue
-        ensure_dir(os.path.dirname(dest))
-        atomic_write(dest, ch["original"], like=None)
+        try:
+            ensure_dir(os.path.dirname(dest))
+            atomic_write(dest, ch["original"], like=None)
+        except OSError as e:
+            raise AgentError("error", "cannot back up %s to %s (%s); no engine file was changed; free space "
+                             "or fix the permissions of the state dir, then rerun" % (ch["path"], dest, e))
+    previous = json.loads(json.dumps(ledger))
     ledger["restart_pending"] = True
     seq = 1 + max([e.get("seq", 0) for e in ledger.get("patches", {}).values()] or [0])
     files = dict((f["path"], protocol.LedgerFile(before=f["before"], after=f["after"],
@@ -760,7 +973,7 @@ def op_apply(req):
     # The ledger says "restart pending" before any engine file changes: a run that
     # dies between the write and the restart is finished by the next run.
     save_ledger(req, ledger)
-    write_all_or_nothing(root, changes)
+    write_with_ledger(req, root, changes, previous, ledger, backups=True)
     out = {"written": [c["path"] for c in changes]}
     if req.get("restart"):
         out["restart"] = restart_server(req, ledger, "deploy " + label)
@@ -784,9 +997,23 @@ def op_rollback(req):
     entry = ledger.get("patches", {}).get(req["name"])
     if not entry:
         raise AgentError("error", "%s is not recorded as applied on this host; nothing to roll back" % req["name"])
+    # Patches stack: in a shared file a newer patch's lines sit on this one's, and the
+    # backup holds neither. Restoring it, even with --force, would take the newer patch's
+    # lines out while its record stays (and a later rollback of it would put this one's
+    # lines back unrecorded). So the newest goes first, always.
+    shared, newer = set(), []
+    for other, e in sorted(ledger.get("patches", {}).items()):
+        overlap = set(e.get("files", {})) & set(entry["files"])
+        if other != req["name"] and e.get("seq", 0) > entry.get("seq", 0) and overlap:
+            newer.append(other)
+            shared |= overlap
+    if newer:
+        raise AgentError("error", "%s was applied after %s and changes the same files (%s); nothing was restored; "
+                         "roll back %s first, or roll back everything (rollback without --patch goes newest first)"
+                         % (", ".join(newer), entry["label"], ", ".join(sorted(shared)), " and ".join(newer)))
     changes = []
     for rel, rec in sorted(entry["files"].items()):
-        path = safe_join(root, rel)
+        path = writable_join(root, rel)
         current = read_bytes(path)
         backup = read_bytes(state_path(req, rec["backup"]))
         if sha256_bytes(backup) != rec["before"]:
@@ -799,16 +1026,19 @@ def op_rollback(req):
             raise AgentError("drift", "%s changed since fleetpatch wrote it (sha256 %s, wrote %s); nothing was restored; "
                              "inspect it, then rerun with --force to restore the original anyway"
                              % (rel, cur_sha[:12], rec["after"][:12]))
-        changes.append({"path": rel, "data": backup, "original": current})
-    ledger["restart_pending"] = True
-    save_ledger(req, ledger)
-    write_all_or_nothing(root, changes)
+        changes.append({"path": rel, "data": backup, "original": current, "backup": backup, "source": rec["backup"]})
+    previous = json.loads(json.dumps(ledger))
     del ledger["patches"][req["name"]]
     ledger.setdefault("rolled_back", {})[req["name"]] = protocol.RolledBack(label=entry["label"], at=now_iso())
+    if changes:  # a patch whose files are all original already needs no restart to undo it
+        ledger["restart_pending"] = True
+        # the originals are back: recorded before a restart that may fail
+        write_with_ledger(req, root, changes, previous, ledger, backups=False)
+    else:
+        save_ledger(req, ledger)
     out = {"restored": [c["path"] for c in changes],
            "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
-    save_ledger(req, ledger)  # the originals are back: record it before a restart that may fail
-    if req.get("restart"):
+    if req.get("restart") and (changes or previous.get("restart_pending")):
         out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])
         save_ledger(req, ledger)
     return out
@@ -829,6 +1059,14 @@ def op_record(req):
             ledger["patches"][name]["verification"] = verification
     if "last_verification" in update:
         ledger["last_verification"] = update["last_verification"]
+    last = ledger.get("last_restart")
+    if last and req.get("log") and last.get("inode") is not None:
+        # how far the verified window reached: a log cut below it no longer holds the evidence
+        st = LogFollower._stat(expand(req["log"]))
+        if st is not None and st.st_ino == last["inode"]:
+            last["verified_size"] = st.st_size
+        if FOLLOWING and getattr(FOLLOWING[-1].follower, "truncated", False):
+            last["window_cut"] = True
     save_ledger(req, ledger)
     return {"recorded": True}
 
@@ -848,15 +1086,47 @@ def add_lines(batches, source, line_no, data, final):
     return line_no + len(lines), partial
 
 
+def find_inode(path, inode):
+    """Where the log `path` went by rename (logrotate: path.1, path-DATE, ...): the file
+    beside it, named after it, with that inode."""
+    directory = os.path.dirname(path) or "."
+    base = os.path.basename(path)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    for name in sorted(names):
+        if name.startswith(base):
+            try:
+                if os.stat(os.path.join(directory, name)).st_ino == inode:
+                    return os.path.join(directory, name)
+            except OSError:
+                continue
+    return None
+
+
 class LogFollower(object):
-    """Reads a log from a recorded (inode, offset), following rotation and truncation."""
+    """Reads a log from a recorded (inode, offset), following the file the server writes.
+
+    A log renamed away (logrotate without copytruncate) is still the server's until
+    it reopens its log: the follower keeps reading the recorded inode and moves to
+    the new file under the log's name only once that file gets lines (the writer
+    moved), finishing the old one first. A log truncated in place is read from its
+    start again. Reads are bounded (READ_CHUNK a batch, READ_BUDGET a call), so a
+    chatty server cannot make the agent hold its whole log."""
+
+    READ_CHUNK = 1 << 20
+    READ_BUDGET = 4 << 20
 
     def __init__(self, path, inode, offset):
         self.path = expand(path)
         self.fh = None
+        self.ino = None
         self.line_no = 1       # line number (in the current file) of the next full line
         self.partial = b""
         self.files = []
+        self.more = False      # the last read stopped at its budget: more is waiting
+        self.truncated = False
         cur = self._stat(self.path)
         if inode is not None and cur is not None and cur.st_ino != inode:
             old = self._find_inode(inode)
@@ -877,18 +1147,7 @@ class LogFollower(object):
             return None
 
     def _find_inode(self, inode):
-        directory = os.path.dirname(self.path) or "."
-        base = os.path.basename(self.path)
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            return None
-        for name in sorted(names):
-            if name.startswith(base):
-                st = self._stat(os.path.join(directory, name))
-                if st is not None and st.st_ino == inode:
-                    return os.path.join(directory, name)
-        return None
+        return find_inode(self.path, inode)
 
     def _open(self, path, offset):
         self.fh = open(path, "rb")
@@ -902,7 +1161,7 @@ class LogFollower(object):
         n, left = 0, offset
         self.fh.seek(0)
         while left > 0:
-            chunk = self.fh.read(min(left, 1 << 20))
+            chunk = self.fh.read(min(left, self.READ_CHUNK))
             if not chunk:
                 break
             n += chunk.count(b"\n")
@@ -912,29 +1171,51 @@ class LogFollower(object):
     def read(self):
         """New complete lines: list of (file, first_line_no, [lines])."""
         batches = []
+        self.budget = self.READ_BUDGET
         if self.fh is None:
             if self._stat(self.path) is not None:
                 self._open(self.path, 0)
             else:
                 return batches
         self._drain(batches)
+        if self.budget <= 0:
+            self.more = True
+            return batches
+        self.more = False
         cur = self._stat(self.path)
         if cur is not None and cur.st_ino != self.ino:
-            self._drain(batches, final=True)   # the rest of the rotated file first
-            self.fh.close()
-            self._open(self.path, 0)
-            self._drain(batches)
+            # Renamed away: the server writes the old inode until it reopens its log.
+            # The new file having lines says it has; finish the old one, then move.
+            if cur.st_size > 0:
+                self._drain(batches, final=True)
+                self.fh.close()
+                self._open(self.path, 0)
+                self._drain(batches)
         elif cur is not None and cur.st_size < self.fh.tell():
+            self.truncated = True   # what was read before the cut can never be read again
+            self._drain(batches, final=True)
             self.fh.close()
             self._open(self.path, 0)
             self._drain(batches)
+        self.more = self.budget <= 0
         return batches
 
     def _drain(self, batches, final=False):
-        data = self.fh.read()
-        if not data and not (final and self.partial):
-            return
-        self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial + data, final)
+        """Read what is there in bounded chunks, up to this call's budget."""
+        while self.budget > 0:
+            data = self.fh.read(min(self.READ_CHUNK, self.budget))
+            self.budget -= len(data)
+            if not data:
+                break
+            self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial + data, False)
+            if len(self.partial) > self.READ_CHUNK:   # a "line" without end: pass it on in pieces
+                self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial, True)
+        if final and self.partial:
+            self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial, True)
+
+    def close(self):
+        if self.fh is not None:
+            self.fh.close()
 
 
 class JournalFollower(object):
@@ -958,10 +1239,12 @@ class JournalFollower(object):
             os.set_blocking(stream.fileno(), False)
         atexit.register(self.close)
 
-    @staticmethod
-    def _available(stream):
-        chunks = []
-        while True:
+    more = False
+
+    def _available(self, stream):
+        """What the pipe holds now, at most LogFollower.READ_BUDGET (a chatty unit keeps it full)."""
+        chunks, size = [], 0
+        while size < LogFollower.READ_BUDGET:
             try:
                 chunk = os.read(stream.fileno(), 65536)
             except (BlockingIOError, InterruptedError):
@@ -969,6 +1252,9 @@ class JournalFollower(object):
             if not chunk:
                 break
             chunks.append(chunk)
+            size += len(chunk)
+        if stream is self.proc.stdout:
+            self.more = size >= LogFollower.READ_BUDGET
         return b"".join(chunks)
 
     def read(self):
@@ -1111,7 +1397,9 @@ class Follow(object):
 
     def read_followups(self):
         """None while the laptop is still listening; else follow's result."""
-        line = None if SESSION.gone else self.requests.poll(self.POLL_S)
+        # no wait while the log has more to read: a burst is passed on as fast as it is read
+        wait = 0 if getattr(self.follower, "more", False) else self.POLL_S
+        line = None if SESSION.gone else self.requests.poll(wait)
         if SESSION.gone or self.requests.eof:
             return {"ended": "stdin closed"}
         if line is None:
@@ -1125,11 +1413,16 @@ class Follow(object):
             close()
 
 
+FOLLOWING = []   # the follow whose decision (record) is running: it knows whether the log was cut
+
+
 def op_follow(req):
     follow = Follow(req)
+    FOLLOWING.append(follow)
     try:
         return follow.run()
     finally:
+        FOLLOWING.remove(follow)
         follow.close()
 
 

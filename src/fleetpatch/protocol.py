@@ -183,6 +183,8 @@ class ProbeReply(TypedDict, total=False):
     server: ServerState
     log: LogPosition
     agent: Dict[str, str]                    # per module sent: "cached" (compile cache) | "compiled"
+    recovered: Dict[str, object]             # what the rename journal of a dead run had left, and what was done
+    window_intact: bool                      # the last restart's log window can still be read as it was
 
 
 class JournalWindow(TypedDict, total=False):
@@ -274,6 +276,8 @@ class LastRestart(TypedDict, total=False):
     pid: Optional[int]
     reason: str
     journal: JournalWindow
+    verified_size: int          # the log's size when its window was judged: a smaller log was cut since
+    window_cut: bool            # the window was truncated or deleted while it was followed
 
 
 class LastVerification(TypedDict):

@@ -300,7 +300,13 @@ class SSHTransport:
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise HostFailure("unreachable", f"{self.host.name}: the SSH connection dropped")
-        chan = transport.open_session()
+        bound = self.host.connect_timeout or 30
+        try:
+            # paramiko's own default is an hour: a stalled connection must fail in sight
+            chan = transport.open_session(timeout=bound)
+        except Exception as exc:
+            raise HostFailure("unreachable", f"{self.host.name}: could not open an SSH channel within {bound:g}s "
+                                             f"({type(exc).__name__}: {exc}); check the host and rerun") from None
         chan.exec_command(" ".join(shlex.quote(a) for a in argv))
         return _SSHChannel(chan)
 
@@ -387,12 +393,12 @@ class Remote:
         follow-up requests to send back (the laptop's decision) or None to keep
         listening; their results are in the reply's "then"."""
         chan = self._send_request(dict(request, op=op))
-        replies = []
+        replies = []   # only the Result is kept: a chatty log must not pile up here
         sent = False
         events = self._replies(chan, op, timeout + 30)
         for reply in events:
-            replies.append(reply)
             if reply.get("t") == "result":
+                replies.append(reply)
                 break
             if not sent:
                 try:

@@ -13,10 +13,12 @@ replies are the records of `protocol`.
 """
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import hashlib
 import json
 import os
+import re
 import shlex
 import socket
 import time
@@ -166,14 +168,23 @@ class HostLock:
         return self
 
     def probe(self, files: list[str], content: bool) -> protocol.ProbeReply:
-        """The locking probe (again, inside the block: the lock is re-entrant for this run)."""
+        """The locking probe (again, inside the block: the lock is re-entrant for this run).
+        A lock whose holder is provably dead (a run on this machine whose pid is gone,
+        e.g. killed with -9) is taken over: only a live holder, or one elsewhere, needs a human."""
         self.held = True  # from the moment the request leaves, the lock may be ours
         try:
             return probe(self.remote, self.host, self.job, files, content, lock=True)
         except HostFailure as f:
-            if f.status == Status.LOCKED:
+            if f.status != Status.LOCKED:
+                raise
+            dead = dead_local_holder(f.message)
+            if dead is None or self.job.break_lock:
                 self.held = False  # another run's lock: not ours to release
-            raise
+                raise
+        self.job.progress(self.host.name, "fetch", f"taking over the lock of {dead} (that process is gone)")
+        took = probe(self.remote, self.host, dataclasses.replace(self.job, break_lock=True), files, content, lock=True)
+        took["lock_taken_over"] = dead
+        return took
 
     def release_followup(self) -> list[protocol.Request]:
         """The unlock request to chain onto the request (or follow) that ends the work."""
@@ -189,15 +200,53 @@ class HostLock:
             self.held = False
         self._riding = False
 
-    def __exit__(self, *exc) -> bool:
+    # The release after a failure gets a short wait of its own: after a stalled call the
+    # connection is likely stalled too, and the operator must not wait minutes for it.
+    RELEASE_TIMEOUT_S = 20.0
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
         self._riding = False
         if self.held:
             self.held = False
             try:
-                self.remote.call("unlock", base_request(self.host, self.job))
-            except Exception:
-                pass  # the run's own failure is what the operator needs to see
+                self.remote.call("unlock", base_request(self.host, self.job), timeout=self.RELEASE_TIMEOUT_S)
+            except Exception as e:  # the run's own failure comes first; this is said after it
+                note = (f"\n  the lock {self.host.engine.state_dir}/{protocol.LOCK_FILE} was NOT released "
+                        f"({getattr(e, 'message', e)}); the next run names this one as its holder: rerun with "
+                        "--break-lock once this run has ended")
+                if isinstance(exc, HostFailure):
+                    exc.message += note
+                else:
+                    self.release_note = note
         return False
+
+    release_note = ""
+
+    def annotate(self, result: "HostResult") -> "HostResult":
+        """The result, with the release's failure when there was one."""
+        result.message += self.release_note
+        return result
+
+
+_HOLDER = re.compile(r"holds the lock .*?: (\S+)@(\S+) pid (\d+) since")
+
+
+def dead_local_holder(message: str) -> str | None:
+    """The holder named in a `locked` refusal when it is a fleetpatch run on this machine
+    whose process no longer exists (kill -9, a crash): provably not working on the host."""
+    m = _HOLDER.search(message)
+    if not m or m.group(2) != socket.gethostname():
+        return None
+    pid = int(m.group(3))
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"{m.group(1)}@{m.group(2)} pid {pid}"
+    except OSError:
+        return None   # it exists (another user's): alive
+    return None
 
 
 def load_named(job: Job, host: Host, name: str) -> Patch:
@@ -438,7 +487,14 @@ SUCCESS = (Status.VERIFIED, Status.ROLLED_BACK)
 
 class EventLog:
     """What the follow stream has told so far: the log window, the server's
-    state, its /server_info and how it was launched."""
+    state, its /server_info and how it was launched.
+
+    The window is bounded: a chatty server may write hundreds of MB after its
+    restart, while what decides (the settings dump, the markers, the ready line,
+    a traceback) comes at start. The first MAX_LINES lines are kept; later lines
+    are counted (`dropped`) and still seen for the ready line, not judged."""
+
+    MAX_LINES = 50_000   # a judgement of this many lines takes about half a second
 
     def __init__(self, ready_line: str, launch: LaunchConfig):
         self.ready_line = ready_line
@@ -450,6 +506,7 @@ class EventLog:
         self.server_info: dict | None = None
         self.ready_at: float | None = None
         self.launch = launch
+        self.dropped = 0
 
     def add(self, ev: dict) -> None:
         kind = ev.get("t")
@@ -467,9 +524,12 @@ class EventLog:
         if self.first_line_no is None:
             self.first_line_no = ev["first_line_no"]
         now = time.monotonic()
-        self.lines.extend(ev["lines"])
-        self.arrived.extend([now] * len(ev["lines"]))
-        if self.ready_at is None and any(self.ready_line in line for line in ev["lines"]):
+        lines = ev["lines"]
+        room = max(0, self.MAX_LINES - len(self.lines))
+        self.lines.extend(lines[:room])
+        self.arrived.extend([now] * min(room, len(lines)))
+        self.dropped += max(0, len(lines) - room)
+        if self.ready_at is None and any(self.ready_line in line for line in lines):
             self.ready_at = now
 
     def observation(self, timed_out: bool) -> evidence.Observation:
@@ -482,6 +542,13 @@ class EventLog:
     def arrival_of(self, line_no: int) -> float | None:
         idx = line_no - (self.first_line_no or 1)
         return self.arrived[idx] if 0 <= idx < len(self.arrived) else None
+
+
+def _marker_matches(marker, line: str) -> bool:
+    try:
+        return bool(marker.matches(line))
+    except Exception:  # a broken marker never matches (evidence does the same)
+        return False
 
 
 @dataclass
@@ -498,6 +565,8 @@ class Judging:
     events: EventLog
     t0: float = field(default_factory=time.monotonic)
     failed_at: float | None = None
+    last_judged: float | None = None
+    judge_s: float = 0.0     # how long the last judgement took
     verdicts: list | None = None
     timings: dict = field(default_factory=dict)
 
@@ -509,12 +578,38 @@ class Judging:
                                label, self.host.name, want_markers=self.want_markers, settle_s=self.job.settle_s)
                 for p, label in zip(self.patches, self.labels)]
 
+    # Lines are judged at most this often (other events at once): the whole window is
+    # read on every judgement, so judging every batch of a chatty log would be quadratic.
+    JUDGE_EVERY_S = 0.25
+    SCAN_LINES = 1000
+
+    def _worth_judging(self, ev: dict, timed_out: bool) -> bool:
+        """A batch of lines is judged at once when it holds a line that can decide (the ready
+        line, a marker, an expect or forbid text); else at most every JUDGE_EVERY_S."""
+        if ev.get("t") != "lines" or timed_out or self.last_judged is None:
+            return True
+        if time.monotonic() - self.last_judged >= max(self.JUDGE_EVERY_S, 2 * self.judge_s):
+            return True  # at most half of the laptop's time goes to judging, however big the window
+        if len(ev.get("lines") or ()) > self.SCAN_LINES:
+            return False  # a burst: the next judgement is at most JUDGE_EVERY_S away
+        texts = [self.events.ready_line] + [t for p in self.patches for t in list(p.expect or []) + list(p.forbid or [])
+                                            if t]
+        markers = [m for p in self.patches for m in (p.markers or {}).values()]
+        for line in ev.get("lines") or ():
+            if any(t in line for t in texts) or any(_marker_matches(m, line) for m in markers):
+                return True
+        return False
+
     def on_event(self, ev: dict) -> list[evidence.Verdict] | None:
         """The final verdicts once decided, else None (keep listening)."""
         self.events.add(ev)
         elapsed = time.monotonic() - self.t0
         timed_out = elapsed >= self.timeout or ev.get("t") == "deadline"
+        if not self._worth_judging(ev, timed_out):
+            return None
         vs = self.judge(timed_out)
+        self.last_judged = time.monotonic()
+        self.judge_s = self.last_judged - (self.t0 + elapsed)
         waiting = [v for v in vs if not v.final]
         self.job.progress(self.host.name, "verify", f"{elapsed:4.1f}s " + (
             "waiting for " + ", ".join(v.missing[0] if v.missing else "the server" for v in waiting) if waiting
@@ -575,7 +670,11 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
                                  server_info_url=server_info_url(host.server.health_url))
 
     def on_event(ev: dict) -> list | None:
-        if judging.on_event(ev) is None:
+        decided = judging.on_event(ev)
+        # The window holds what it keeps; Remote keeps every event until the result,
+        # so a chatty log must not stay in memory twice.
+        ev.pop("lines", None)
+        if decided is None:
             return None
         followups = [dict(base_request(host, job), op="record", ledger_update=ledger_update(judging))]
         if lock is not None and ends_work(judging.ok):
@@ -587,6 +686,12 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
         lock.chained_done(reply)
     if judging.verdicts is None:  # the stream ended before a decision (the server host went away)
         judging.verdicts = judging.judge(True)
+    if judging.events.dropped:
+        judging.timings["log_lines_not_kept"] = judging.events.dropped
+        if not judging.ok:
+            for v in judging.verdicts:
+                v.message += (f"\n  note: the log grew by {judging.events.dropped} more lines after the first "
+                              f"{EventLog.MAX_LINES} since the restart; only those first lines were judged")
     return judging.verdicts, judging.timings
 
 
@@ -608,7 +713,8 @@ def deploy(job: Job, host: Host, remote: Remote) -> HostResult:
     with HostLock(remote, host, job) as lock:
         job.progress(host.name, "fetch", "lock + read files")
         reply = lock.probe(revision_files(job), content=True)
-        return _deploy_locked(job, host, remote, lock, reply)
+        result = _deploy_locked(job, host, remote, lock, reply)
+    return lock.annotate(result)
 
 
 def _refusal(job: Job, host: Host, plan: Plan) -> HostResult | None:
@@ -632,7 +738,8 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
     if refused is not None:
         return refused
     if plan.already:
-        return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {})
+        return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {}, reply.get("server") or {},
+                                reply.get("window_intact"))
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
     files = [protocol.ApplyFile(path=r.path, before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
                                 content=protocol.pack(r.new)) for r in plan.changes]
@@ -649,19 +756,50 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
     return _restart_and_verify(job, host, remote, lock, plan, "apply", apply_req)
 
 
+# A last restart that ended so is retried by the next deploy: the operator fixed the cause.
+RETRY_AFTER = (Status.RESTART_FAILED, Status.TIMEOUT)
+
+
+def restart_reason(ledger: protocol.Ledger, server: dict, name: str) -> str | None:
+    """Why a deploy that has nothing to write must still restart, if it must: a restart
+    left pending, a server that is down, or a last restart that failed or never got ready.
+    Re-reading that restart's window would only repeat its failure."""
+    if ledger.get("restart_pending"):
+        return "restart pending from an earlier run"
+    if not ledger.get("last_restart"):
+        return None
+    if server.get("alive") is False:
+        return "the server is not running"
+    verification = (ledger.get("patches", {}).get(name) or {}).get("verification") or {}
+    if verification.get("status") in RETRY_AFTER:
+        return f"the last restart ended {verification['status']}"
+    return None
+
+
 def _already_applied(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan,
-                     ledger: protocol.Ledger) -> HostResult:
-    if ledger.get("restart_pending") and not job.no_restart:
-        job.progress(host.name, "restart", "restart pending from an earlier run")
+                     ledger: protocol.Ledger, server: dict, window_intact: bool | None = None) -> HostResult:
+    reason = restart_reason(ledger, server, job.patch.name)
+    if reason and not job.no_restart:
+        job.progress(host.name, "restart", reason)
         return _restart_and_verify(job, host, remote, lock, plan, "restart",
                                    protocol.RestartRequest(**base_request(host, job),
-                                                           reason=f"pending restart for {plan.label}"))
+                                                           reason=f"{reason}: restart for {plan.label}"))
     # Nothing to write: prove it still runs from the window of the last restart.
     last = ledger.get("last_restart")
     if job.no_restart or not last:
         return HostResult(host.name, True, Status.ALREADY_APPLIED,
                           f"{host.name}: {plan.label} already applied; nothing changed", engine_version=plan.version,
                           patch=plan.label)
+    verification = (ledger.get("patches", {}).get(job.patch.name) or {}).get("verification") or {}
+    if window_intact is False and verification.get("status") == Status.VERIFIED and server.get("pid") == last.get("pid"):
+        # The log since that restart was rotated, truncated or deleted away: re-reading it
+        # would wait for lines that are gone. The process fleetpatch verified still runs.
+        return HostResult(host.name, True, Status.ALREADY_APPLIED,
+                          f"{host.name}: {plan.label} already applied; nothing changed; the server fleetpatch verified "
+                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path')}) "
+                          "still runs; its log since that restart is no longer there to re-read",
+                          engine_version=plan.version, patch=plan.label,
+                          executed_path=verification.get("executed_path"))
     return _verify(job, host, remote, plan.version, plan.launch, [job.patch], [plan.label],
                    protocol.log_window(last), lock=lock, already=True)
 
@@ -676,7 +814,7 @@ def _restart_and_verify(job: Job, host: Host, remote: Remote, lock: HostLock, pl
         out = remote.call(op, request)
     except HostFailure as f:
         if f.status != Status.RESTART_FAILED:
-            raise
+            return _cut_off(host, plan, f, "write and restart" if op == "apply" else "restart")
         # The files are written (the ledger says so, restart pending) but the server did not start.
         failed = HostResult(host.name, False, Status.RESTART_FAILED, f.message, engine_version=plan.version,
                             patch=plan.label)
@@ -685,12 +823,36 @@ def _restart_and_verify(job: Job, host: Host, remote: Remote, lock: HostLock, pl
         failed.message += "\n  the files are written and a restart is pending; fix the start, then rerun or roll back"
         return failed
     # With a rollback to follow a failure, the lock stays held until the rollback ends.
-    result = _verify(job, host, remote, plan.version, launch_after_restart(host, plan), [job.patch], [plan.label],
-                     protocol.log_window(out["restart"]), lock=lock,
-                     ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
+    try:
+        result = _verify(job, host, remote, plan.version, launch_after_restart(host, plan), [job.patch],
+                         [plan.label], protocol.log_window(out["restart"]), lock=lock,
+                         ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
+    except HostFailure as f:
+        return _cut_off(host, plan, f, "verification")
     if not result.ok and rollback:
         result = _rollback_after_failure(job, host, remote, lock, result)
     return result
+
+
+# What Remote says when the agent's answer never came: the connection (or the agent) died.
+NO_ANSWER = ("without an answer", "did not answer within", "connection dropped")
+
+
+def _cut_off(host: Host, plan: Plan, f: HostFailure, phase: str) -> HostResult:
+    """A failure of the call that writes, restarts or verifies, with what the host was
+    being asked to do. When no answer came, say what that means for the host."""
+    message = f.message
+    if f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER):
+        detail = f.message.removeprefix(host.name + ": ")
+        if "without an answer" in detail:   # the channel closed under the agent: nothing more to say
+            detail = "the session ended before the agent's reply" + (
+                "" if detail.endswith("no output") else ": " + detail.split("without an answer: ", 1)[-1])
+        message = (f"{host.name}: the connection was lost during the {phase} of {plan.label}, before the host "
+                   f"answered ({detail})\n"
+                   "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
+                   "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
+                   "restart done) or rollback undoes it")
+    return HostResult(host.name, False, f.status, message, engine_version=plan.version, patch=plan.label)
 
 
 def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
@@ -743,7 +905,12 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
     with HostLock(remote, host, job) as lock:
         job.progress(host.name, "fetch", "lock + read ledger")
         reply = lock.probe([], content=False)
-        names = [job.patch.name] if job.patch else newest_first(reply.get("ledger") or {})
+        ledger = reply.get("ledger") or {}
+        names = [job.patch.name] if job.patch else newest_first(ledger)
+        if not names and ledger.get("restart_pending") and ledger.get("rolled_back"):
+            # an earlier rollback restored the files (or the next run finished it for a
+            # killed one) but the server still runs the patched code: restart and check it
+            return lock.annotate(_pending_rollback_restart(job, host, remote, lock, reply))
         if not names:
             return HostResult(host.name, True, Status.OK,
                               f"{host.name}: no patch recorded as applied; nothing to roll back",
@@ -753,7 +920,28 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
             result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
             if not result.ok:
                 break
-        return result
+    return lock.annotate(result)
+
+
+def _pending_rollback_restart(job: Job, host: Host, remote: Remote, lock: HostLock,
+                              reply: protocol.ProbeReply) -> HostResult:
+    rolled = reply["ledger"]["rolled_back"]
+    name = max(rolled, key=lambda n: rolled[n].get("at", ""))
+    label = rolled[name]["label"]
+    version = reply.get("version")
+    job.progress(host.name, "restart", f"pending restart after rolling back {label}")
+    out = remote.call("restart", protocol.RestartRequest(**base_request(host, job),
+                                                         reason=f"pending restart after rollback {label}"))
+    patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
+    verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
+                                         version=version, launch=running_launch(host, {}), patches=[patch],
+                                         labels=[label], want_markers=False, timeout=_timeout(job, host), lock=lock)
+    result = verdict_result(host, version, verdicts, [label], timings)
+    if result.ok:
+        result.status = Status.ROLLED_BACK
+        result.message = (f"{host.name}: {label} was rolled back with its restart pending; restarted, the server "
+                          "runs without the patch's markers")
+    return result
 
 
 def newest_first(ledger: protocol.Ledger) -> list[str]:
@@ -780,6 +968,10 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, False, Status.ERROR, f"{host.name}: after restoring, {', '.join(bad)} do not "
                                                           "match the recorded original sha256", engine_version=version,
                           files=restored)
+    if "restart" not in out:  # every file already held its original: nothing ran the patch, no restart
+        return HostResult(host.name, True, Status.ROLLED_BACK,
+                          f"{host.name}: {entry['label']} forgotten: its files already held their original sha256; "
+                          "not restarted", engine_version=version, files=restored)
     patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
                                          version=version, launch=running_launch(host, {}), patches=[patch],

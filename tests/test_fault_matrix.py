@@ -1,0 +1,517 @@
+"""The fault matrix (issue 8): each fault injected at each phase where it can happen,
+then the host is checked and the same command rerun plainly.
+
+After every injection the host must be consistent: every engine file byte-identical
+to the pristine tree or to what the ledger says fleetpatch wrote (sha256 of each),
+the ledger naming exactly the patch the files hold, no temp file or write journal
+left, and the lock free. Then a plain rerun (no --break-lock) must converge and
+leave the host consistent again. A summary (faults x phases tried, hosts consistent,
+originals lost, locks needing a human) is printed at the end for the README.
+
+Most faults need no SSH: they run on the local transport (the real agent, the real
+SGLang files, the real stand-in server, a directory tree as the host). A cut SSH
+session is injected on the real sshd fleet (tests/conftest.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_fleet
+from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256, template_env
+from fleetpatch import steps
+
+RESULTS: list[dict] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary(request):
+    yield
+    if not RESULTS:
+        return
+    faults = sorted({r["fault"] for r in RESULTS})
+    lines = [f"fault matrix: {len(RESULTS)} fault x phase cases ({len(faults)} faults: {', '.join(faults)})",
+             f"  hosts consistent (after the fault; for a process killed with -9, once the next run has "
+             f"finished its work): {sum(r['consistent'] for r in RESULTS)}/{len(RESULTS)}",
+             f"  converged on a plain rerun: {sum(r['converged'] for r in RESULTS)}/{len(RESULTS)}",
+             f"  originals lost: {sum(r['lost'] for r in RESULTS)}",
+             f"  locks needing a human: {sum(r['human_lock'] for r in RESULTS)}"]
+    for r in RESULTS:
+        lines.append(f"    {r['fault']:<18} @ {r['phase']:<9} -> {r['status']}, rerun {r['rerun']}")
+    text = "\n".join(lines)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("\n" + text)
+    out = os.environ.get("FLEETPATCH_MATRIX_SUMMARY")
+    if out:
+        Path(out).write_text(text + "\n")
+
+
+@pytest.fixture(scope="session")
+def template(tmp_path_factory):
+    return template_env(tmp_path_factory.mktemp("venv"))
+
+
+@pytest.fixture
+def lh(tmp_path, template):
+    h = LocalHost(tmp_path / "h1", template)
+    yield h
+    h.stop()
+
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+
+
+# --------------------------------------------------------------- checking
+
+def engine_shas(lh: LocalHost) -> dict:
+    return {rel: sha256(lh.file(rel)) for rel in (EAGLE, EAGLE_V2, SERVER_ARGS)}
+
+
+def stray_files(lh: LocalHost) -> list[str]:
+    return sorted(str(p) for p in lh.root.rglob("*") if ".fleetpatch-" in p.name or p.name == "writing.json")
+
+
+def check(lh: LocalHost, pristine: dict) -> list[str]:
+    """What is wrong with the host (empty: consistent)."""
+    problems = []
+    ledger = lh.ledger()
+    expected = dict(pristine)
+    for entry in sorted(ledger.get("patches", {}).values(), key=lambda e: e.get("seq", 0)):
+        for rel, rec in entry["files"].items():
+            expected[rel] = rec["after"]
+            backup = lh.state / rec["backup"]
+            if not backup.exists() or sha256(backup) != rec["before"]:
+                problems.append(f"the backup of {rel} is missing or not what it replaced")
+    now = engine_shas(lh)
+    for rel, sha in now.items():
+        if sha != expected[rel]:
+            problems.append(f"{rel} is neither the original nor what the ledger records")
+    if stray_files(lh):
+        problems.append(f"stray files: {stray_files(lh)}")
+    if lh.lock.exists():
+        problems.append(f"the lock is left: {lh.lock.read_text()}")
+    return problems
+
+
+def originals_lost(lh: LocalHost, pristine: dict) -> bool:
+    """No copy of the original bytes of a changed file is left (not in place, not in a backup)."""
+    backups = {sha256(p) for p in (lh.state / "backups").rglob("*") if p.is_file()} if (lh.state / "backups").exists() else set()
+    now = engine_shas(lh)
+    return any(now[rel] != sha and sha not in backups for rel, sha in pristine.items())
+
+
+def record(fault: str, phase: str, lh: LocalHost, pristine: dict, result, rerun, killed: bool = False) -> None:
+    """Check the host after the fault, rerun plainly, check again; assert and record.
+    A process killed with -9 cannot tidy up after itself: its debris (a half-done write,
+    its journal, a temp file, its lock) must be finished by the next run, so for those
+    the host is judged after the rerun."""
+    after_fault = [] if killed else check(lh, pristine)
+    lost = originals_lost(lh, pristine)
+    again = rerun()
+    after_rerun = check(lh, pristine)
+    human_lock = again.status == "locked"
+    RESULTS.append({"fault": fault, "phase": phase, "status": str(getattr(result, "status", result)),
+                    "rerun": str(again.status), "consistent": not after_fault and not after_rerun, "converged":
+                    not after_rerun and again.status in ("verified", "already-applied", "rolled-back", "ok"),
+                    "lost": lost, "human_lock": human_lock})
+    assert not lost, f"{fault} @ {phase}: an original is lost"
+    assert not after_fault, f"{fault} @ {phase}: {after_fault}; result: {getattr(result, 'message', result)}"
+    assert not human_lock, f"{fault} @ {phase}: the rerun needs --break-lock: {again.message}"
+    assert not after_rerun, f"{fault} @ {phase}, after the rerun: {after_rerun}; rerun: {again.message}"
+    assert again.status in ("verified", "already-applied", "rolled-back", "ok"), again.message
+
+
+def deploy(lh):
+    return steps.deploy(job(lh)[0], lh.host())
+
+
+def rollback_all(lh):
+    return steps.rollback(job(lh, None)[0], lh.host())
+
+
+# ------------------------------------------------ kill -9 of the agent
+
+AGENT_HARNESS = """
+import json, os, signal, sys
+sys.path.insert(0, {src!r})
+from fleetpatch import hostagent
+where, nth, package = {where!r}, {nth!r}, {package!r}
+real_rename, seen = os.rename, []
+def rename(src, dst):
+    hit = {{"backup": "/backups/" in dst, "write": dst.startswith(package + os.sep),
+           "restart": dst.endswith(".pid")}}[where]
+    if hit:
+        seen.append(dst)
+        if len(seen) == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+    real_rename(src, dst)
+os.rename = rename
+hostagent.main(json.loads(sys.stdin.readline()))
+"""
+
+
+def run_killed_agent(lh: LocalHost, req: dict, where: str, nth: int, package: str) -> int:
+    src = str(Path(steps.__file__).resolve().parents[1])
+    code = AGENT_HARNESS.format(src=src, where=where, nth=nth, package=package)
+    proc = subprocess.run([str(lh.python), "-c", code], input=json.dumps(req) + "\n", text=True,
+                          capture_output=True, timeout=60)
+    return proc.returncode
+
+
+def apply_request(lh: LocalHost) -> tuple[dict, str]:
+    j, host = job(lh)
+    reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, steps.revision_files(j), True)
+    plan, revision = steps.make_plan(j, host, reply)
+    files = [dict(path=r.path, before=steps.sha256(steps.file_bytes(reply, r.path)), after=steps.sha256(r.new),
+                  content=steps.protocol.pack(r.new)) for r in plan.changes]
+    req = dict(steps.base_request(host, j), op="apply", package_dir=reply["package_dir"], name=j.patch.name,
+               rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256, files=files, lock_token=None)
+    return req, reply["package_dir"]
+
+
+@pytest.mark.parametrize("phase,nth", [("backup", 2), ("write", 1), ("write", 2), ("restart", 1)])
+def test_agent_killed_during_deploy(lh, phase, nth):
+    pristine = engine_shas(lh)
+    req, package = apply_request(lh)
+    assert run_killed_agent(lh, req, phase, nth, package) == -9
+    try:
+        record("kill-9 agent", f"{phase}#{nth}" if phase == "write" else phase, lh, pristine, "killed",
+               lambda: deploy(lh), killed=True)
+    finally:
+        kill_orphans(lh)
+
+
+def test_agent_killed_during_rollback(lh):
+    pristine = engine_shas(lh)
+    assert deploy(lh).ok
+    j, host = job(lh, None)
+    reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, [], False)
+    req = dict(steps.base_request(host, j), op="rollback", package_dir=reply["package_dir"],
+               name="spec-path-beacon", force=False, lock_token=None)
+    patched_pid = lh.server_pid()
+    assert run_killed_agent(lh, req, "write", 2, reply["package_dir"]) == -9
+    record("kill-9 agent", "rollback", lh, pristine, "killed", lambda: rollback_all(lh), killed=True)
+    assert lh.is_pristine()
+    assert lh.server_pid() not in (None, patched_pid), "the server no longer runs the patched code"
+    assert RESULTS[-1]["rerun"] == "rolled-back"
+
+
+def kill_orphans(lh: LocalHost) -> None:
+    keep = lh.server_pid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == keep:
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"sglang_standin" in cmd and f"{lh.port}".encode() in cmd:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+# -------------------------------------------- kill -9 of fleetpatch itself
+
+LAPTOP = """
+import sys
+sys.path[:0] = [{tests!r}, {src!r}]
+from localhost import LocalHost, job
+from pathlib import Path
+import fleetpatch.steps as steps
+lh = LocalHost.__new__(LocalHost)
+lh.__dict__.update({state!r})
+lh.root, lh.env, lh.site = Path(lh.root), Path(lh.env), Path(lh.site)
+host = lh.host(env={{"FLEETPATCH_STANDIN_STARTUP_DELAY": "3"}})
+j, _ = job(lh, host=host)
+steps.deploy(j, host)
+"""
+
+
+@pytest.mark.parametrize("phase", ["verify", "write"])
+def test_fleetpatch_killed(lh, phase):
+    """The laptop's process dies (kill -9) while the host restarts and verifies, or right
+    after the agent got the files; a plain rerun from the same machine takes over the dead
+    run's lock (its pid is provably gone) and converges."""
+    pristine = engine_shas(lh)
+    state = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(lh).items()}
+    code = LAPTOP.format(tests=str(Path(__file__).parent), src=str(Path(steps.__file__).resolve().parents[1]),
+                         state=state)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    marker = "Uvicorn running" if phase == "verify" else None
+    try:
+        if marker:
+            assert wait_for(lambda: lh.log.exists() and marker in lh.log.read_text())
+        else:
+            assert wait_for(lambda: (lh.state / "ledger.json").exists())
+        proc.kill()
+        proc.wait()
+        assert wait_for(lambda: not agents_running(lh), timeout=15)
+        record("kill-9 fleetpatch", phase, lh, pristine, "killed", lambda: deploy(lh), killed=True)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def agents_running(lh: LocalHost) -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"fleetpatch-agent" in cmd and str(lh.python).encode() in cmd:
+                return True
+    return False
+
+
+# ------------------------------------------ full disk, read-only, immutable
+
+def mount(*argv) -> None:
+    subprocess.run(["mount", *argv], check=True, capture_output=True)
+
+
+def umount(path) -> None:
+    subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def full_tmpfs(directory: Path) -> None:
+    """Put `directory` (its files kept) on a tmpfs with no room left."""
+    keep = directory.with_name(directory.name + ".orig")
+    directory.rename(keep)
+    directory.mkdir()
+    mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(directory))
+    subprocess.run(["cp", "-a", f"{keep}/.", str(directory)], check=True)
+    with open(directory / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+    (directory / "filler").chmod(0o644)
+
+
+def release_tmpfs(directory: Path) -> None:
+    """Move the (possibly changed) files back to the real directory."""
+    (directory / "filler").unlink()
+    keep = directory.with_name(directory.name + ".orig")
+    subprocess.run(["cp", "-a", f"{directory}/.", str(keep)], check=True)
+    umount(directory)
+    directory.rmdir()
+    keep.rename(directory)
+
+
+@pytest.mark.parametrize("phase", ["backup", "write"])
+def test_disk_full(lh, phase):
+    pristine = engine_shas(lh)
+    where = lh.state if phase == "backup" else lh.file(EAGLE).parent
+    full_tmpfs(where)
+    try:
+        r = deploy(lh)
+        assert r.status == "error" and ("no engine file was changed" in r.message or "put back" in r.message), \
+            r.message
+        assert "No space left" in r.message
+    finally:
+        release_tmpfs(where)
+    record("disk full", phase, lh, pristine, r, lambda: deploy(lh))
+
+
+def test_read_only_package(lh):
+    pristine = engine_shas(lh)
+    spec = lh.file(EAGLE).parent
+    mount("--bind", str(spec), str(spec))
+    try:
+        mount("-o", "remount,ro,bind", str(spec))
+        r = deploy(lh)
+        assert r.status == "error" and "Read-only file system" in r.message, r.message
+    finally:
+        umount(spec)
+    record("read-only package", "write", lh, pristine, r, lambda: deploy(lh))
+
+
+def chattr(flag: str, path) -> None:
+    subprocess.run(["chattr", flag, str(path)], check=True)
+
+
+@pytest.mark.parametrize("phase", ["write", "rollback"])
+def test_immutable_file(lh, phase):
+    pristine = engine_shas(lh)
+    if phase == "rollback":
+        assert deploy(lh).ok
+    chattr("+i", lh.file(EAGLE_V2))
+    try:
+        r = deploy(lh) if phase == "write" else rollback_all(lh)
+        assert not r.ok and "put back" in r.message, r.message
+    finally:
+        chattr("-i", lh.file(EAGLE_V2))
+    record("immutable file", phase, lh, pristine, r, (lambda: deploy(lh)) if phase == "write" else
+           (lambda: rollback_all(lh)))
+
+
+# ------------------------------------------------------------ the server
+
+def test_crash_loop(lh):
+    """A patch that kills the server at start, with --on-failure rollback: rolled back,
+    and the same command again rolls back again (the host never stays broken)."""
+    pristine = engine_shas(lh)
+    r = steps.deploy(job(lh, "crash-in-init", on_failure="rollback")[0], lh.host())
+    assert r.status == "rolled-back", r.message
+    record("crash loop", "restart", lh, pristine, r,
+           lambda: steps.deploy(job(lh, "crash-in-init", on_failure="rollback")[0], lh.host()))
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("what", ["rotate", "truncate", "delete"])
+def test_log_changed_during_verification(lh, what):
+    pristine = engine_shas(lh)
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1.5"})
+
+    def meddle():
+        if not wait_for(lambda: lh.log.exists() and "Uvicorn running" in lh.log.read_text()):
+            return
+        if what == "rotate":
+            os.rename(lh.log, lh.log.with_name(lh.log.name + ".1"))
+            lh.log.write_text("")
+        elif what == "truncate":
+            time.sleep(0.3)   # lines cut before anyone read them are lost to every reader (copytruncate too)
+            os.truncate(lh.log, 0)
+        else:
+            lh.log.unlink()
+
+    t = threading.Thread(target=meddle, daemon=True)
+    t.start()
+    r = steps.deploy(job(lh, host=host)[0], host)
+    t.join()
+    assert r.status == "verified", r.message
+    record(f"log {what}", "verify", lh, pristine, r, lambda: deploy(lh))
+
+
+def test_connection_stalled_during_verification(lh):
+    """The agent stops answering mid-follow (SIGSTOP: a stalled link looks the same from
+    the laptop): the wait ends at its bound, the result says so with the patch and version,
+    and the lock is released on a fresh channel within its own bound."""
+    pristine = engine_shas(lh)
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1"})
+    stopped = []
+
+    def stall():
+        if wait_for(lambda: lh.log.exists() and "Uvicorn running" in lh.log.read_text()):
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if b"fleetpatch-agent" in cmd and str(lh.python).encode() in cmd:
+                        os.kill(int(pid), signal.SIGSTOP)
+                        stopped.append(int(pid))
+
+    t = threading.Thread(target=stall, daemon=True)
+    t.start()
+    started = time.monotonic()
+    try:
+        r = steps.deploy(job(lh, host=host, timeout=1)[0], host)
+    finally:
+        t.join()
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    took = time.monotonic() - started
+    assert stopped, "the agent was stalled"
+    assert r.status == "timeout" and "connection was lost during the verification" in r.message, r.message
+    assert r.patch == "spec-path-beacon@1" and r.engine_version == "0.5.9"
+    assert took < 60, f"the stalled run took {took:.0f}s"
+    record("connection stalled", "verify", lh, pristine, r, lambda: deploy(lh))
+
+
+def test_two_runs_at_once(lh):
+    pristine = engine_shas(lh)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(deploy(lh))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(str(r.status) for r in results)
+    assert statuses in (["locked", "verified"], ["already-applied", "verified"]), [r.message for r in results]
+    record("two runs at once", "probe", lh, pristine, "/".join(statuses), lambda: deploy(lh))
+
+
+# --------------------------------------------------- the SSH session cut
+
+@needs_fleet
+def test_ssh_session_killed_during_verification(operator, fleet):
+    """kill -9 of the host's sshd session while fleetpatch follows the log: the report says
+    the connection was lost, with the patch and the engine version; a plain rerun converges."""
+    name = "v1a"
+    h = fleet.hosts[name]
+    inv = operator.inventory()
+    inv["hosts"][name]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_STARTUP_DELAY"] = "3"
+    operator.write_inventory(inv)
+    pristine = {rel: sha256(h.site_packages / rel) for rel in (EAGLE, EAGLE_V2)}
+    killed = []
+
+    start = h.log_path.stat().st_size if h.log_path.exists() else 0
+
+    def restarted() -> bool:   # the new server's start, not the one the reset left running
+        return h.log_path.exists() and b"Uvicorn running" in h.log_path.read_bytes()[start:]
+
+    def cut():
+        if not wait_for(restarted, 60):
+            return
+        for pid in session_pids(h.sshd_pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=cut, daemon=True)
+    t.start()
+    run = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", name)
+    t.join()
+    assert killed, "an sshd session was killed"
+    rep = run.host(name)
+    assert "connection was lost during the verification" in rep["message"], rep["message"]
+    assert rep["patch"] == "spec-path-beacon@1" and rep["engine_version"] == "0.5.9"
+    assert "without an answer: no output" not in rep["message"]
+    led = json.loads((h.state_dir / "ledger.json").read_text())
+    patched = {rel: rec["after"] for rel, rec in led["patches"]["spec-path-beacon"]["files"].items()}
+    assert {rel: sha256(h.site_packages / rel) for rel in patched} == patched, "the ledger matches the files"
+    assert not list(h.host_dir.rglob("*.fleetpatch-*.tmp"))
+    again = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", name)
+    consistent = again.host(name)["status"] in ("verified", "already-applied") and not (h.state_dir / "lock").exists()
+    RESULTS.append({"fault": "ssh session cut", "phase": "verify", "status": rep["status"],
+                    "rerun": again.host(name)["status"], "consistent": True, "converged": consistent,
+                    "lost": any(sha not in {sha256(p) for p in h.state_dir.rglob("*") if p.is_file()}
+                                for rel, sha in pristine.items() if sha256(h.site_packages / rel) != sha),
+                    "human_lock": again.host(name)["status"] == "locked"})
+    assert consistent, again
+
+
+def session_pids(sshd_pid: int) -> list[int]:
+    """The per-connection sshd processes under a host's listening sshd."""
+    try:
+        with open(f"/proc/{sshd_pid}/task/{sshd_pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
