@@ -141,6 +141,9 @@ def boot():
     cache_dir = header.get("cache_dir")
     if cache_dir:
         cache_dir = os.path.expanduser(cache_dir)
+        if os.path.islink(os.path.dirname(cache_dir)) or os.path.islink(cache_dir):
+            # a state dir that is a symlink is refused by the agent; nothing may be written through it first
+            cache_dir = None
     modules = header["modules"]
     loaded = []
     for module in modules:

@@ -228,7 +228,8 @@ class HostLock:
         return result
 
 
-_HOLDER = re.compile(r"holds the lock .*?: (\S+)@(\S+) pid (\d+) since")
+# the holder as both `locked` refusals name it: a live lock, and one whose channel was lost
+_HOLDER = re.compile(r"(?:holds the lock .*?: |is left by )(\S+)@(\S+) pid (\d+) \(?since")
 
 
 def dead_local_holder(message: str) -> str | None:
