@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, evidence, protocol
+from . import diffapply, drain, evidence, protocol
 from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
@@ -83,6 +83,8 @@ class Job:
     settle_s: float = 2.0
     # How to reach a host's agent; None: SSH. Tests pass transport_local.LocalTransport.
     transport: Callable[[Host], Transport] | None = None
+    # drain.Drainer when a router section applies (router-aware restarts); None: plain restarts
+    drain: object | None = None
 
 
 # How long a decided failure waits for the rest of the server's last words
@@ -660,6 +662,16 @@ def _already_applied(job: Job, host: Host, remote: Remote, lock: HostLock, plan:
 
 def _restart_and_verify(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan, op: str,
                         request: dict) -> HostResult:
+    """The restart, inside the drain when a router is in front of the host."""
+    undo = (lambda failed: _rollback_after_failure(job, host, remote, lock, failed)) \
+        if job.on_failure == "rollback" else None
+    return drain.around_restart(job, host, remote,
+                                lambda: _restart_and_verify_now(job, host, remote, lock, plan, op, request),
+                                rollback=undo, expect=list(getattr(job.patch, "smoke_expect", None) or []))
+
+
+def _restart_and_verify_now(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan, op: str,
+                            request: dict) -> HostResult:
     """Run the agent operation that restarts (apply+restart, or a pending restart),
     verify, and with --on-failure rollback undo a host that failed either way
     (under the same lock: the rollback is part of the block)."""
@@ -740,12 +752,14 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
             return HostResult(host.name, True, Status.OK,
                               f"{host.name}: no patch recorded as applied; nothing to roll back",
                               engine_version=reply.get("version"))
-        result = None
-        for i, name in enumerate(names):
-            result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
-            if not result.ok:
-                break
-        return result
+        def undo_all() -> HostResult:
+            result = None
+            for i, name in enumerate(names):
+                result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
+                if not result.ok:
+                    break
+            return result
+        return drain.around_restart(job, host, remote, undo_all)
 
 
 def newest_first(ledger: protocol.Ledger) -> list[str]:
