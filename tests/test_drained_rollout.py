@@ -183,6 +183,24 @@ def test_a_worker_failing_its_smoke_request_is_not_put_back(op, fleet, router):
     assert listed(router.url).get(url_of(fleet, "d2")) is True
 
 
+def test_the_smoke_request_must_show_the_patchs_smoke_expect_line(op, fleet, router):
+    # the shipped patch: its first decision in forward_batch_generation is logged for the smoke request
+    run = op.run("deploy-patch", "--patch", "dynamic-spec-disable", "--hosts", "d4")
+    assert run.code == 0, run
+    assert run.host("d4")["router"]["readded"] is True
+    log = fleet.hosts["d4"].log_path.read_text(errors="replace")
+    assert log.count("Dynamic speculation disable: first batch decision in EAGLEWorker: speculate") == 1, log[-3000:]
+
+    # a patch whose smoke_expect line never comes: answered, but not-executed, left out
+    run = op.run("deploy-patch", "--patch", "smoke-line-missing", *FIX, "--hosts", "d6")
+    assert run.code == 1, run
+    h = run.host("d6")
+    assert h["status"] == "not-executed", h
+    assert "fleetpatch fixture smoke-line-missing: decided" in h["cause"]
+    assert h["router"]["readded"] is False
+    assert url_of(fleet, "d6") not in listed(router.url)
+
+
 def test_refused_before_any_host_is_touched(op, fleet, router):
     pids = {n: fleet.server_pid(n) for n in NAMES}
 

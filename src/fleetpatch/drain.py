@@ -142,7 +142,7 @@ def _drain(job, host, remote, d: Drainer, info: dict):
             return f.status if f.status != Status.ERROR else Status.ROUTER_ERROR, \
                 f"cannot tell whether the worker is drained: {f.message}"
         if info["in_flight_at_removal"] is None:
-            info["in_flight_at_removal"] = int(out.get("running", 0)) + int(out.get("waiting", 0))
+            info["in_flight_at_removal"] = int(out.get("first", 0))
         elapsed = time.monotonic() - t0
         if out.get("drained"):
             info["drained_s"] = round(elapsed, 3)

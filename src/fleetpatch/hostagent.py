@@ -1124,18 +1124,21 @@ def op_drain(req):
     url = req["url"]
     deadline = time.monotonic() + max(0.0, float(req.get("wait", 2.0)))
     pid = server_pid(req.get("restart") or {}) if req.get("restart") else None
+    first = None
     while True:
         running, waiting, source = read_worker_load(url)
+        if first is None:
+            first = (running or 0) + (waiting or 0)   # what this call found in flight
         if running is None:
             if pid is not None and not pid_alive(pid):
                 # a server that is not running has nothing in flight
-                return {"drained": True, "running": 0, "waiting": 0, "source": "server not running"}
+                return {"drained": True, "running": 0, "waiting": 0, "source": "server not running", "first": 0}
             raise AgentError("router-error", "cannot read the load of the worker %s from the host (%s); is "
                              "server.url right, and does it answer on this host?" % (url, source))
         if running == 0 and waiting == 0:
-            return {"drained": True, "running": 0, "waiting": 0, "source": source}
+            return {"drained": True, "running": 0, "waiting": 0, "source": source, "first": first}
         if time.monotonic() >= deadline:
-            return {"drained": False, "running": running, "waiting": waiting, "source": source}
+            return {"drained": False, "running": running, "waiting": waiting, "source": source, "first": first}
         time.sleep(float(req.get("poll", 0.1)))
 
 
