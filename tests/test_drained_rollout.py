@@ -16,7 +16,12 @@ and plain requests through it, two of three longer than the 1 s stop grace.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -172,6 +177,12 @@ def test_a_worker_failing_its_smoke_request_is_not_put_back(op, fleet, router):
     assert "not put back" in h["message"]
     assert h["router"]["removed"] is True and h["router"]["readded"] is False
     assert url_of(fleet, "d0") not in listed(router.url)
+    # the operator's way back: rollback restores it, smoke-tests it and puts it back
+    run = op.run("rollback", "--hosts", "d0", *FIX)
+    assert run.code == 0, run.report and run.host("d0")["message"]
+    assert run.host("d0")["status"] == "rolled-back"
+    assert run.host("d0")["router"]["readded"] is True
+    assert listed(router.url).get(url_of(fleet, "d0")) is True
 
     # with --on-failure rollback: rolled back, verified, smoke-tested, put back
     run = op.run("deploy-patch", "--patch", "breaks-generate", *FIX, "--hosts", "d2", "--on-failure", "rollback")
@@ -240,3 +251,54 @@ def test_refused_before_any_host_is_touched(op, fleet, router):
     assert {n: fleet.server_pid(n) for n in NAMES} == pids
     for n in NAMES:
         assert sha256(fleet.hosts[n].site_packages / EAGLE) == sha256(sglang_tree("0.5.9") / EAGLE)
+
+
+def test_ctrl_c_during_the_drain_puts_the_untouched_worker_back(op, fleet, router):
+    url = url_of(fleet, "d3")
+    pid = fleet.server_pid("d3")
+    outcome = {}
+    t = threading.Thread(target=lambda: outcome.update(r=send_one(url, True, 500, timeout=60)))  # 10 s stream
+    t.start()
+    time.sleep(0.5)
+    report = op.workdir / "ctrl-c.json"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "deploy-patch", "--report", str(report),
+                             "--patch", "dynamic-spec-disable", "--hosts", "d3"], cwd=op.workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if " drain " in line and "running" in line:
+            break
+    assert url not in listed(router.url), seen
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    t.join(30)
+    assert proc.returncode == 130, seen + out
+    h = json.loads(report.read_text())["hosts"]["d3"]
+    assert h["status"] == "interrupted", h
+    assert h["router"]["removed"] is True and h["router"]["readded"] is True
+    assert listed(router.url).get(url) is True
+    assert fleet.server_pid("d3") == pid
+    assert sha256(fleet.hosts["d3"].site_packages / EAGLE) == sha256(sglang_tree("0.5.9") / EAGLE)
+    assert outcome["r"][0] == OK, outcome
+
+
+def test_bake_watches_each_batch_and_a_host_failing_it_stops_the_rollout(op, fleet, router):
+    doc = op.router_inventory()
+    # d1's restarted server dies 5 s after it is ready: after verification and the smoke request
+    doc["hosts"]["d1"]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_EXIT_AFTER_READY"] = "5"
+    op.write_inventory(doc)
+    t0 = time.monotonic()
+    run = op.run("rollout", "--patch", "dynamic-spec-disable", "--hosts", "d0,d1,d2", "--canary", "1",
+                 "--batch", "1", "--bake", "6", "--on-failure", "keep")
+    took = time.monotonic() - t0
+    assert run.code == 1, run
+    assert run.host("d0")["status"] == "verified" and run.host("d0")["bake"] == {"ok": True, "seconds": 6.0}
+    h = run.host("d1")
+    assert h["status"] == "error" and "failed during the bake (--bake 6)" in h["message"], h
+    assert h["bake"]["ok"] is False
+    assert run.host("d2")["status"] == "skipped"
+    assert "more than --max-failures 0" in run.report["stopped"]
+    assert url_of(fleet, "d1") not in listed(router.url)
+    assert took >= 6 + 4, took   # d0 baked its full 6 s before d1 started

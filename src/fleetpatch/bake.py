@@ -7,8 +7,9 @@ failed host: it counts against --max-failures, and with --on-failure rollback
 it is rolled back (drained first when a router is in front of it)."""
 from __future__ import annotations
 
-from . import steps
+from . import drain, steps
 from .errors import Status
+from .router import RouterError, Routers
 
 
 @steps.host_step
@@ -37,6 +38,14 @@ def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.H
                               executed_path=passed.executed_path, markers=passed.markers,
                               details=dict(passed.details, bake={"ok": False, "seconds": seconds,
                                                                  "problem": watched.message}))
+    if drain.enabled(job, host):
+        # a failing worker does not keep serving: out of its routers (the rollback drains it anyway)
+        try:
+            for r in Routers(host.router.urls).routers:
+                r.remove(host.server.url)
+            failed.message += "\n  taken out of the router"
+        except RouterError as e:
+            failed.message += f"\n  could not take it out of the router: {e}"
     if job.on_failure == "rollback":
         rb = steps.rollback(job, host)
         failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}

@@ -196,7 +196,7 @@ def router_settings(drain_timeout=None, max_unavailable=None, no_router=False) -
             "max_unavailable": count("max-unavailable", max_unavailable, minimum=1), "no_router": bool(no_router)}
 
 
-def make_drainer(selected, stages, router: dict | None, preflight: bool = True):
+def make_drainer(selected, stages, router: dict | None, preflight: bool = True, require_listed: bool = True):
     """The router-aware restart of this run (None: no router applies, or --no-router).
     With `preflight`, every router is checked and the capacity of every stage, before
     any host is touched (UsageError, exit 2)."""
@@ -204,7 +204,7 @@ def make_drainer(selected, stages, router: dict | None, preflight: bool = True):
     if not router or router.get("no_router") or not any(h.router is not None for h in selected):
         return None
     if preflight:
-        drain.preflight(selected, stages, router.get("max_unavailable"))
+        drain.preflight(selected, stages, router.get("max_unavailable"), require_listed)
     return drain.Drainer(drain_timeout=router["drain_timeout"], max_unavailable=router.get("max_unavailable"))
 
 
@@ -216,7 +216,7 @@ def run_hosts(task_name: str, step, *, inventory, hosts, group, report_path, par
                                                   patch=patch, changes_hosts=changes_hosts, report=report_path)
     at_once = fleet.default_parallel(len(selected), parallel_n)
     drainer = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)], router,
-                           preflight=changes_hosts)
+                           preflight=changes_hosts, require_listed=task_name != "rollback")
     console = rep.make_console()
     started = rep.now_iso()
     job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, drain=drainer, **job_kw)

@@ -8,7 +8,7 @@ that is the plain restart. The routers are spoken to from the laptop
 host by the agent ops `drain` and `smoke` (the worker's URL may be reachable
 only there, and the router's load figures count tokens, not requests).
 
-Per host, in order (see the CONTRACT "Serving traffic"):
+Per host, in order:
   out of every router, confirmed gone -> /v1/loads shows 0 running, 0 waiting
   (bounded by --drain-timeout; on expiry back in, unrestarted, files unchanged)
   -> the restart and verification of `steps` -> smoke request -> back into
@@ -107,11 +107,7 @@ def around_restart(job, host, remote, restart: Callable[[], "steps.HostResult"],
     job.progress(host.name, "drain", "out of the router")
     d.take_out(host, routers)
     try:
-        try:
-            routers.remove(url, REMOVE_TIMEOUT_S)
-        except RouterError as e:
-            raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: {e}; the host was not touched (it was put back "
-                                                   "into any router it had left)") from None
+        info["was_listed"] = _remove_all(host, routers)
         info["removed"] = True
         waited = _drain(job, host, remote, d, info)
         if waited is not None:   # not drained: back in, untouched
@@ -126,6 +122,28 @@ def around_restart(job, host, remote, restart: Callable[[], "steps.HostResult"],
         return _after_restart(job, host, remote, routers, info, result, rollback, expect or [])
     finally:
         d.back(host, routers)
+
+
+def _remove_all(host, routers: Routers) -> bool:
+    """Out of every router, confirmed gone from each list; all or nothing. A router that
+    does not list the worker (fleetpatch left it out after a failure) is skipped: the
+    worker goes into it when it is put back. Returns whether every router listed it."""
+    done, everywhere = [], True
+    try:
+        for r in routers.routers:
+            if r.remove(host.server.url, REMOVE_TIMEOUT_S) is None:
+                everywhere = False
+            else:
+                done.append(r)
+    except RouterError as e:
+        for r in done:
+            try:
+                r.add(host.server.url, ADD_TIMEOUT_S)
+            except RouterError:
+                pass  # the first error is the one to report
+        raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: {e}; the host was not touched (it was put back "
+                                               "into any router it had left)") from None
+    return everywhere
 
 
 def _drain(job, host, remote, d: Drainer, info: dict):
@@ -144,6 +162,8 @@ def _drain(job, host, remote, d: Drainer, info: dict):
         if info["in_flight_at_removal"] is None:
             info["in_flight_at_removal"] = int(out.get("first", 0))
         elapsed = time.monotonic() - t0
+        if INTERRUPTED.is_set():   # arrived during the call: nothing was touched yet
+            return Status.INTERRUPTED, "interrupted (Ctrl-C) while draining"
         if out.get("drained"):
             info["drained_s"] = round(elapsed, 3)
             return None
@@ -237,9 +257,10 @@ def router_hosts(hosts) -> Dict[str, list]:
     return out
 
 
-def preflight(hosts, stages: List[list], max_unavailable: Optional[int]) -> Dict[str, str]:
+def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require_listed: bool = True) -> Dict[str, str]:
     """Before any host is touched: every router answers, lists each of its selected
-    workers, and no stage could take more out of it than allowed. Returns each
+    workers (unless `require_listed` is off: a rollback may restore a worker fleetpatch
+    left out), and no stage could take more out of it than allowed. Returns each
     router's API description; raises UsageError naming every problem."""
     problems: List[str] = []
     apis: Dict[str, str] = {}
@@ -251,7 +272,7 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int]) -> Dict
         except RouterError as e:
             problems.append(str(e))
             continue
-        for h in behind:
+        for h in behind if require_listed else []:
             if find_worker(workers, h.server.url) is None:
                 try:
                     r.require_listed(h.server.url)   # raises, saying what the router lists instead
