@@ -264,6 +264,10 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require
     router's API description; raises UsageError naming every problem."""
     problems: List[str] = []
     apis: Dict[str, str] = {}
+    via = sorted({h.name for h in hosts if h.router is not None and h.router.via})
+    if via:
+        raise UsageError(f"router.via is set for {', '.join(via)}: reaching the routers through a host is not "
+                         "supported yet; remove router.via and make the router URLs reachable from this machine")
     for url, behind in router_hosts(hosts).items():
         r = Router(url)
         try:
