@@ -39,6 +39,8 @@ REMOVE_TIMEOUT_S = 30.0
 ADD_TIMEOUT_S = 60.0
 SMOKE_TIMEOUT_S = 60.0
 SMOKE_EXPECT_WAIT_S = 5.0
+# A restart step refused with these changed nothing on the host (the agent checks before it writes).
+UNTOUCHED = {Status.DRIFT, Status.CONFLICT, Status.LOCKED}
 
 
 @dataclass
@@ -118,7 +120,19 @@ def around_restart(job, host, remote, restart: Callable[[], "steps.HostResult"],
             if problem:
                 msg += f"\n  putting it back FAILED: {problem}"
             return _with_router(steps.HostResult(host.name, False, status, msg), info)
-        result = restart()
+        try:
+            result = restart()
+        except HostFailure as f:
+            # refused before anything was written or restarted: it can serve again as it was
+            result = steps.HostResult(host.name, False, f.status, f.message)
+            if f.status in UNTOUCHED:
+                problem = _put_back(host, routers, info)
+                result.message += "\n  put back into the router unrestarted" + (
+                    f"; putting it back FAILED: {problem}" if problem else "")
+            else:
+                result.message += "\n  not put back into the router: its state is unknown; check it, then " \
+                                  "rerun or roll back"
+            return _with_router(result, info)
         return _after_restart(job, host, remote, routers, info, result, rollback, expect or [])
     finally:
         d.back(host, routers)
