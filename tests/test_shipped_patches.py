@@ -56,7 +56,7 @@ V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 SERVER_ARGS = "sglang/srt/server_args.py"
 READY = "The server is fired up and ready to roll!"
 
-TOP_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path"}
+TOP_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path", "smoke_expect"}
 REQUIRED_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid"}
 REV_KEYS = {"rev", "diff", "engine_versions"}
 

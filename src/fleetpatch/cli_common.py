@@ -36,16 +36,23 @@ HELP = {
     "accept_new_host_keys": "trust unknown host keys and record them (a changed key is always refused)",
     "break_lock": "break a lock left behind by a dead fleetpatch run",
     "force": "proceed although the pre-flight check says the patched path would not run",
+    "drain_timeout": "router section: seconds to wait for a worker out of its routers to finish its requests "
+                     "(default 600; on expiry it is put back unrestarted, status drain-timeout)",
+    "max_unavailable": "router section: at most N workers out of a router at once (default: the hosts worked "
+                       "on at once); a run that could take more, or a router's last healthy worker, is refused",
+    "no_router": "restart as if the inventory had no router section (no drain, no smoke request)",
 }
 
 # The placeholder shown after each flag in `--help` (Invoke would say STRING).
 METAVAR = {"inventory": "PATH", "hosts": "A,B", "group": "GROUP", "report": "PATH", "parallel": "N",
            "patches": "DIR", "patch": "NAME[@REV]", "timeout": "SECONDS", "dest": "DIR", "canary": "N",
-           "batch": "N", "max_failures": "K", "on_failure": "keep|rollback", "root": "DIR"}
+           "batch": "N", "max_failures": "K", "drain_timeout": "SECONDS", "max_unavailable": "N",
+           "bake": "SECONDS", "on_failure": "keep|rollback", "root": "DIR"}
 
 PATCH_NEEDED = "the patch to use, NAME or NAME@REV (see patches/ or fleetpatch's shipped patches)"
 
 COMMON = ("inventory", "hosts", "group", "report", "parallel", "patches", "accept_new_host_keys")
+ROUTER = ("drain_timeout", "max_unavailable", "no_router")
 
 
 def helps(*names, **extra) -> dict:
@@ -183,15 +190,36 @@ def finish(console, task_name, results, started, report_path, stop=None, extra=N
         raise RunFailed(f"{task_name} failed")
 
 
+def router_settings(drain_timeout=None, max_unavailable=None, no_router=False) -> dict:
+    """The router flags, checked (before the inventory is read)."""
+    return {"drain_timeout": seconds("drain-timeout", drain_timeout) or 600.0,
+            "max_unavailable": count("max-unavailable", max_unavailable, minimum=1), "no_router": bool(no_router)}
+
+
+def make_drainer(selected, stages, router: dict | None, preflight: bool = True, require_listed: bool = True):
+    """The router-aware restart of this run (None: no router applies, or --no-router).
+    With `preflight`, every router is checked and the capacity of every stage, before
+    any host is touched (UsageError, exit 2)."""
+    from . import drain
+    if not router or router.get("no_router") or not any(h.router is not None for h in selected):
+        return None
+    if preflight:
+        drain.preflight(selected, stages, router.get("max_unavailable"), require_listed)
+    return drain.Drainer(drain_timeout=router["drain_timeout"], max_unavailable=router.get("max_unavailable"))
+
+
 def run_hosts(task_name: str, step, *, inventory, hosts, group, report_path, parallel, patches,
-              patch=None, changes_hosts=False, **job_kw) -> None:
+              patch=None, changes_hosts=False, router: dict | None = None, **job_kw) -> None:
     parallel_n = count("parallel", parallel, minimum=1)
     job_kw["timeout"] = seconds("timeout", job_kw.get("timeout"))
     inv, selected, dirs, patch_obj, rev = prepare(inventory=inventory, hosts=hosts, group=group, patches=patches,
                                                   patch=patch, changes_hosts=changes_hosts, report=report_path)
+    at_once = fleet.default_parallel(len(selected), parallel_n)
+    drainer = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)], router,
+                           preflight=changes_hosts, require_listed=task_name != "rollback")
     console = rep.make_console()
     started = rep.now_iso()
-    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, **job_kw)
+    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, drain=drainer, **job_kw)
     with rep.View(task_name, [h.name for h in selected], console=console) as view:
         job.progress = view.progress
         results, stop = fleet.run_all(selected, functools.partial(step, job), parallel_n)

@@ -9,10 +9,14 @@ from invoke.exceptions import Exit
 from . import report as rep
 from . import rollout as fleet
 from . import steps
-from .cli_common import COMMON, PATCH_NEEDED, choice, command, count, finish, helps, prepare, required, seconds
+from .bake import bake_host
+from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, choice, command, count, finish, helps, make_drainer, prepare,
+                         required, router_settings, seconds)
 
 
-@command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock",
+@command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
+                    bake="watch the canary and each batch SECONDS (process alive, health, no new traceback or "
+                         "forbid line) before the next batch; a failure counts against --max-failures",
                     canary="canary hosts when the inventory has no `canary` group, a whole number "
                            "(default 1; 0 skips the canary stage)",
                     batch="hosts per batch after the canary, a whole number of 1 or more (default: all the rest)",
@@ -20,7 +24,8 @@ from .cli_common import COMMON, PATCH_NEEDED, choice, command, count, finish, he
                     on_failure="rollback (default) or keep the hosts that fail"))
 def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
             canary=None, batch=None, max_failures=None, on_failure="rollback", timeout=None, force=False,
-            break_lock=False, accept_new_host_keys=False):
+            break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False, bake=None,
+            accept_new_host_keys=False):
     """Deploy fleet-wide: the canary first, then batches, within a failure budget."""
     on_failure = choice("on-failure", on_failure, ("rollback", "keep"))
     canary_n = count("canary", canary, minimum=0)
@@ -28,16 +33,22 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
     budget = count("max-failures", max_failures, minimum=0, default=0)
     parallel_n = count("parallel", parallel, minimum=1)
     timeout_s = seconds("timeout", timeout)
+    bake_s = seconds("bake", bake)
+    router = router_settings(drain_timeout, max_unavailable, no_router)
     inv, selected, dirs, patch_obj, rev = prepare(
         inventory=inventory, hosts=hosts, group=group, patches=patches,
         patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, report=report)
     job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
                     on_failure=on_failure, force=force, break_lock=break_lock,
                     accept_new_host_keys=accept_new_host_keys)
-    console = rep.make_console()
-    started = rep.now_iso()
     canary_group = inv.groups.get("canary")
     stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
+    # what is out at once: a stage, or `parallel` of its hosts
+    at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
+               for i in range(0, len(st), fleet.default_parallel(len(st), parallel_n))]
+    job.drain = make_drainer(selected, at_once, router)
+    console = rep.make_console()
+    started = rep.now_iso()
     n_batches = len(stages_planned) - (1 if has_canary else 0)
     with rep.View("rollout", [h.name for h in selected], console=console) as view:
         job.progress = view.progress
@@ -52,7 +63,8 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
 
         results, stop, stages = fleet.rollout(
             selected, functools.partial(steps.deploy, job), canary_group=canary_group, canary=canary_n,
-            batch=batch_n, parallel=parallel_n, max_failures=budget, on_stage=on_stage)
+            batch=batch_n, parallel=parallel_n, max_failures=budget, on_stage=on_stage,
+            bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None)
     finish(console, "rollout", results, started, report, stop, extra={"stages": stages})
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from . import report as rep
 from . import rollout as fleet
 from . import steps
-from .cli_common import (COMMON, PATCH_NEEDED, RunFailed, choice, command, count, helps, prepare, required,
-                         run_hosts)
+from . import drain
+from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, RunFailed, choice, command, count, helps, prepare, required,
+                         router_settings, run_hosts)
 
 
 @command(help=helps(*COMMON, dest="where to put the files (default .fleetpatch/sources)"))
@@ -21,26 +22,28 @@ def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None,
               parallel=parallel, patches=patches, dest=Path(dest), accept_new_host_keys=accept_new_host_keys)
 
 
-@command(help=helps(*COMMON, "patch", "force"))
+@command(help=helps(*COMMON, "patch", "force", "no_router"))
 def check_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
-                force=False, accept_new_host_keys=False):
+                force=False, no_router=False, accept_new_host_keys=False):
     """Dry run: show whether the patch applies on each host and would run there, changing nothing."""
-    run_hosts("check-patch", steps.check_patch, inventory=inventory, hosts=hosts, group=group, report_path=report,
-              parallel=parallel, patches=patches, patch=required("patch", patch, PATCH_NEEDED), force=force,
-              accept_new_host_keys=accept_new_host_keys)
+    run_hosts("check-patch", drain.with_router_check(steps.check_patch), inventory=inventory, hosts=hosts,
+              group=group, report_path=report, parallel=parallel, patches=patches,
+              patch=required("patch", patch, PATCH_NEEDED), force=force, accept_new_host_keys=accept_new_host_keys,
+              router=router_settings(no_router=no_router))
 
 
-@command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock",
+@command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
                     no_restart="write the files but do not restart (the restart stays pending on the host)",
                     on_failure="keep (default) or rollback the hosts that fail"))
 def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
                  no_restart=False, timeout=None, on_failure="keep", force=False, break_lock=False,
-                 accept_new_host_keys=False):
+                 drain_timeout=None, max_unavailable=None, no_router=False, accept_new_host_keys=False):
     """Deploy a patch: per host lock, apply, back up, write, restart, and verify the patched path ran."""
     run_hosts("deploy-patch", steps.deploy, inventory=inventory, hosts=hosts, group=group, report_path=report,
               parallel=parallel, patches=patches, patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True,
               no_restart=no_restart, timeout=timeout, on_failure=choice("on-failure", on_failure, ("keep", "rollback")),
-              force=force, break_lock=break_lock, accept_new_host_keys=accept_new_host_keys)
+              force=force, break_lock=break_lock, accept_new_host_keys=accept_new_host_keys,
+              router=router_settings(drain_timeout, max_unavailable, no_router or no_restart))
 
 
 @command(help=helps(*COMMON, "patch", "timeout"))
@@ -52,14 +55,16 @@ def verify_logs(c, patch=None, inventory=None, hosts=None, group=None, report=No
               accept_new_host_keys=accept_new_host_keys)
 
 
-@command(help=helps(*COMMON, "patch", "timeout", "break_lock",
+@command(help=helps(*COMMON, "patch", "timeout", "break_lock", *ROUTER,
                     force="restore the originals even over files changed since fleetpatch wrote them"))
 def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
-             timeout=None, force=False, break_lock=False, accept_new_host_keys=False):
+             timeout=None, force=False, break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False,
+             accept_new_host_keys=False):
     """Restore the original files byte for byte, restart, and check that the patch's markers are gone."""
     run_hosts("rollback", steps.rollback, inventory=inventory, hosts=hosts, group=group, report_path=report,
               parallel=parallel, patches=patches, patch=patch, changes_hosts=True, timeout=timeout, force=force,
-              break_lock=break_lock, accept_new_host_keys=accept_new_host_keys)
+              break_lock=break_lock, accept_new_host_keys=accept_new_host_keys,
+              router=router_settings(drain_timeout, max_unavailable, no_router))
 
 
 @command(help=helps(*COMMON))

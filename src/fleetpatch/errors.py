@@ -36,6 +36,9 @@ class Status(str, Enum):
     SKIPPED = "skipped"
     INTERRUPTED = "interrupted"
     PENDING = "pending"
+    DRAIN_TIMEOUT = "drain-timeout"     # a router-aware restart: the worker kept requests past --drain-timeout
+    SMOKE_FAILED = "smoke-failed"       # restarted and verified, but the smoke request got no well-formed answer
+    ROUTER_ERROR = "router-error"       # a router could not be used (unreachable, worker not listed, refused)
     OK = "ok"
     ERROR = "error"
 

@@ -1426,8 +1426,180 @@ def op_follow(req):
         follow.close()
 
 
+# ------------------------------------------------- serving: drain, smoke, bake
+# The laptop takes the worker out of its routers; these run ON the host, so the
+# worker's own figures are read where the worker is (the routers' load figures
+# count tokens, not requests).
+
+def parse_loads(body):
+    """(running, waiting) from GET /v1/loads or the deprecated GET /get_load (a copy of
+    fleetpatch.router.parse_worker_loads: the agent travels alone)."""
+    if isinstance(body, dict) and isinstance(body.get("aggregate"), dict):
+        agg = body["aggregate"]
+        running, waiting = agg.get("total_running_reqs"), agg.get("total_waiting_reqs")
+        if isinstance(running, int) and isinstance(waiting, int):
+            return running, waiting
+        raise ValueError("aggregate lacks integer total_running_reqs/total_waiting_reqs")
+    if isinstance(body, list) and all(isinstance(x, dict) for x in body):
+        try:
+            waiting = sum(int(x["num_waiting_reqs"]) for x in body)
+            total = sum(int(x["num_reqs"]) for x in body)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("entries lack num_reqs/num_waiting_reqs")
+        return total - waiting, waiting
+    raise ValueError("expected /v1/loads' {'aggregate': ...} or /get_load's list")
+
+
+def read_worker_load(url):
+    """(running, waiting, path) or (None, None, why) when the worker does not answer."""
+    base = url.rstrip("/")
+    why = None
+    for path in ("/v1/loads", "/get_load"):
+        status, body = http_get(base + path, timeout=3.0)
+        if status == 200:
+            try:
+                running, waiting = parse_loads(json.loads(body.decode("utf-8", "replace")))
+                return running, waiting, path
+            except ValueError as e:
+                raise AgentError("router-error", "GET %s%s answered, but not as SGLang does (%s)" % (base, path, e))
+        why = "GET %s%s: %s" % (base, path, "HTTP %s" % status if status else body.decode("utf-8", "replace"))
+        if status != 404:
+            break
+    return None, None, why
+
+
+def op_drain(req):
+    """Wait (at most `wait` s) until the worker at `url` has no running and no waiting
+    request. The laptop calls it again until its --drain-timeout: short calls keep a
+    Ctrl-C on the laptop answered within one of them."""
+    url = req["url"]
+    deadline = time.monotonic() + max(0.0, float(req.get("wait", 2.0)))
+    pid = server_pid(req.get("restart") or {}) if req.get("restart") else None
+    first = None
+    while True:
+        running, waiting, source = read_worker_load(url)
+        if first is None:
+            first = (running or 0) + (waiting or 0)   # what this call found in flight
+        if running is None:
+            if pid is not None and not pid_alive(pid):
+                # a server that is not running has nothing in flight
+                return {"drained": True, "running": 0, "waiting": 0, "source": "server not running", "first": 0}
+            raise AgentError("router-error", "cannot read the load of the worker %s from the host (%s); is "
+                             "server.url right, and does it answer on this host?" % (url, source))
+        if running == 0 and waiting == 0:
+            return {"drained": True, "running": 0, "waiting": 0, "source": source, "first": first}
+        if time.monotonic() >= deadline:
+            return {"drained": False, "running": running, "waiting": waiting, "source": source, "first": first}
+        time.sleep(float(req.get("poll", 0.1)))
+
+
+def http_post_json(url, body, timeout):
+    """(status, body bytes) or (None, error text)."""
+    import urllib.error
+    import urllib.request
+    data = json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read(1 << 20)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(4096)
+    except (urllib.error.URLError, socket.timeout, OSError) as e:
+        return None, str(getattr(e, "reason", e)).encode()
+
+
+def log_reader_since(req, since_epoch, pos):
+    """A reader of the server's output from now on: the log file from `pos`, or its journal."""
+    restart = req.get("restart") or {}
+    if uses_journal(restart, req.get("log")):
+        return JournalFollower(journal_argv(restart["unit"], None, since_epoch), "journal of " + restart["unit"])
+    return LogFollower(req["log"], pos.get("inode"), pos.get("offset", 0))
+
+
+def close_reader(reader):
+    """Close a log reader (a journalctl process, or a LogFollower's open file)."""
+    if reader is None:
+        return
+    close = getattr(reader, "close", None)
+    if close is not None:
+        close()
+    elif getattr(reader, "fh", None) is not None:
+        reader.fh.close()
+
+
+def op_smoke(req):
+    """POST url/generate with the smoke prompt from the host; then, if `expect` lines are
+    given, read the server's output written since the request until each has appeared
+    (at most `expect_wait` s). The laptop judges the answer."""
+    since = time.time()
+    pos = log_position(req["log"]) if req.get("log") and req.get("log") != "journal" else {}
+    status, body = http_post_json(req["url"].rstrip("/") + "/generate",
+                                  {"text": req.get("prompt", "Hello"),
+                                   "sampling_params": {"max_new_tokens": int(req.get("max_new_tokens", 4)),
+                                                       "temperature": 0}},
+                                  float(req.get("timeout", 60)))
+    out = {"status": status, "body": pack(body[:65536] if isinstance(body, bytes) else b"")}
+    expect = list(req.get("expect") or [])
+    if not expect or status != 200:
+        return out
+    reader = log_reader_since(req, since - 1, pos)
+    found, seen = {}, 0
+    deadline = time.monotonic() + float(req.get("expect_wait", 5.0))
+    try:
+        while True:
+            for _path, first, lines in reader.read():
+                for i, line in enumerate(lines):
+                    seen += 1
+                    for text in expect:
+                        if text not in found and text in line:
+                            found[text] = {"line_no": first + i, "line": line[:500]}
+            if len(found) == len(expect) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        close_reader(reader)
+    out.update({"found": found, "missing": [t for t in expect if t not in found], "lines_read": seen})
+    return out
+
+
+def op_bake(req):
+    """Watch the server `seconds` s: its process alive, its health endpoint 200, and no
+    new line holding a `forbid` text. Ends at the first problem."""
+    restart = req.get("restart") or {}
+    forbid = list(req.get("forbid") or [])
+    pos = log_position(req["log"]) if req.get("log") and req.get("log") != "journal" else {}
+    reader = log_reader_since(req, time.time(), pos) if req.get("log") or uses_journal(restart, None) else None
+    deadline = time.monotonic() + float(req.get("seconds", 10))
+    checks, lines_read = 0, 0
+    try:
+        while True:
+            pid = server_pid(restart)
+            if not pid_alive(pid):
+                return {"ok": False, "problem": "the server process is not running (pid %s)" % pid,
+                        "checks": checks}
+            if req.get("health_url"):
+                status, _ = http_get(req["health_url"], timeout=2.0)
+                if status != 200:
+                    return {"ok": False, "problem": "GET %s answered %s" % (req["health_url"], status or "nothing"),
+                            "checks": checks}
+            for _path, first, lines in (reader.read() if reader is not None else []):
+                for i, line in enumerate(lines):
+                    lines_read += 1
+                    for text in forbid:
+                        if text in line:
+                            return {"ok": False, "problem": "line %d of the log holds %r: %s"
+                                    % (first + i, text, line[:300]), "checks": checks}
+            checks += 1
+            if time.monotonic() >= deadline:
+                return {"ok": True, "checks": checks, "lines_read": lines_read}
+            time.sleep(0.25)
+    finally:
+        close_reader(reader)
+
+
 OPS = {"probe": op_probe, "apply": op_apply, "restart": op_restart, "rollback": op_rollback,
-       "record": op_record, "unlock": op_unlock, "follow": op_follow}
+       "record": op_record, "unlock": op_unlock, "follow": op_follow,
+       "drain": op_drain, "smoke": op_smoke, "bake": op_bake}
 
 
 def dispatch(req):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -56,7 +56,8 @@ __all__ = [
 
 MANIFEST = "patch.yaml"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TOP_KEYS = ("name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path")
+_TOP_KEYS = ("name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path",
+             "smoke_expect")
 _REV_KEYS = ("rev", "diff", "engine_versions")
 
 
@@ -129,6 +130,9 @@ class Patch:
     forbid: List[str]
     allow_single_path: Optional[str]
     source_dir: Path
+    # lines the log must show after the smoke request of a router-aware restart:
+    # proof that the patched code ran for a request, not only at start-up
+    smoke_expect: List[str] = field(default_factory=list)
 
     @property
     def manifest(self) -> Path:
@@ -460,6 +464,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
 
     expect = _str_list(file, "expect", doc.get("expect"))
     forbid = _str_list(file, "forbid", doc.get("forbid"))
+    smoke_expect = _str_list(file, "smoke_expect", doc.get("smoke_expect"))
     asp = doc.get("allow_single_path")
     if asp is not None:
         if not isinstance(asp, str) or not asp.strip():
@@ -477,4 +482,4 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
         revisions.append(_revision(file, folder, i, node, seen, markers, asp, profile, package))
     revisions.sort(key=lambda r: r.rev)
     return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
-                 expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder)
+                 expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder, smoke_expect=smoke_expect)

@@ -11,6 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import drain
 from .errors import Status
 from .inventory import Host
 from .steps import HostResult
@@ -96,6 +97,7 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                         stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed "
                                  f"or {'was' if failures == 1 else 'were'} unreachable when the stop came")
         except KeyboardInterrupt:
+            drain.INTERRUPTED.set()   # a host still draining goes back into its routers untouched
             stop.set("interrupted (Ctrl-C): no new host was started; the hosts in flight were let finish "
                      "(or roll back)", interrupted=True)
             # Let each host in flight finish or undo its step; a second Ctrl-C is ignored here.
@@ -123,6 +125,19 @@ def run_all(hosts: list[Host], fn: HostFn, parallel: int | None) -> tuple[dict, 
     return {h.name: results[h.name] for h in hosts}, stop
 
 
+def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult], results: dict, stop: Stop,
+                budget: int) -> None:
+    """Watch the stage's successful hosts at once; failures join the stage's results."""
+    good = [h for h in stage if results[h.name].ok]
+    baked: dict = {}
+    run_stage(good, lambda h: bake(h, results[h.name]), max(1, len(good)), baked, Stop())
+    for name, r in baked.items():
+        results[name] = r
+    failures = len(_failed(results))
+    if failures > budget and stop.reason is None:
+        stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed (bake included)")
+
+
 def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int | None,
                 batch: int | None) -> tuple[list[list[Host]], bool]:
     """The canary stage (if any), then batches, in inventory order; and whether
@@ -142,7 +157,10 @@ def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int |
 
 def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, canary: int | None,
             batch: int | None, parallel: int | None, max_failures: int,
-            on_stage: Callable[[int, list[Host], bool], None] | None = None) -> tuple[dict, Stop, list[list[str]]]:
+            on_stage: Callable[[int, list[Host], bool], None] | None = None,
+            bake: Callable[[Host, HostResult], HostResult] | None = None) -> tuple[dict, Stop, list[list[str]]]:
+    """`bake(host, result)`: after each stage, the result of watching each host that
+    succeeded (--bake); a host failing it counts against the budget like any failure."""
     stages, has_canary = plan_stages(hosts, canary_group, canary, batch)
     results: dict = {}
     stop = Stop()
@@ -154,6 +172,8 @@ def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, ca
             on_stage(i, stage, is_canary)
         run_stage(stage, fn, default_parallel(len(stage), parallel), results, stop,
                   budget=0 if is_canary else max_failures)
+        if bake is not None and not stop.interrupted:
+            _bake_stage(stage, bake, results, stop, 0 if is_canary else max_failures)
         bad = [h.name for h in stage if not results[h.name].ok] if is_canary else []
         if bad and not stop.interrupted:
             # the canary's budget is 0: its first failure is the reason, whatever run_stage said

@@ -28,42 +28,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, protocol
+from . import diffapply, drain, protocol
 from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
+from .hostcalls import HostResult, base_request  # noqa: F401  (steps.HostResult is the API)
 from .inventory import Host
 from .patchset import NoRevisionFits, Patch
 from .remote import Remote, Transport
 
 if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
     from . import evidence
-
-
-@dataclass
-class HostResult:
-    host: str
-    ok: bool
-    status: Status
-    message: str = ""
-    engine_version: str | None = None
-    patch: str | None = None
-    executed_path: str | None = None
-    markers: list = field(default_factory=list)
-    duration_s: float = 0.0
-    round_trips: int = 0
-    files: dict | None = None
-    details: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        out = {"ok": self.ok, "status": str(self.status), "message": self.message,
-               "engine_version": self.engine_version, "patch": self.patch,
-               "executed_path": self.executed_path, "markers": self.markers,
-               "duration_s": round(self.duration_s, 3), "round_trips": self.round_trips}
-        if self.files is not None:
-            out["files"] = self.files
-        out.update(self.details)
-        return out
 
 
 Progress = Callable[[str, str, str], None]
@@ -90,6 +65,8 @@ class Job:
     settle_s: float = 2.0
     # How to reach a host's agent; None: SSH. Tests pass transport_local.LocalTransport.
     transport: Callable[[Host], Transport] | None = None
+    # drain.Drainer when a router section applies (router-aware restarts); None: plain restarts
+    drain: object | None = None
 
 
 # How long a decided failure waits for the rest of the server's last words
@@ -98,17 +75,6 @@ FAILURE_GRACE_S = 0.5
 
 
 # ----------------------------------------------------------------- helpers
-
-def agent_restart(host: Host) -> dict:
-    """The restart settings as the agent needs them, start already split:
-    the operator's command line is tokenised here, never passed to a shell."""
-    r = host.server.restart
-    out = {"kind": r.kind, "env": dict(r.env or {}), "workdir": r.workdir, "pidfile": r.pidfile,
-           "stop_grace": r.stop_grace, "unit": r.unit, "program": r.program, "config": r.config}
-    if r.kind == "command":
-        out["argv"] = [tok.replace("{python}", host.engine.python) for tok in shlex.split(r.start)]
-    return out
-
 
 def inventory_launch(host: Host) -> LaunchConfig:
     r = host.server.restart
@@ -121,14 +87,6 @@ def running_launch(host: Host, probe: dict) -> LaunchConfig:
     if server.get("alive") and server.get("argv"):
         return LaunchConfig(argv=server["argv"], env=server.get("env") or {}, source="process")
     return inventory_launch(host)
-
-
-def base_request(host: Host, job: Job) -> protocol.Request:
-    profile = get_profile(host.engine.kind)
-    return protocol.Request(state_dir=host.engine.state_dir, package=profile.package,
-                            launch_env_prefixes=list(profile.launch_env_prefixes), log=host.server.log,
-                            restart=agent_restart(host), health_url=host.server.health_url,
-                            lock_token=job.token)
 
 
 def server_info_url(health_url: str | None) -> str | None:
@@ -807,6 +765,16 @@ def _already_applied(job: Job, host: Host, remote: Remote, lock: HostLock, plan:
 
 def _restart_and_verify(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan, op: str,
                         request: dict) -> HostResult:
+    """The restart, inside the drain when a router is in front of the host."""
+    undo = (lambda failed: _rollback_after_failure(job, host, remote, lock, failed)) \
+        if job.on_failure == "rollback" else None
+    return drain.around_restart(job, host, remote,
+                                lambda: _restart_and_verify_now(job, host, remote, lock, plan, op, request),
+                                rollback=undo, expect=list(getattr(job.patch, "smoke_expect", None) or []))
+
+
+def _restart_and_verify_now(job: Job, host: Host, remote: Remote, lock: HostLock, plan: Plan, op: str,
+                            request: dict) -> HostResult:
     """Run the agent operation that restarts (apply+restart, or a pending restart),
     verify, and with --on-failure rollback undo a host that failed either way
     (under the same lock: the rollback is part of the block)."""
@@ -916,11 +884,14 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
             return HostResult(host.name, True, Status.OK,
                               f"{host.name}: no patch recorded as applied; nothing to roll back",
                               engine_version=reply.get("version"))
-        result = None
-        for i, name in enumerate(names):
-            result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
-            if not result.ok:
-                break
+        def undo_all() -> HostResult:
+            result = None
+            for i, name in enumerate(names):
+                result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
+                if not result.ok:
+                    break
+            return result
+        result = drain.around_restart(job, host, remote, undo_all)
     return lock.annotate(result)
 
 

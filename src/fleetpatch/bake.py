@@ -1,0 +1,59 @@
+"""--bake S: watch a finished batch before the next one starts.
+
+After the canary and each batch, every host of it is watched S seconds ON the
+host (agent op `bake`: the server process alive, its health endpoint 200, no
+new log line holding the patch's `forbid` texts). A host failing its bake is a
+failed host: it counts against --max-failures, and with --on-failure rollback
+it is rolled back (drained first when a router is in front of it)."""
+from __future__ import annotations
+
+from . import drain, steps
+from .errors import Status
+from .router import RouterError, Routers
+
+
+@steps.host_step
+def _watch(job, host, remote) -> "steps.HostResult":
+    seconds = job.bake_s
+    job.progress(host.name, "bake", f"{seconds:g}s")
+    forbid = list(getattr(job.patch, "forbid", None) or [])
+    out = remote.call("bake", dict(steps.base_request(host, job), seconds=seconds, forbid=forbid),
+                      timeout=seconds + 60)
+    if out.get("ok"):
+        return steps.HostResult(host.name, True, Status.VERIFIED, f"{host.name}: baked {seconds:g} s")
+    return steps.HostResult(host.name, False, Status.ERROR,
+                            f"{host.name}: failed during the bake (--bake {seconds:g}): {out.get('problem')}")
+
+
+def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.HostResult":
+    """The host's result after its bake: `passed` unchanged, or the failure (rolled back
+    with --on-failure rollback)."""
+    job.bake_s = seconds
+    watched = _watch(job, host)
+    if watched.ok:
+        passed.details["bake"] = {"ok": True, "seconds": seconds}
+        return passed
+    failed = steps.HostResult(host.name, False, watched.status, watched.message,
+                              engine_version=passed.engine_version, patch=passed.patch,
+                              executed_path=passed.executed_path, markers=passed.markers,
+                              details=dict(passed.details, bake={"ok": False, "seconds": seconds,
+                                                                 "problem": watched.message}))
+    if drain.enabled(job, host):
+        # a failing worker does not keep serving: out of its routers (the rollback drains it anyway)
+        try:
+            for r in Routers(host.router.urls).routers:
+                r.remove(host.server.url)
+            failed.message += "\n  taken out of the router"
+        except RouterError as e:
+            failed.message += f"\n  could not take it out of the router: {e}"
+    if job.on_failure == "rollback":
+        rb = steps.rollback(job, host)
+        failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
+        if rb.ok:
+            failed.status = Status.ROLLED_BACK
+            failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
+        else:
+            failed.message += f"\n  rollback did not verify: {rb.message}"
+        if "router" in rb.details:
+            failed.details["router"] = rb.details["router"]
+    return failed

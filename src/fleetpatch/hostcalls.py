@@ -1,0 +1,58 @@
+"""What every request to a host's agent carries, and what one host's work returns.
+
+Below `steps` and `drain`, which both build requests and results."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from . import protocol
+from .engines import get as get_profile
+from .errors import Status
+from .inventory import Host
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: bool
+    status: Status
+    message: str = ""
+    engine_version: str | None = None
+    patch: str | None = None
+    executed_path: str | None = None
+    markers: list = field(default_factory=list)
+    duration_s: float = 0.0
+    round_trips: int = 0
+    files: dict | None = None
+    details: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = {"ok": self.ok, "status": str(self.status), "message": self.message,
+               "engine_version": self.engine_version, "patch": self.patch,
+               "executed_path": self.executed_path, "markers": self.markers,
+               "duration_s": round(self.duration_s, 3), "round_trips": self.round_trips}
+        if self.files is not None:
+            out["files"] = self.files
+        out.update(self.details)
+        return out
+
+
+def agent_restart(host: Host) -> dict:
+    """The restart settings as the agent needs them, start already split:
+    the operator's command line is tokenised here, never passed to a shell."""
+    r = host.server.restart
+    out = {"kind": r.kind, "env": dict(r.env or {}), "workdir": r.workdir, "pidfile": r.pidfile,
+           "stop_grace": r.stop_grace, "unit": r.unit, "program": r.program, "config": r.config}
+    if r.kind == "command":
+        out["argv"] = [tok.replace("{python}", host.engine.python) for tok in shlex.split(r.start)]
+    return out
+
+
+def base_request(host: Host, job) -> protocol.Request:
+    """The fields every request carries; `job` gives the run's lock token."""
+    profile = get_profile(host.engine.kind)
+    return protocol.Request(state_dir=host.engine.state_dir, package=profile.package,
+                            launch_env_prefixes=list(profile.launch_env_prefixes), log=host.server.log,
+                            restart=agent_restart(host), health_url=host.server.health_url,
+                            lock_token=job.token)
