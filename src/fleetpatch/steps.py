@@ -202,11 +202,26 @@ class HostLock:
 
 def load_named(job: Job, host: Host, name: str) -> Patch:
     """A patch the host's ledger names, from the same patch directories."""
+    return load_all_named(job, host, [name])[0]
+
+
+def load_all_named(job: Job, host: Host, names: list[str]) -> list[Patch]:
+    """The patches the host's ledger names, or one HostFailure naming the host once
+    and every patch that cannot be loaded here, with the flag that finds them."""
     from .patchset import PatchError, load_patch
-    try:
-        return load_patch(name, job.patch_dirs, get_profile(host.engine.kind))[0]
-    except PatchError as e:
-        raise HostFailure(Status.ERROR, f"the host records {name} as applied, but it cannot be loaded here: {e}") from None
+    out, missing, why = [], [], []
+    for name in names:
+        try:
+            out.append(load_patch(name, job.patch_dirs, get_profile(host.engine.kind))[0])
+        except PatchError as e:
+            missing.append(name)
+            why.append(str(e))
+    if missing:
+        raise HostFailure(Status.ERROR, f"{host.name}: the ledger records {', '.join(missing)} as applied, but "
+                                        f"{'it' if len(missing) == 1 else 'they'} cannot be loaded here: "
+                                        f"{'; '.join(why)}; nothing was changed; rerun with --patches DIR, the "
+                                        "folder that holds <name>/patch.yaml")
+    return out
 
 
 def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
@@ -748,6 +763,8 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
             return HostResult(host.name, True, Status.OK,
                               f"{host.name}: no patch recorded as applied; nothing to roll back",
                               engine_version=reply.get("version"))
+        # Every patch's markers are needed for the checks: refuse before the first restore, not between two.
+        load_all_named(job, host, [n for n in names if not (job.patch and job.patch.name == n)])
         result = None
         for i, name in enumerate(names):
             result = _rollback_locked(job, host, remote, lock, reply, name, last=i == len(names) - 1)
@@ -771,6 +788,8 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, False, Status.ERROR, f"{host.name}: {name} is not recorded as applied on this "
                                                           "host; `fleetpatch status` shows what is",
                           engine_version=version)
+    # The patch's markers are what the check after the restore looks for: load it before anything changes.
+    patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     job.progress(host.name, "rollback", entry["label"])
     out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job), package_dir=reply["package_dir"],
                                                            name=name, force=job.force))
@@ -780,7 +799,6 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, False, Status.ERROR, f"{host.name}: after restoring, {', '.join(bad)} do not "
                                                           "match the recorded original sha256", engine_version=version,
                           files=restored)
-    patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
                                          version=version, launch=running_launch(host, {}), patches=[patch],
                                          labels=[entry["label"]], want_markers=False, timeout=_timeout(job, host),
@@ -815,7 +833,7 @@ def verify_logs(job: Job, host: Host, remote: Remote) -> HostResult:
         if not names:
             return HostResult(host.name, False, Status.ERROR, f"{host.name}: no patch recorded as applied; name one "
                                                               "with --patch", engine_version=version)
-        patches = [load_named(job, host, n) for n in names]
+        patches = load_all_named(job, host, names)
         labels = [recorded[n]["label"] for n in names]
     # No lock: verify-logs reads, and records only its verdict.
     return _verify(job, host, remote, version, running_launch(host, reply), patches, labels,
