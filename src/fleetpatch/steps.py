@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, protocol
+from . import diffapply, lockview, protocol
 from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
@@ -86,6 +86,7 @@ class Job:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     patch_dirs: list = field(default_factory=list)
     settle_s: float = 2.0
+    lock_renew_s: float = protocol.LOCK_RENEW_S   # how often the agent holding a lock renews it
     # How to reach a host's agent; None: SSH. Tests pass transport_local.LocalTransport.
     transport: Callable[[Host], Transport] | None = None
 
@@ -141,11 +142,24 @@ def sha256(data: bytes) -> str:
 
 
 def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool,
-          lock: bool = False) -> protocol.ProbeReply:
+          lock: str | None = None) -> protocol.ProbeReply:
+    """Read the host; with `lock` (the command the lock is for) take its lock first."""
     req = protocol.ProbeRequest(**base_request(host, job), files=files, content=content)
     if lock:
-        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock)
+        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=lock,
+                                         laptop=socket.gethostname(), pid=os.getpid(),
+                                         pid_start=lockview.process_start(os.getpid()), renew_s=job.lock_renew_s)
     return remote.call("probe", req)
+
+
+def deploy_command(job: Job) -> str:
+    """What a deploy does to one host, as the command line that does it again."""
+    rev = f"@{job.rev}" if job.rev is not None else ""
+    return f"deploy-patch --patch {job.patch.name}{rev}"
+
+
+def rollback_command(job: Job) -> str:
+    return "rollback" + (f" --patch {job.patch.name}" if job.patch else "")
 
 
 class HostLock:
@@ -157,8 +171,9 @@ class HostLock:
     request: it is chained onto that request (`release_followup`). Otherwise
     `__exit__` sends it."""
 
-    def __init__(self, remote: Remote, host: Host, job: Job):
+    def __init__(self, remote: Remote, host: Host, job: Job, command: str):
         self.remote, self.host, self.job = remote, host, job
+        self.command = command  # recorded in the lock, and how a refusal says to clear one left by a dead run
         self.held = False       # this run may hold the lock: release it at the end
         self._riding = False    # the release was chained onto the running request
 
@@ -168,12 +183,11 @@ class HostLock:
     def probe(self, files: list[str], content: bool) -> protocol.ProbeReply:
         """The locking probe (again, inside the block: the lock is re-entrant for this run)."""
         self.held = True  # from the moment the request leaves, the lock may be ours
-        try:
-            return probe(self.remote, self.host, self.job, files, content, lock=True)
-        except HostFailure as f:
-            if f.status == Status.LOCKED:
-                self.held = False  # another run's lock: not ours to release
-            raise
+        reply = probe(self.remote, self.host, self.job, files, content, lock=self.command)
+        if not reply.get("locked"):
+            self.held = False  # another run's lock: not ours to release
+            raise HostFailure(Status.LOCKED, lockview.refusal(self.host.name, reply.get("lock") or {}, self.command))
+        return reply
 
     def release_followup(self) -> list[protocol.Request]:
         """The unlock request to chain onto the request (or follow) that ends the work."""
@@ -561,12 +575,12 @@ class Judging:
         return all(v.status in SUCCESS for v in self.verdicts or [])
 
 
-def ledger_update(judging: Judging) -> protocol.LedgerUpdate:
-    """The verdict as the ledger records it."""
+def ledger_update(judging: Judging, check: str = "deploy") -> protocol.LedgerUpdate:
+    """The verdict as the ledger records it; `check` is which one it was (deploy, rollback, verify-logs)."""
     vs = judging.verdicts
     at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     update = protocol.LedgerUpdate(verification={}, last_verification=protocol.LastVerification(
-        at=at, status=str(Status.VERIFIED if judging.ok else vs[0].status), labels=list(judging.labels)))
+        at=at, status=str(Status.VERIFIED if judging.ok else vs[0].status), labels=list(judging.labels), check=check))
     if judging.want_markers:
         for p, v in zip(judging.patches, vs):
             update["verification"][p.name] = protocol.Verification(status=str(v.status),
@@ -577,7 +591,8 @@ def ledger_update(judging: Judging) -> protocol.LedgerUpdate:
 def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, version: str,
                      launch: LaunchConfig, patches: list[Patch], labels: list[str], want_markers: bool,
                      timeout: float, lock: HostLock | None = None,
-                     ends_work: Callable[[bool], bool] = lambda ok: True) -> tuple[list[evidence.Verdict], dict]:
+                     ends_work: Callable[[bool], bool] = lambda ok: True,
+                     check: str | None = None) -> tuple[list[evidence.Verdict], dict]:
     """Stream the log from `start` (inode, offset, pid) and judge as lines arrive.
     The decision goes back on the same channel as follow-ups: record the verdict,
     and release `lock` when `ends_work(ok)` says nothing follows under it, so
@@ -592,7 +607,8 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
     def on_event(ev: dict) -> list | None:
         if judging.on_event(ev) is None:
             return None
-        followups = [dict(base_request(host, job), op="record", ledger_update=ledger_update(judging))]
+        followups = [dict(base_request(host, job), op="record", ledger_update=ledger_update(
+            judging, check or ("deploy" if want_markers else "rollback")))]
         if lock is not None and ends_work(judging.ok):
             followups += lock.release_followup()
         return followups
@@ -620,7 +636,7 @@ def verdict_result(host: Host, version: str, verdicts: list[evidence.Verdict], l
 
 @host_step
 def deploy(job: Job, host: Host, remote: Remote) -> HostResult:
-    with HostLock(remote, host, job) as lock:
+    with HostLock(remote, host, job, deploy_command(job)) as lock:
         job.progress(host.name, "fetch", "lock + read files")
         reply = lock.probe(revision_files(job), content=True)
         return _deploy_locked(job, host, remote, lock, reply)
@@ -720,11 +736,11 @@ def _timeout(job: Job, host: Host) -> float:
 
 
 def _verify(job, host, remote, version, launch, patches, labels, start, *, lock=None, already=False,
-            ends_work=lambda ok: True) -> HostResult:
+            ends_work=lambda ok: True, check="deploy") -> HostResult:
     job.progress(host.name, "verify", "waiting for markers")
     verdicts, timings = follow_and_judge(remote, host, job, start=start, version=version, launch=launch,
                                          patches=patches, labels=labels, want_markers=True,
-                                         timeout=_timeout(job, host), lock=lock, ends_work=ends_work)
+                                         timeout=_timeout(job, host), lock=lock, ends_work=ends_work, check=check)
     result = verdict_result(host, version, verdicts, labels, timings)
     if already and result.ok:
         result.status = Status.ALREADY_APPLIED
@@ -755,7 +771,7 @@ def _rollback_after_failure(job, host, remote, lock: HostLock, failed: HostResul
 
 @host_step
 def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
-    with HostLock(remote, host, job) as lock:
+    with HostLock(remote, host, job, rollback_command(job)) as lock:
         job.progress(host.name, "fetch", "lock + read ledger")
         reply = lock.probe([], content=False)
         names = [job.patch.name] if job.patch else newest_first(reply.get("ledger") or {})
@@ -837,7 +853,7 @@ def verify_logs(job: Job, host: Host, remote: Remote) -> HostResult:
         labels = [recorded[n]["label"] for n in names]
     # No lock: verify-logs reads, and records only its verdict.
     return _verify(job, host, remote, version, running_launch(host, reply), patches, labels,
-                   protocol.log_window(last))
+                   protocol.log_window(last), check="verify-logs")
 
 
 # ---------------------------------------------------------------- status
@@ -858,12 +874,25 @@ def status(job: Job, host: Host, remote: Remote) -> HostResult:
     server = reply.get("server") or {}
     applied = [e["label"] for _, e in sorted(ledger.get("patches", {}).items())]
     last_v = ledger.get("last_verification") or {}
+    lock = reply.get("lock")
+    view = lockview.assess(lock) if lock else None
     details = {"reachable": True, "applied": applied, "drift": drift,
                "server_up": bool(server.get("alive")) and server.get("healthy") is not False,
                "server_pid": server.get("pid"), "last_verification": last_v,
                "restart_pending": bool(ledger.get("restart_pending")),
-               "lock": reply.get("lock"), "known_version": profile.knows(reply.get("version") or "")}
-    ok = not drift
-    msg = f"{host.name}: " + ("drift in " + ", ".join(drift) if drift else "ok")
-    return HostResult(host.name, ok, Status.OK if ok else Status.DRIFT, msg, engine_version=reply.get("version"),
-                      details=details)
+               "lock": lock, "known_version": profile.knows(reply.get("version") or "")}
+    problems = ["drift in " + ", ".join(drift)] if drift else []
+    if view is not None:
+        details["lock_state"] = {"holder": view.holder, "command": view.command, "age_s": view.age_s,
+                                 "alive": view.alive, "why": view.why, "cell": view.cell()}
+        if not view.alive:
+            clear = lockview.clear_command(host.name, view.command)
+            details["lock_state"]["clear"] = clear
+            problems.append(f"the lock is left by a dead run: {view.holder}"
+                            + (f" ({view.command})" if view.command else "") + f", since {view.since} "
+                            f"({view.age()}): {view.why}; once you have checked the host (restart pending, last "
+                            f"verification above), clear it and finish with:\n  {clear}")
+    ok = not problems
+    status_ = Status.OK if ok else Status.DRIFT if drift else Status.LOCKED
+    msg = f"{host.name}: " + ("; ".join(problems) if problems else "ok")
+    return HostResult(host.name, ok, status_, msg, engine_version=reply.get("version"), details=details)
