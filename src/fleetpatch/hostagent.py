@@ -216,7 +216,7 @@ class Renewal(object):
 
 
 RENEWAL = Renewal()
-LOCK_FIELDS = ("holder", "command", "laptop", "pid", "pid_start", "renew_s")   # copied from the claim
+LOCK_FIELDS = ("holder", "command", "laptop", "boot_id", "pid", "pid_start", "renew_s")   # copied from the claim
 
 
 def take_lock(req, lock):

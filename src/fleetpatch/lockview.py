@@ -48,6 +48,15 @@ def ago(seconds: float) -> str:
     return f"{s // 86400} d"
 
 
+def boot_id() -> str | None:
+    """This machine's boot (Linux): two laptops may share a hostname, never a boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def process_start(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc), which a reused pid does not share."""
     try:
@@ -75,9 +84,11 @@ def process_runs(pid: int, start: int | None) -> bool:
     return start is None or int(fields[19]) == start
 
 
-def assess(lock: dict, here: str | None = None, runs=process_runs) -> LockView:
-    """Judge one lock record (see the module doc). `here` is this machine's hostname."""
+def assess(lock: dict, here: str | None = None, runs=process_runs, boot: str | None = None) -> LockView:
+    """Judge one lock record (see the module doc). `here` is this machine's hostname and
+    `boot` its boot id: the holder's pid is looked up here only when both match."""
     here = socket.gethostname() if here is None else here
+    boot = boot_id() if boot is None else boot
     holder = str(lock.get("holder") or "unknown holder")
     parsed = HOLDER.match(holder)
     laptop = lock.get("laptop") or (parsed.group("laptop") if parsed else None)
@@ -90,7 +101,7 @@ def assess(lock: dict, here: str | None = None, runs=process_runs) -> LockView:
         view.alive = False
         view.why = (f"its channel ended at {lost.get('at', '?')} ({lost.get('how', '?')}) after it ran "
                     f"{'+'.join(lost.get('after') or []) or 'nothing'} on this host")
-    elif laptop == here and pid and not runs(int(pid), lock.get("pid_start")):
+    elif laptop == here and lock.get("boot_id") in (None, boot) and pid and not runs(int(pid), lock.get("pid_start")):
         view.alive = False
         view.why = f"its process (pid {pid}) no longer runs on this machine ({here})"
     elif idle is not None and idle > LOCK_STALE_PERIODS * renew_s:

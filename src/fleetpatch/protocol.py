@@ -75,6 +75,7 @@ class LockClaim(TypedDict, total=False):
     laptop: str                 # the laptop's hostname, and its process (pid, start time in
     pid: int                    # clock ticks since boot): a run on the same laptop whose
     pid_start: Optional[int]    # process is gone is known dead at once
+    boot_id: Optional[str]      # the laptop's boot: a same-named laptop is not this one
     renew_s: float              # how often the holding agent renews the lock
 
 
@@ -178,6 +179,7 @@ class LockRecord(TypedDict, total=False):
     laptop: str
     pid: int
     pid_start: Optional[int]
+    boot_id: Optional[str]
     renew_s: float
     orphaned: LockLost          # read_lock adds it when lock-lost is this lock's
     idle_s: float               # read_lock: seconds since the last renewal, on the host's clock

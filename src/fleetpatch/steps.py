@@ -148,7 +148,8 @@ def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool,
     if lock:
         req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=lock,
                                          laptop=socket.gethostname(), pid=os.getpid(),
-                                         pid_start=lockview.process_start(os.getpid()), renew_s=job.lock_renew_s)
+                                         pid_start=lockview.process_start(os.getpid()), boot_id=lockview.boot_id(),
+                                         renew_s=job.lock_renew_s)
     return remote.call("probe", req)
 
 
