@@ -14,7 +14,7 @@ CORE = SRC / "fleetpatch"
 LAYERS = [
     {"errors", "textsafe", "protocol", "agentboot"},
     {"engines", "diffapply", "inventory", "router"},
-    {"patchset", "evidence", "hostagent", "ssh_errors"},
+    {"patchset", "evidence", "hostagent", "ssh_errors", "lockview"},
     {"remote", "transport_local", "hostcalls"},
     {"drain"},
     {"steps"},

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -176,16 +177,74 @@ def read_json(path):
 
 def read_lock(req):
     """The lock, with `orphaned` when its holder's session ended without releasing it.
-    (The note is a file of its own: the lock file is only ever created and removed.)"""
-    held = read_json(state_path(req, LOCK))
+    (The note is a file of its own: the lock file is only ever created and removed.)
+    `idle_s` (since the last renewal: the file's mtime) and `age_s` are measured here,
+    on the host's clock, so the laptop's clock never enters the judgement."""
+    path = state_path(req, LOCK)
+    held = read_json(path)
     if held:
         lost = read_json(state_path(req, LOCK_LOST))
         if lost and lost.get("token") == held.get("token"):
             held["orphaned"] = lost
+        now = time.time()
+        try:
+            held["idle_s"] = round(max(0.0, now - os.stat(path).st_mtime), 1)
+        except OSError:
+            pass
+        if isinstance(held.get("since_epoch"), (int, float)):
+            held["age_s"] = round(max(0.0, now - held["since_epoch"]), 1)
     return held
 
 
+class Renewal(object):
+    """While this process holds a lock, a thread touches the lock file's mtime every
+    `renew_s` (whatever the main thread is doing: a restart, a long follow, a drain),
+    so that a lock whose mtime stops moving is known to be left by a dead run. It
+    touches the file it created through its own descriptor: a lock broken and taken
+    by another run is a new file, which this never touches."""
+
+    def __init__(self):
+        self.token = None
+        self.stop_event = None
+
+    def start(self, path, token, period):
+        if self.token == token:
+            return
+        self.stop()
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return
+        event = threading.Event()
+
+        def run():
+            try:
+                while not event.wait(period):
+                    try:
+                        os.utime(fd) if os.utime in os.supports_fd else os.utime(path)
+                    except OSError:
+                        return
+            finally:
+                os.close(fd)  # only this thread closes it: no other file can get its number meanwhile
+
+        thread = threading.Thread(target=run, name="fleetpatch-lock-renewal")
+        thread.daemon = True
+        thread.start()
+        self.token, self.stop_event = token, event
+
+    def stop(self, token=None):
+        if self.stop_event is not None and (token is None or token == self.token):
+            self.stop_event.set()
+            self.token = self.stop_event = None
+
+
+RENEWAL = Renewal()
+LOCK_FIELDS = ("holder", "command", "laptop", "boot_id", "pid", "pid_start", "renew_s")   # copied from the claim
+
+
 def take_lock(req, lock):
+    """True when this run holds the lock now (taken, or already its own); False when
+    another run's lock is there (the laptop judges it from `read_lock` and says why)."""
     ensure_dir(state_path(req))
     path = state_path(req, LOCK)
     if lock.get("force"):
@@ -194,7 +253,9 @@ def take_lock(req, lock):
                 os.unlink(stale)
             except OSError:
                 pass
-    body = json.dumps({"token": lock["token"], "holder": lock["holder"], "since": now_iso()})
+    record = dict((k, lock[k]) for k in LOCK_FIELDS if k in lock)
+    record.update(token=lock["token"], since=now_iso(), since_epoch=time.time())
+    record.setdefault("renew_s", protocol.LOCK_RENEW_S)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as e:
@@ -202,29 +263,18 @@ def take_lock(req, lock):
             raise AgentError("error", "cannot create the lock %s (%s); no engine file was changed; fix the state "
                              "dir (free space, permissions), then rerun" % (path, e))
         held = read_lock(req) or {}
-        if held.get("token") == lock["token"]:
-            return
-        lost = held.get("orphaned")
-        if lost:
-            raise AgentError(
-                "locked",
-                "the lock %s is left by %s (since %s), whose channel ended at %s (%s) after it ran %s on this "
-                "host: check what it left (fleetpatch status: restart pending, last verification), then rerun "
-                "with --break-lock" % (path, held.get("holder", "unknown holder"), held.get("since", "?"),
-                                       lost.get("at", "?"), lost.get("how", "?"), "+".join(lost.get("after") or [])),
-            )
-        raise AgentError(
-            "locked",
-            "another fleetpatch run holds the lock %s: %s since %s; wait for it, or if that run is dead, "
-            "rerun with --break-lock" % (path, held.get("holder", "unknown holder"), held.get("since", "?")),
-        )
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-    except OSError as e:   # disk full: an empty lock would block every later run
-        os.unlink(path)
-        raise AgentError("error", "cannot write the lock %s (%s); no engine file was changed; free space in the "
-                         "state dir, then rerun" % (path, e))
+        if held.get("token") != lock["token"]:
+            return False
+    else:
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(record))
+        except OSError as e:   # disk full: an empty lock would block every later run
+            os.unlink(path)
+            raise AgentError("error", "cannot write the lock %s (%s); no engine file was changed; free space in the "
+                             "state dir, then rerun" % (path, e))
+    RENEWAL.start(path, lock["token"], float(record["renew_s"]))
+    return True
 
 
 def check_lock(req):
@@ -242,6 +292,7 @@ def release_lock(req):
     if not token:
         return
     held = read_lock(req)
+    RENEWAL.stop(token)
     if held and held.get("token") == token:
         for name in (LOCK, LOCK_LOST):
             try:
@@ -884,8 +935,10 @@ def recover(req):
 def op_probe(req):
     out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3]}
     if req.get("lock"):
-        take_lock(req, req["lock"])
-        out["locked"] = True
+        out["locked"] = take_lock(req, req["lock"])
+        if not out["locked"]:
+            out["lock"] = read_lock(req)   # another run's: the laptop says whose, and whether it lives
+            return out
         # a run that died mid-write (or left temp files) is finished before anything is read
         recovered = recover(req)
         if recovered:
@@ -1724,6 +1777,7 @@ class Session(object):
         if not self.changed:
             release_lock(req)
             return
+        RENEWAL.stop()   # kept for an operator to look at: nobody renews it, so it reads as left by a dead run
         note = {"token": held["token"], "at": now_iso(), "how": how, "after": list(self.changed), "pid": os.getpid()}
         try:
             atomic_write(state_path(req, LOCK_LOST), json.dumps(note).encode())

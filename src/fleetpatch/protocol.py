@@ -32,6 +32,11 @@ except ImportError:  # pragma: no cover - 3.7 is not supported, but fail clearly
 REPLY_PREFIX = "@@fleetpatch "
 LEDGER_FILE = "ledger.json"
 LOCK_FILE = "lock"
+# The agent holding a lock touches its mtime every LOCK_RENEW_S (or the claim's renew_s);
+# a lock not renewed for LOCK_STALE_PERIODS periods (3 missed renewals and a margin of 2)
+# is left by a dead run. The judgement only changes what is said: --break-lock still clears it.
+LOCK_RENEW_S = 5.0
+LOCK_STALE_PERIODS = 5
 LEDGER_VERSION = 1
 
 # Name under which the agent finds this module when both are sent to a host.
@@ -62,10 +67,16 @@ class RestartSettings(TypedDict, total=False):
     config: Optional[str]       # supervisor: supervisord.conf
 
 
-class LockClaim(TypedDict):
+class LockClaim(TypedDict, total=False):
     token: str                  # this run's; the lock file holds it
     holder: str                 # "user@laptop pid N", shown to whoever finds the lock held
     force: bool                 # --break-lock: remove whatever lock is there first
+    command: str                # what the run does here, e.g. "deploy-patch --patch NAME"
+    laptop: str                 # the laptop's hostname, and its process (pid, start time in
+    pid: int                    # clock ticks since boot): a run on the same laptop whose
+    pid_start: Optional[int]    # process is gone is known dead at once
+    boot_id: Optional[str]      # the laptop's boot: a same-named laptop is not this one
+    renew_s: float              # how often the holding agent renews the lock
 
 
 class Request(TypedDict, total=False):
@@ -163,7 +174,16 @@ class LockRecord(TypedDict, total=False):
     token: str
     holder: str
     since: str
+    since_epoch: float
+    command: str                # the claim's fields (LockClaim)
+    laptop: str
+    pid: int
+    pid_start: Optional[int]
+    boot_id: Optional[str]
+    renew_s: float
     orphaned: LockLost          # read_lock adds it when lock-lost is this lock's
+    idle_s: float               # read_lock: seconds since the last renewal, on the host's clock
+    age_s: float                # read_lock: seconds since it was taken
 
 
 class LogPosition(TypedDict):
@@ -280,10 +300,11 @@ class LastRestart(TypedDict, total=False):
     window_cut: bool            # the window was truncated or deleted while it was followed
 
 
-class LastVerification(TypedDict):
+class LastVerification(TypedDict, total=False):
     at: str
     status: str
     labels: List[str]
+    check: str                  # deploy (markers seen) | rollback (markers gone) | verify-logs
 
 
 class RolledBack(TypedDict):

@@ -270,23 +270,34 @@ def write_report(path: str | Path, task: str, ok: bool, started: str, results: d
 
 # ----------------------------------------------------------------- status
 
+def last_verification(last: dict) -> str:
+    """The last verdict and what it was of: which check (after a deploy the markers must
+    be seen, after a rollback they must be gone; or a verify-logs), of which patches."""
+    if not last:
+        return "-"
+    labels = ", ".join(str(l) for l in last.get("labels") or []) or "?"
+    check = last.get("check")
+    what = f"{check} check of {labels}" if check else f"check of {labels}"
+    return f"{last.get('status', '?')}: {what}, {last.get('at', '?')}"
+
+
 def status_table(results: dict) -> Table:
     table = Table(title="fleetpatch status")
-    for col in ("host", "reachable", "engine", "patches applied", "drift", "server up", "last verification"):
+    for col in ("host", "reachable", "engine", "patches applied", "drift", "server up", "last verification",
+                "lock"):
         table.add_column(col)
     for name, r in results.items():
         d = r.details
         if not d.get("reachable"):
-            table.add_row(cell(name), cell(f"no ({r.status})"), "-", "-", "-", "-", "-", style="bold red")
+            table.add_row(cell(name), cell(f"no ({r.status})"), "-", "-", "-", "-", "-", "-", style="bold red")
             continue
-        last = d.get("last_verification") or {}
         table.add_row(
             cell(name), "yes",
             cell((r.engine_version or "?") + ("" if d.get("known_version", True) else " (unknown to profile)")),
             cell(", ".join(str(a) for a in d.get("applied") or []) or "-"),
             cell(", ".join(str(p).rsplit("/", 1)[-1] for p in d.get("drift") or []) or "no"),
             cell(("yes" if d.get("server_up") else "NO") + (" (restart pending)" if d.get("restart_pending") else "")),
-            cell(f"{last.get('status', '-')} {last.get('at', '')}".strip()),
+            cell(last_verification(d.get("last_verification") or {})),
+            cell((d.get("lock_state") or {}).get("cell") or "-"),
             style="" if r.ok else "bold red")
     return table
-

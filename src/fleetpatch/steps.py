@@ -18,7 +18,6 @@ import getpass
 import hashlib
 import json
 import os
-import re
 import shlex
 import socket
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, drain, protocol
+from . import diffapply, drain, lockview, protocol
 from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
@@ -63,6 +62,7 @@ class Job:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     patch_dirs: list = field(default_factory=list)
     settle_s: float = 2.0
+    lock_renew_s: float = protocol.LOCK_RENEW_S   # how often the agent holding a lock renews it
     # How to reach a host's agent; None: SSH. Tests pass transport_local.LocalTransport.
     transport: Callable[[Host], Transport] | None = None
     # drain.Drainer when a router section applies (router-aware restarts); None: plain restarts
@@ -101,11 +101,25 @@ def sha256(data: bytes) -> str:
 
 
 def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool,
-          lock: bool = False) -> protocol.ProbeReply:
+          lock: str | None = None) -> protocol.ProbeReply:
+    """Read the host; with `lock` (the command the lock is for) take its lock first."""
     req = protocol.ProbeRequest(**base_request(host, job), files=files, content=content)
     if lock:
-        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock)
+        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=lock,
+                                         laptop=socket.gethostname(), pid=os.getpid(),
+                                         pid_start=lockview.process_start(os.getpid()), boot_id=lockview.boot_id(),
+                                         renew_s=job.lock_renew_s)
     return remote.call("probe", req)
+
+
+def deploy_command(job: Job) -> str:
+    """What a deploy does to one host, as the command line that does it again."""
+    rev = f"@{job.rev}" if job.rev is not None else ""
+    return f"deploy-patch --patch {job.patch.name}{rev}"
+
+
+def rollback_command(job: Job) -> str:
+    return "rollback" + (f" --patch {job.patch.name}" if job.patch else "")
 
 
 class HostLock:
@@ -117,8 +131,9 @@ class HostLock:
     request: it is chained onto that request (`release_followup`). Otherwise
     `__exit__` sends it."""
 
-    def __init__(self, remote: Remote, host: Host, job: Job):
+    def __init__(self, remote: Remote, host: Host, job: Job, command: str):
         self.remote, self.host, self.job = remote, host, job
+        self.command = command  # recorded in the lock, and how a refusal says to clear one left by a dead run
         self.held = False       # this run may hold the lock: release it at the end
         self._riding = False    # the release was chained onto the running request
 
@@ -130,17 +145,17 @@ class HostLock:
         A lock whose holder is provably dead (a run on this machine whose pid is gone,
         e.g. killed with -9) is taken over: only a live holder, or one elsewhere, needs a human."""
         self.held = True  # from the moment the request leaves, the lock may be ours
-        try:
-            return probe(self.remote, self.host, self.job, files, content, lock=True)
-        except HostFailure as f:
-            if f.status != Status.LOCKED:
-                raise
-            dead = dead_local_holder(f.message)
-            if dead is None or self.job.break_lock:
-                self.held = False  # another run's lock: not ours to release
-                raise
+        reply = probe(self.remote, self.host, self.job, files, content, lock=self.command)
+        if reply.get("locked"):
+            return reply
+        held = reply.get("lock") or {}
+        if self.job.break_lock or not lockview.provably_dead_here(held):
+            self.held = False  # another run's lock: not ours to release
+            raise HostFailure(Status.LOCKED, lockview.refusal(self.host.name, held, self.command))
+        dead = held.get("holder", "a dead run")
         self.job.progress(self.host.name, "fetch", f"taking over the lock of {dead} (that process is gone)")
-        took = probe(self.remote, self.host, dataclasses.replace(self.job, break_lock=True), files, content, lock=True)
+        took = probe(self.remote, self.host, dataclasses.replace(self.job, break_lock=True), files, content,
+                     lock=self.command)
         took["lock_taken_over"] = dead
         return took
 
@@ -186,35 +201,28 @@ class HostLock:
         return result
 
 
-# the holder as both `locked` refusals name it: a live lock, and one whose channel was lost
-_HOLDER = re.compile(r"(?:holds the lock .*?: |is left by )(\S+)@(\S+) pid (\d+) \(?since")
-
-
-def dead_local_holder(message: str) -> str | None:
-    """The holder named in a `locked` refusal when it is a fleetpatch run on this machine
-    whose process no longer exists (kill -9, a crash): provably not working on the host."""
-    m = _HOLDER.search(message)
-    if not m or m.group(2) != socket.gethostname():
-        return None
-    pid = int(m.group(3))
-    if pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return f"{m.group(1)}@{m.group(2)} pid {pid}"
-    except OSError:
-        return None   # it exists (another user's): alive
-    return None
-
-
 def load_named(job: Job, host: Host, name: str) -> Patch:
     """A patch the host's ledger names, from the same patch directories."""
+    return load_all_named(job, host, [name])[0]
+
+
+def load_all_named(job: Job, host: Host, names: list[str]) -> list[Patch]:
+    """The patches the host's ledger names, or one HostFailure naming the host once
+    and every patch that cannot be loaded here, with the flag that finds them."""
     from .patchset import PatchError, load_patch
-    try:
-        return load_patch(name, job.patch_dirs, get_profile(host.engine.kind))[0]
-    except PatchError as e:
-        raise HostFailure(Status.ERROR, f"the host records {name} as applied, but it cannot be loaded here: {e}") from None
+    out, missing, why = [], [], []
+    for name in names:
+        try:
+            out.append(load_patch(name, job.patch_dirs, get_profile(host.engine.kind))[0])
+        except PatchError as e:
+            missing.append(name)
+            why.append(str(e))
+    if missing:
+        raise HostFailure(Status.ERROR, f"{host.name}: the ledger records {', '.join(missing)} as applied, but "
+                                        f"{'it' if len(missing) == 1 else 'they'} cannot be loaded here: "
+                                        f"{'; '.join(why)}; nothing was changed; rerun with --patches DIR, the "
+                                        "folder that holds <name>/patch.yaml")
+    return out
 
 
 def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
@@ -600,12 +608,12 @@ class Judging:
         return all(v.status in SUCCESS for v in self.verdicts or [])
 
 
-def ledger_update(judging: Judging) -> protocol.LedgerUpdate:
-    """The verdict as the ledger records it."""
+def ledger_update(judging: Judging, check: str = "deploy") -> protocol.LedgerUpdate:
+    """The verdict as the ledger records it; `check` is which one it was (deploy, rollback, verify-logs)."""
     vs = judging.verdicts
     at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     update = protocol.LedgerUpdate(verification={}, last_verification=protocol.LastVerification(
-        at=at, status=str(Status.VERIFIED if judging.ok else vs[0].status), labels=list(judging.labels)))
+        at=at, status=str(Status.VERIFIED if judging.ok else vs[0].status), labels=list(judging.labels), check=check))
     if judging.want_markers:
         for p, v in zip(judging.patches, vs):
             update["verification"][p.name] = protocol.Verification(status=str(v.status),
@@ -616,7 +624,8 @@ def ledger_update(judging: Judging) -> protocol.LedgerUpdate:
 def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, version: str,
                      launch: LaunchConfig, patches: list[Patch], labels: list[str], want_markers: bool,
                      timeout: float, lock: HostLock | None = None,
-                     ends_work: Callable[[bool], bool] = lambda ok: True) -> tuple[list[evidence.Verdict], dict]:
+                     ends_work: Callable[[bool], bool] = lambda ok: True,
+                     check: str | None = None) -> tuple[list[evidence.Verdict], dict]:
     """Stream the log from `start` (inode, offset, pid) and judge as lines arrive.
     The decision goes back on the same channel as follow-ups: record the verdict,
     and release `lock` when `ends_work(ok)` says nothing follows under it, so
@@ -635,7 +644,8 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
         ev.pop("lines", None)
         if decided is None:
             return None
-        followups = [dict(base_request(host, job), op="record", ledger_update=ledger_update(judging))]
+        followups = [dict(base_request(host, job), op="record", ledger_update=ledger_update(
+            judging, check or ("deploy" if want_markers else "rollback")))]
         if lock is not None and ends_work(judging.ok):
             followups += lock.release_followup()
         return followups
@@ -669,7 +679,7 @@ def verdict_result(host: Host, version: str, verdicts: list[evidence.Verdict], l
 
 @host_step
 def deploy(job: Job, host: Host, remote: Remote) -> HostResult:
-    with HostLock(remote, host, job) as lock:
+    with HostLock(remote, host, job, deploy_command(job)) as lock:
         job.progress(host.name, "fetch", "lock + read files")
         reply = lock.probe(revision_files(job), content=True)
         result = _deploy_locked(job, host, remote, lock, reply)
@@ -836,11 +846,11 @@ def _timeout(job: Job, host: Host) -> float:
 
 
 def _verify(job, host, remote, version, launch, patches, labels, start, *, lock=None, already=False,
-            ends_work=lambda ok: True) -> HostResult:
+            ends_work=lambda ok: True, check="deploy") -> HostResult:
     job.progress(host.name, "verify", "waiting for markers")
     verdicts, timings = follow_and_judge(remote, host, job, start=start, version=version, launch=launch,
                                          patches=patches, labels=labels, want_markers=True,
-                                         timeout=_timeout(job, host), lock=lock, ends_work=ends_work)
+                                         timeout=_timeout(job, host), lock=lock, ends_work=ends_work, check=check)
     result = verdict_result(host, version, verdicts, labels, timings)
     if already and result.ok:
         result.status = Status.ALREADY_APPLIED
@@ -871,7 +881,7 @@ def _rollback_after_failure(job, host, remote, lock: HostLock, failed: HostResul
 
 @host_step
 def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
-    with HostLock(remote, host, job) as lock:
+    with HostLock(remote, host, job, rollback_command(job)) as lock:
         job.progress(host.name, "fetch", "lock + read ledger")
         reply = lock.probe([], content=False)
         ledger = reply.get("ledger") or {}
@@ -884,6 +894,8 @@ def rollback(job: Job, host: Host, remote: Remote) -> HostResult:
             return HostResult(host.name, True, Status.OK,
                               f"{host.name}: no patch recorded as applied; nothing to roll back",
                               engine_version=reply.get("version"))
+        # Every patch's markers are needed for the checks: refuse before the first restore, not between two.
+        load_all_named(job, host, [n for n in names if not (job.patch and job.patch.name == n)])
         def undo_all() -> HostResult:
             result = None
             for i, name in enumerate(names):
@@ -931,6 +943,8 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, False, Status.ERROR, f"{host.name}: {name} is not recorded as applied on this "
                                                           "host; `fleetpatch status` shows what is",
                           engine_version=version)
+    # The patch's markers are what the check after the restore looks for: load it before anything changes.
+    patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     job.progress(host.name, "rollback", entry["label"])
     out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job), package_dir=reply["package_dir"],
                                                            name=name, force=job.force))
@@ -944,7 +958,6 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, True, Status.ROLLED_BACK,
                           f"{host.name}: {entry['label']} forgotten: its files already held their original sha256; "
                           "not restarted", engine_version=version, files=restored)
-    patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
                                          version=version, launch=running_launch(host, {}), patches=[patch],
                                          labels=[entry["label"]], want_markers=False, timeout=_timeout(job, host),
@@ -979,11 +992,11 @@ def verify_logs(job: Job, host: Host, remote: Remote) -> HostResult:
         if not names:
             return HostResult(host.name, False, Status.ERROR, f"{host.name}: no patch recorded as applied; name one "
                                                               "with --patch", engine_version=version)
-        patches = [load_named(job, host, n) for n in names]
+        patches = load_all_named(job, host, names)
         labels = [recorded[n]["label"] for n in names]
     # No lock: verify-logs reads, and records only its verdict.
     return _verify(job, host, remote, version, running_launch(host, reply), patches, labels,
-                   protocol.log_window(last))
+                   protocol.log_window(last), check="verify-logs")
 
 
 # ---------------------------------------------------------------- status
@@ -1004,12 +1017,25 @@ def status(job: Job, host: Host, remote: Remote) -> HostResult:
     server = reply.get("server") or {}
     applied = [e["label"] for _, e in sorted(ledger.get("patches", {}).items())]
     last_v = ledger.get("last_verification") or {}
+    lock = reply.get("lock")
+    view = lockview.assess(lock) if lock else None
     details = {"reachable": True, "applied": applied, "drift": drift,
                "server_up": bool(server.get("alive")) and server.get("healthy") is not False,
                "server_pid": server.get("pid"), "last_verification": last_v,
                "restart_pending": bool(ledger.get("restart_pending")),
-               "lock": reply.get("lock"), "known_version": profile.knows(reply.get("version") or "")}
-    ok = not drift
-    msg = f"{host.name}: " + ("drift in " + ", ".join(drift) if drift else "ok")
-    return HostResult(host.name, ok, Status.OK if ok else Status.DRIFT, msg, engine_version=reply.get("version"),
-                      details=details)
+               "lock": lock, "known_version": profile.knows(reply.get("version") or "")}
+    problems = ["drift in " + ", ".join(drift)] if drift else []
+    if view is not None:
+        details["lock_state"] = {"holder": view.holder, "command": view.command, "age_s": view.age_s,
+                                 "alive": view.alive, "why": view.why, "cell": view.cell()}
+        if not view.alive:
+            clear = lockview.clear_command(host.name, view.command)
+            details["lock_state"]["clear"] = clear
+            problems.append(f"the lock is left by a dead run: {view.holder}"
+                            + (f" ({view.command})" if view.command else "") + f", since {view.since} "
+                            f"({view.age()}): {view.why}; once you have checked the host (restart pending, last "
+                            f"verification above), clear it and finish with:\n  {clear}")
+    ok = not problems
+    status_ = Status.OK if ok else Status.DRIFT if drift else Status.LOCKED
+    msg = f"{host.name}: " + ("; ".join(problems) if problems else "ok")
+    return HostResult(host.name, ok, status_, msg, engine_version=reply.get("version"), details=details)
