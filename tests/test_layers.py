@@ -18,6 +18,7 @@ LAYERS = [
     {"remote", "transport_local", "hostcalls"},
     {"drain"},
     {"steps"},
+    {"bake"},
     {"rollout", "report"},
     {"cli_common"},
     {"cli_hosts", "cli_fleet"},
