@@ -342,7 +342,8 @@ class Plan:
 
     @property
     def changes(self):
-        return [r for r in self.states.values() if r.state == "applies"]
+        """The files the apply writes: patched, created or deleted."""
+        return [r for r in self.states.values() if r.state in CHANGE_STATES]
 
     @property
     def conflicts(self):
@@ -351,6 +352,9 @@ class Plan:
     @property
     def already(self) -> bool:
         return all(r.state == "already-applied" for r in self.states.values())
+
+
+CHANGE_STATES = ("applies", "creates", "deletes")
 
 
 def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
@@ -365,12 +369,18 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
         raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
     label = f"{job.patch.name}@{revision.rev}"
     states = {}
+    missing_folders = set(reply.get("absent_folders") or [])
     for fd in revision.files:
-        original = file_bytes(reply, fd.path)
-        if original is None:
-            raise HostFailure(Status.CONFLICT, f"{host.name}: {label} changes {fd.path}, which does not exist in "
-                                          f"{reply.get('package_dir')} ({profile.package} {version})")
-        states[fd.path] = diffapply.apply_file(fd, original)
+        # None: the file does not exist (a diff that creates it needs exactly that)
+        state = diffapply.apply_file(fd, file_bytes(reply, fd.path))
+        if state.state == "creates" and os.path.dirname(fd.path) in missing_folders:
+            state = diffapply.FileResult(fd.path, "conflict", None, state.offsets,
+                                         f"the diff creates {fd.path}, but its folder {os.path.dirname(fd.path)} "
+                                         f"does not exist in {reply.get('package_dir')} ({profile.package} {version})")
+        elif state.state == "conflict" and fd.op == diffapply.MODIFY and file_bytes(reply, fd.path) is None:
+            state.detail = (f"{fd.path} does not exist in {reply.get('package_dir')} ({profile.package} {version}), "
+                            "so the diff cannot change it")
+        states[fd.path] = state
     launch = running_launch(host, reply)
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
@@ -442,6 +452,10 @@ def describe_states(plan: Plan) -> str:
         if r.state == "applies":
             moved = [o for o in r.offsets if o]
             parts.append(f"{path}: applies" + (f" (offsets {', '.join(f'{o:+d}' for o in r.offsets)})" if moved else ""))
+        elif r.state == "creates":
+            parts.append(f"{path}: will create {path} ({len(r.new)} bytes)")
+        elif r.state == "deletes":
+            parts.append(f"{path}: will delete {path}")
         elif r.state == "already-applied":
             parts.append(f"{path}: already applied")
         else:
@@ -741,8 +755,7 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
         return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {}, reply.get("server") or {},
                                 reply.get("window_intact"))
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
-    files = [protocol.ApplyFile(path=r.path, before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
-                                content=protocol.pack(r.new)) for r in plan.changes]
+    files = apply_files(reply, plan)
     apply_req = protocol.ApplyRequest(**base_request(host, job), package_dir=reply["package_dir"],
                                       name=job.patch.name, rev=revision.rev, label=plan.label,
                                       diff_sha256=revision.diff_sha256, files=files)
@@ -754,6 +767,23 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
                           patch=plan.label)
     job.progress(host.name, "restart", "")
     return _restart_and_verify(job, host, remote, lock, plan, "apply", apply_req)
+
+
+def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:
+    """The apply request's files: what each must hold now (sha256; None: absent) and after."""
+    files = []
+    for r in plan.changes:
+        if r.state == "creates":
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_CREATE, before=None, after=sha256(r.new),
+                                            content=protocol.pack(r.new)))
+        elif r.state == "deletes":
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_DELETE,
+                                            before=sha256(file_bytes(reply, r.path)), after=None))
+        else:
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_MODIFY,
+                                            before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
+                                            content=protocol.pack(r.new)))
+    return files
 
 
 # A last restart that ended so is retried by the next deploy: the operator fixed the cause.
