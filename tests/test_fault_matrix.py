@@ -231,6 +231,24 @@ def test_agent_killed_during_rollback(lh):
     assert RESULTS[-1]["rerun"] == "rolled-back"
 
 
+def test_agent_killed_while_rolling_back_a_create_and_a_delete(lh):
+    """Rollback of helper-module goes file by file in path order: the deleted ngram_cache.py
+    is put back, eagle_worker.py restored, and the agent dies at eagle_worker_v2.py, before
+    the created helper is removed. The next run's recovery completes the rollback."""
+    pristine = engine_shas(lh)
+    assert deploy(lh, "helper-module").ok
+    j, host = job(lh, None)
+    reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, [], False)
+    req = dict(steps.base_request(host, j), op="rollback", package_dir=reply["package_dir"],
+               name="helper-module", force=False, lock_token=None)
+    patched_pid = lh.server_pid()
+    assert run_killed_agent(lh, req, "write", 3, reply["package_dir"]) == -9
+    assert lh.file(NGRAM).exists() and lh.file(HELPER).exists(), "killed half-way through the rollback"
+    record("kill-9 agent", "rollback/create", lh, pristine, "killed", lambda: rollback_all(lh), killed=True)
+    assert engine_shas(lh) == pristine and not lh.file(HELPER).exists()
+    assert lh.server_pid() not in (None, patched_pid), "the server no longer runs the patched code"
+
+
 def kill_orphans(lh: LocalHost) -> None:
     keep = lh.server_pid()
     for pid in os.listdir("/proc"):
