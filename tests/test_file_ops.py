@@ -267,3 +267,41 @@ def locked_probe(lh: LocalHost, host, j) -> dict:
         remote.close()
     assert not lh.lock.exists()
     return reply
+
+
+def test_deploy_where_a_created_files_folder_is_missing_is_a_conflict_and_writes_nothing(lh, tmp_path):
+    patches = tmp_path / "patches"
+    (patches / PATCH).mkdir(parents=True)
+    src = FIXTURE_PATCHES / PATCH
+    (patches / PATCH / "patch.yaml").write_text((src / "patch.yaml").read_text())
+    (patches / PATCH / "sglang-0.5.9.r1.diff").write_text(
+        (src / "sglang-0.5.9.r1.diff").read_text().replace("speculative/fleetpatch_helper.py",
+                                                          "speculative/helpers/fleetpatch_helper.py"))
+    before = tree(lh)
+    j, host = job(lh, PATCH)
+    from fleetpatch.engines import sglang
+    from fleetpatch.patchset import load_patch
+    j.patch = load_patch(PATCH, [patches], sglang.PROFILE)[0]
+    r = steps.deploy(j, host)
+    assert r.status == "conflict" and "does not fit this host's package" in r.message, r.message
+    assert "its folder sglang/srt/speculative/helpers does not exist" in r.message
+    assert tree(lh) == before and lh.server_pid() is None and not lh.lock.exists()
+    assert lh.ledger().get("patches", {}) == {}
+
+
+def test_the_agent_refuses_a_create_over_a_file_that_appeared_since_the_probe(lh):
+    """Between the probe and the apply someone creates the file: the agent refuses
+    (conflict) before anything is written, the delete and the modifies included."""
+    from fleetpatch import hostagent
+    j, host = job(lh, PATCH)
+    reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, steps.revision_files(j), True)
+    plan, revision = steps.make_plan(j, host, reply)
+    req = dict(steps.base_request(host, j), op="apply", package_dir=reply["package_dir"], name=PATCH,
+               rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
+               files=steps.apply_files(reply, plan), lock_token=None, restart=None)
+    lh.file(HELPER).write_text("# made meanwhile\n")
+    before = tree(lh)
+    with pytest.raises(hostagent.AgentError) as e:
+        hostagent.op_apply(req)
+    assert e.value.code == "conflict" and f"the patch creates {HELPER}, but it exists now" in e.value.message
+    assert tree(lh) == before and lh.ledger().get("patches", {}) == {} and not strays(lh)

@@ -339,6 +339,7 @@ class Plan:
     preflight: evidence.Verdict | None
     prediction: object | None
     launch: LaunchConfig
+    misfits: list = field(default_factory=list)   # conflicts of layout: a changed file or a created one's folder is missing
 
     @property
     def changes(self):
@@ -370,6 +371,7 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     label = f"{job.patch.name}@{revision.rev}"
     states = {}
     missing_folders = set(reply.get("absent_folders") or [])
+    misfits = []
     for fd in revision.files:
         # None: the file does not exist (a diff that creates it needs exactly that)
         state = diffapply.apply_file(fd, file_bytes(reply, fd.path))
@@ -377,20 +379,22 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
             state = diffapply.FileResult(fd.path, "conflict", None, state.offsets,
                                          f"the diff creates {fd.path}, but its folder {os.path.dirname(fd.path)} "
                                          f"does not exist in {reply.get('package_dir')} ({profile.package} {version})")
+            misfits.append(fd.path)
         elif state.state == "conflict" and fd.op == diffapply.MODIFY and file_bytes(reply, fd.path) is None:
             state.detail = (f"{fd.path} does not exist in {reply.get('package_dir')} ({profile.package} {version}), "
                             "so the diff cannot change it")
+            misfits.append(fd.path)
         states[fd.path] = state
     launch = running_launch(host, reply)
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
         # so the pre-flight cannot predict; the log after the restart decides.
-        return Plan(version, label, states, None, None, launch), revision
+        return Plan(version, label, states, None, None, launch, misfits), revision
     prediction = profile.predict(version, launch)
     verdict = preflight_verdict(job, host, profile, revision, prediction, label)
     if verdict is not None:
         verdict.message += launch_note(host, profile, version, launch, prediction)
-    return Plan(version, label, states, verdict, prediction, launch), revision
+    return Plan(version, label, states, verdict, prediction, launch, misfits), revision
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
@@ -733,6 +737,11 @@ def deploy(job: Job, host: Host, remote: Remote) -> HostResult:
 
 def _refusal(job: Job, host: Host, plan: Plan) -> HostResult | None:
     """Why this host's files are left untouched, if they are."""
+    if plan.misfits:   # not a hand edit: the patch was made for another layout of the package
+        return HostResult(host.name, False, Status.CONFLICT,
+                          f"{host.name}: refused, left untouched and not restarted: {plan.label} does not fit this "
+                          f"host's package\n{describe_states(plan)}\n  check that the patch's engine_versions admit "
+                          "only versions with these files", engine_version=plan.version, patch=plan.label)
     if plan.conflicts or (not plan.already and len(plan.changes) != len(plan.states)):
         return HostResult(host.name, False, Status.DRIFT,
                           f"{host.name}: refused, left untouched and not restarted: the files match neither "
