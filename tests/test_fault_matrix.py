@@ -72,8 +72,15 @@ SERVER_ARGS = "sglang/srt/server_args.py"
 
 # --------------------------------------------------------------- checking
 
+# created and deleted by the fixture patch helper-module
+HELPER = "sglang/srt/speculative/fleetpatch_helper.py"
+NGRAM = "sglang/srt/speculative/cpp_ngram/ngram_cache.py"
+
+
 def engine_shas(lh: LocalHost) -> dict:
-    return {rel: sha256(lh.file(rel)) for rel in (EAGLE, EAGLE_V2, SERVER_ARGS)}
+    """sha256 of every engine file a fixture patch touches; None for one that does not exist."""
+    return {rel: sha256(lh.file(rel)) if lh.file(rel).exists() else None
+            for rel in (EAGLE, EAGLE_V2, SERVER_ARGS, HELPER, NGRAM)}
 
 
 def stray_files(lh: LocalHost) -> list[str]:
@@ -88,6 +95,8 @@ def check(lh: LocalHost, pristine: dict) -> list[str]:
     for entry in sorted(ledger.get("patches", {}).values(), key=lambda e: e.get("seq", 0)):
         for rel, rec in entry["files"].items():
             expected[rel] = rec["after"]
+            if rec.get("backup") is None:   # a created file: nothing was there to keep
+                continue
             backup = lh.state / rec["backup"]
             if not backup.exists() or sha256(backup) != rec["before"]:
                 problems.append(f"the backup of {rel} is missing or not what it replaced")
@@ -106,7 +115,7 @@ def originals_lost(lh: LocalHost, pristine: dict) -> bool:
     """No copy of the original bytes of a changed file is left (not in place, not in a backup)."""
     backups = {sha256(p) for p in (lh.state / "backups").rglob("*") if p.is_file()} if (lh.state / "backups").exists() else set()
     now = engine_shas(lh)
-    return any(now[rel] != sha and sha not in backups for rel, sha in pristine.items())
+    return any(now[rel] != sha and sha is not None and sha not in backups for rel, sha in pristine.items())
 
 
 def record(fault: str, phase: str, lh: LocalHost, pristine: dict, result, rerun, killed: bool = False) -> None:
@@ -130,8 +139,8 @@ def record(fault: str, phase: str, lh: LocalHost, pristine: dict, result, rerun,
     assert again.status in ("verified", "already-applied", "rolled-back", "ok"), again.message
 
 
-def deploy(lh):
-    return steps.deploy(job(lh)[0], lh.host())
+def deploy(lh, patch="spec-path-beacon"):
+    return steps.deploy(job(lh, patch)[0], lh.host())
 
 
 def rollback_all(lh):
@@ -167,14 +176,13 @@ def run_killed_agent(lh: LocalHost, req: dict, where: str, nth: int, package: st
     return proc.returncode
 
 
-def apply_request(lh: LocalHost) -> tuple[dict, str]:
-    j, host = job(lh)
+def apply_request(lh: LocalHost, patch: str = "spec-path-beacon") -> tuple[dict, str]:
+    j, host = job(lh, patch)
     reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, steps.revision_files(j), True)
     plan, revision = steps.make_plan(j, host, reply)
-    files = [dict(path=r.path, before=steps.sha256(steps.file_bytes(reply, r.path)), after=steps.sha256(r.new),
-                  content=steps.protocol.pack(r.new)) for r in plan.changes]
     req = dict(steps.base_request(host, j), op="apply", package_dir=reply["package_dir"], name=j.patch.name,
-               rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256, files=files, lock_token=None)
+               rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
+               files=steps.apply_files(reply, plan), lock_token=None)
     return req, reply["package_dir"]
 
 
@@ -190,6 +198,24 @@ def test_agent_killed_during_deploy(lh, phase, nth):
         kill_orphans(lh)
 
 
+def test_agent_killed_between_a_create_and_a_modify(lh):
+    """helper-module's diff creates a file, deletes one, then changes both workers: the
+    agent dies after the create (the first rename into the package) and the delete, at
+    the second rename. The next run's recovery removes the created file and puts the
+    deleted one back; the rerun then deploys it whole."""
+    pristine = engine_shas(lh)
+    req, package = apply_request(lh, "helper-module")
+    assert run_killed_agent(lh, req, "write", 2, package) == -9
+    assert lh.file(HELPER).exists() and not lh.file(NGRAM).exists(), "killed after the create and the delete"
+    assert sha256(lh.file(EAGLE)) == pristine[EAGLE], "and before the first modify"
+    try:
+        record("kill-9 agent", "create/modify", lh, pristine, "killed", lambda: deploy(lh, "helper-module"),
+               killed=True)
+    finally:
+        kill_orphans(lh)
+    assert lh.file(HELPER).exists() and not lh.file(NGRAM).exists(), "the rerun deployed the whole revision"
+
+
 def test_agent_killed_during_rollback(lh):
     pristine = engine_shas(lh)
     assert deploy(lh).ok
@@ -203,6 +229,24 @@ def test_agent_killed_during_rollback(lh):
     assert lh.is_pristine()
     assert lh.server_pid() not in (None, patched_pid), "the server no longer runs the patched code"
     assert RESULTS[-1]["rerun"] == "rolled-back"
+
+
+def test_agent_killed_while_rolling_back_a_create_and_a_delete(lh):
+    """Rollback of helper-module goes file by file in path order: the deleted ngram_cache.py
+    is put back, eagle_worker.py restored, and the agent dies at eagle_worker_v2.py, before
+    the created helper is removed. The next run's recovery completes the rollback."""
+    pristine = engine_shas(lh)
+    assert deploy(lh, "helper-module").ok
+    j, host = job(lh, None)
+    reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, [], False)
+    req = dict(steps.base_request(host, j), op="rollback", package_dir=reply["package_dir"],
+               name="helper-module", force=False, lock_token=None)
+    patched_pid = lh.server_pid()
+    assert run_killed_agent(lh, req, "write", 3, reply["package_dir"]) == -9
+    assert lh.file(NGRAM).exists() and lh.file(HELPER).exists(), "killed half-way through the rollback"
+    record("kill-9 agent", "rollback/create", lh, pristine, "killed", lambda: rollback_all(lh), killed=True)
+    assert engine_shas(lh) == pristine and not lh.file(HELPER).exists()
+    assert lh.server_pid() not in (None, patched_pid), "the server no longer runs the patched code"
 
 
 def kill_orphans(lh: LocalHost) -> None:

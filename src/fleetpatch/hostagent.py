@@ -24,6 +24,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -127,8 +128,10 @@ def load_ledger(req):
         raise AgentError("error", "the ledger %s is not valid JSON; fix or move it away" % path)
 
 
-def atomic_write(path, data, like=None):
-    """Write beside the target and rename over it, keeping mode and owner of `like`."""
+def atomic_write(path, data, like=None, meta=None):
+    """Write beside the target and rename over it. The file gets the mode and owner of
+    `like` (a path), else `meta` ({mode, uid, gid}: a file created, or one put back after
+    it was deleted), else those of the file it replaces, else mode 0644."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, ".%s.fleetpatch-%d.tmp" % (os.path.basename(path), os.getpid()))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -137,12 +140,13 @@ def atomic_write(path, data, like=None):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        ref = like if like is not None else (path if os.path.exists(path) else None)
+        ref = like if like is not None else (path if meta is None and os.path.exists(path) else None)
         if ref is not None:
-            st = os.stat(ref)
-            os.chmod(tmp, st.st_mode & 0o7777)
+            meta = file_meta(ref, follow=True)
+        if meta is not None:
+            os.chmod(tmp, meta["mode"])
             try:
-                os.chown(tmp, st.st_uid, st.st_gid)
+                os.chown(tmp, meta["uid"], meta["gid"])
             except OSError:
                 pass  # not root: the file is ours anyway
         else:
@@ -154,6 +158,12 @@ def atomic_write(path, data, like=None):
         except OSError:
             pass
         raise
+
+
+def file_meta(path, follow=False):
+    """The mode bits and owner of `path`, as atomic_write and the ledger keep them."""
+    st = os.stat(path) if follow else os.lstat(path)
+    return {"mode": st.st_mode & 0o7777, "uid": st.st_uid, "gid": st.st_gid}
 
 
 def save_ledger(req, ledger):
@@ -762,7 +772,7 @@ def describe_file(root, rel, content):
     try:
         data = read_bytes(path)
     except (IOError, OSError) as e:
-        if e.errno == errno.ENOENT:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):   # ENOTDIR: a file where its folder would be
             return None
         raise
     st = os.stat(path)
@@ -796,25 +806,91 @@ def remove_bytecode(path):
     return removed
 
 
+def digest(data):
+    """sha256 of bytes; None for None (a file that does not exist)."""
+    return None if data is None else sha256_bytes(data)
+
+
+def read_or_none(path):
+    """The bytes of `path`, or None when it does not exist."""
+    try:
+        return read_bytes(path)
+    except (IOError, OSError) as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise
+
+
+def sibling_meta(directory, name):
+    """Mode and owner for a file fleetpatch creates in `directory`: those of a regular file
+    beside it (one with the same extension first, so a new module looks like the package's
+    other modules), else the folder's owner with mode 0644. Special bits are never copied."""
+    ext = os.path.splitext(name)[1]
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        names = []
+    found = None
+    for other in names:
+        if other == name or other.startswith("."):
+            continue
+        try:
+            st = os.lstat(os.path.join(directory, other))
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if os.path.splitext(other)[1] == ext:
+            found = st
+            break
+        found = found or st
+    if found is not None:
+        return {"mode": found.st_mode & 0o777, "uid": found.st_uid, "gid": found.st_gid}
+    st = os.stat(directory)
+    return {"mode": 0o644, "uid": st.st_uid, "gid": st.st_gid}
+
+
+def put_file(path, data, meta, own_meta=False):
+    """Make `path` hold `data`, or not exist (None): renamed over the file, created beside
+    its siblings with `meta`, or unlinked. An existing file keeps its own mode and owner
+    unless `own_meta` (a deleted file put back over one made since)."""
+    if data is None:
+        try:
+            os.unlink(path)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                raise
+    elif os.path.lexists(path) and not own_meta:
+        atomic_write(path, data, like=path)
+    else:
+        atomic_write(path, data, meta=meta)
+
+
 def write_all_or_nothing(root, changes):
-    """Rename each new file over its original; on any failure put back what was done."""
+    """Bring each file to its new content (`data`; None: removed); on any failure put back
+    what was done (`original`; None: the file did not exist, so it is removed again).
+    `meta` is the mode and owner for whichever side is a file that is absent now."""
     done = []
     try:
         for ch in changes:
             path = writable_join(root, ch["path"])
-            atomic_write(path, ch["data"], like=path)
+            put_file(path, ch["data"], ch.get("meta"), ch.get("own_meta", False))
             done.append(ch)
             remove_bytecode(path)
     except BaseException as e:
         for ch in reversed(done):
             path = safe_join(root, ch["path"])
-            atomic_write(path, ch["original"], like=path)
+            put_file(path, ch["original"], ch.get("meta"))
             remove_bytecode(path)
         if isinstance(e, AgentError):
             raise
-        raise AgentError("error", "writing %s failed (%s); every file was put back as it was"
-                         % (changes[len(done)]["path"], e))
+        raise AgentError("error", "%s %s failed (%s); every file was put back as it was"
+                         % (VERB.get(changes[len(done)]["op"], "writing"), changes[len(done)]["path"], e))
 
+
+# what a change does to its file, for messages
+VERB = {"create": "creating", "delete": "deleting", "modify": "writing", "restore": "restoring",
+        "remove": "removing"}
 
 WRITING = "writing.json"   # in the state dir while engine files are being renamed: see recover()
 TMP_MARK = ".fleetpatch-"
@@ -829,11 +905,13 @@ def write_with_ledger(req, root, changes, previous, after, backups):
     the journal says which backup each file must end as, and which ledger then holds.
     The next run that takes the lock finishes it (recover): an apply is undone, a
     rollback completed; both end with every file restored from its backup."""
-    # per file: the backup it ends as (target), and the other content it may hold (what
-    # an apply writes, or what a rollback replaces)
+    # per file: the backup it ends as (target; None: the file ends absent, as before a
+    # create), the other content it may hold (what an apply writes, or what a rollback
+    # replaces; None: absent, as after a delete), and the mode and owner a file put back
+    # from its backup gets when it is absent
     journal = {"root": root, "ledger": after, "files": [
-        {"path": ch["path"], "target": sha256_bytes(ch["backup"]), "source": ch["source"],
-         "other": sha256_bytes(ch["original"] if ch["data"] == ch["backup"] else ch["data"])} for ch in changes]}
+        {"path": ch["path"], "target": digest(ch["backup"]), "source": ch["source"], "meta": ch.get("meta"),
+         "other": digest(ch["original"] if ch["data"] == ch["backup"] else ch["data"])} for ch in changes]}
     if backups:   # an apply: dying half-way, it is undone, and the ledger is the one before it
         journal["ledger"] = previous
     atomic_write(state_path(req, WRITING), json.dumps(journal, sort_keys=True).encode())
@@ -899,16 +977,22 @@ def recover(req):
             full = writable_join(root, f["path"])
             remove_stale_tmp(os.path.dirname(full))
             try:
-                current = sha256_bytes(read_bytes(full))
-            except (IOError, OSError):
-                current = None
+                current = digest(read_or_none(full))   # None: absent (a created file not yet, a deleted one)
+            except (IOError, OSError) as e:
+                current = "unreadable (%s)" % e
             if current == f["target"]:
                 continue
-            backup = read_bytes(state_path(req, f["source"]))
-            if current != f["other"] or sha256_bytes(backup) != f["target"]:
+            if current != f["other"]:
                 left.append(f["path"])
                 continue
-            atomic_write(full, backup, like=full)
+            if f["target"] is None:   # the run was creating it (or a rollback removing it)
+                put_file(full, None, None)
+            else:
+                backup = read_or_none(state_path(req, f["source"]))
+                if digest(backup) != f["target"]:
+                    left.append(f["path"])
+                    continue
+                put_file(full, backup, f.get("meta"))
             remove_bytecode(full)
             restored.append(f["path"])
         if left:
@@ -953,6 +1037,9 @@ def op_probe(req):
         for entry in ledger.get("patches", {}).values():
             files.extend(p for p in entry.get("files", {}) if p not in files)
     out["files"] = dict((rel, describe_file(root, rel, req.get("content", False))) for rel in files)
+    # an absent file that a diff creates needs its folder: say which folders are missing
+    out["absent_folders"] = sorted(set(os.path.dirname(rel) for rel in files if out["files"][rel] is None
+                                       and not os.path.isdir(os.path.dirname(safe_join(root, rel)))))
     out["ledger"] = ledger
     out["lock"] = read_lock(req)
     restart = req.get("restart")
@@ -984,6 +1071,40 @@ def window_intact(log, last):
     return find_inode(expand(log), last["inode"]) is not None
 
 
+def planned_change(root, label, f):
+    """One file of an apply request, checked against the host as it is now: what to
+    write (`data`; None: delete), what to put back on failure (`original`; None: create)."""
+    op = f.get("op") or protocol.OP_MODIFY
+    rel = f["path"]
+    path = writable_join(root, rel)
+    if op == protocol.OP_CREATE:
+        folder = os.path.dirname(path)
+        if not os.path.isdir(folder):
+            raise AgentError("conflict", "the patch creates %s, but its folder %s does not exist on this host; "
+                             "nothing was written; the patch was made for another layout of the package" % (rel, folder))
+        if os.path.lexists(path):
+            raise AgentError("conflict", "the patch creates %s, but it exists now (it did not when fleetpatch read the "
+                             "host: something created it meanwhile); nothing was written; inspect it, then rerun"
+                             % rel)
+        original, meta = None, sibling_meta(folder, os.path.basename(path))
+    else:
+        original = read_or_none(path)
+        if original is None:
+            raise AgentError("drift", "%s was removed on the host while fleetpatch was working; nothing was written; "
+                             "rerun" % rel)
+        if sha256_bytes(original) != f["before"]:
+            raise AgentError("drift", "%s changed on the host while fleetpatch was working (sha256 %s, expected %s); "
+                             "nothing was written; rerun" % (rel, sha256_bytes(original)[:12], f["before"][:12]))
+        meta = file_meta(path)
+    data = None
+    if op != protocol.OP_DELETE:
+        data = unpack(f["content"])
+        if sha256_bytes(data) != f["after"]:
+            raise AgentError("error", "the new content of %s was damaged in transit; nothing was written" % rel)
+    return {"path": rel, "op": op, "data": data, "original": original, "backup": original, "meta": meta,
+            "source": os.path.join("backups", label, rel) if original is not None else None}
+
+
 def op_apply(req):
     """Back up, write every file, record the ledger, and restart — one round trip."""
     check_lock(req)
@@ -991,21 +1112,14 @@ def op_apply(req):
     ledger = load_ledger(req)
     label = req["label"]
     backups = state_path(req, "backups", label)
-    changes = []
-    for f in req["files"]:
-        path = writable_join(root, f["path"])
-        original = read_bytes(path)
-        if sha256_bytes(original) != f["before"]:
-            raise AgentError("drift", "%s changed on the host while fleetpatch was working (sha256 %s, expected %s); "
-                             "nothing was written; rerun" % (f["path"], sha256_bytes(original)[:12], f["before"][:12]))
-        data = unpack(f["content"])
-        if sha256_bytes(data) != f["after"]:
-            raise AgentError("error", "the new content of %s was damaged in transit; nothing was written" % f["path"])
-        changes.append({"path": f["path"], "data": data, "original": original, "backup": original,
-                        "source": os.path.join("backups", label, f["path"])})
-    # Backups first, and durable, so the originals survive whatever follows.
+    # Every file is checked before anything is written: a refusal leaves the host as it was.
+    changes = [planned_change(root, label, f) for f in req["files"]]
+    # Backups first, and durable, so the originals survive whatever follows (a deleted
+    # file's too: its mode and owner go into the ledger).
     for ch in changes:
-        dest = state_path(req, "backups", label, ch["path"])
+        if ch["original"] is None:
+            continue   # created: there is nothing to keep, and rollback removes it
+        dest = state_path(req, ch["source"])
         if os.path.exists(dest) and sha256_bytes(read_bytes(dest)) == sha256_bytes(ch["original"]):
             continue
         try:
@@ -1017,9 +1131,13 @@ def op_apply(req):
     previous = json.loads(json.dumps(ledger))
     ledger["restart_pending"] = True
     seq = 1 + max([e.get("seq", 0) for e in ledger.get("patches", {}).values()] or [0])
-    files = dict((f["path"], protocol.LedgerFile(before=f["before"], after=f["after"],
-                                                 backup=os.path.join("backups", label, f["path"])))
-                 for f in req["files"])
+    files = {}
+    for ch in changes:
+        rec = protocol.LedgerFile(op=ch["op"], before=digest(ch["original"]), after=digest(ch["data"]),
+                                  backup=ch["source"])
+        if ch["op"] == protocol.OP_DELETE:
+            rec.update(ch["meta"])   # mode, uid, gid: rollback puts the file back as it was
+        files[ch["path"]] = rec
     entry = protocol.LedgerEntry(rev=req["rev"], label=label, diff_sha256=req["diff_sha256"], applied_at=now_iso(),
                                  seq=seq, files=files, verification=None)
     ledger.setdefault("patches", {})[req["name"]] = entry
@@ -1027,7 +1145,9 @@ def op_apply(req):
     # dies between the write and the restart is finished by the next run.
     save_ledger(req, ledger)
     write_with_ledger(req, root, changes, previous, ledger, backups=True)
-    out = {"written": [c["path"] for c in changes]}
+    out = {"written": [c["path"] for c in changes if c["op"] == protocol.OP_MODIFY],
+           "created": [c["path"] for c in changes if c["op"] == protocol.OP_CREATE],
+           "deleted": [c["path"] for c in changes if c["op"] == protocol.OP_DELETE]}
     if req.get("restart"):
         out["restart"] = restart_server(req, ledger, "deploy " + label)
         save_ledger(req, ledger)
@@ -1040,6 +1160,52 @@ def op_restart(req):
     out = {"restart": restart_server(req, ledger, req.get("reason", "restart"))}
     save_ledger(req, ledger)
     return out
+
+
+def rollback_change(req, root, entry, rel, rec):
+    """What restoring one file of a ledger entry takes (None: it holds its original already).
+    A modified file gets its backup back; a created one is removed (its bytecode with it); a
+    deleted one is put back from its backup with its mode and owner, only where it is absent.
+    Each only from what fleetpatch wrote: anything else is drift, unless --force."""
+    op = rec.get("op") or protocol.OP_MODIFY
+    path = writable_join(root, rel)
+    current = read_or_none(path)
+    backup = None
+    if rec.get("backup"):
+        backup = read_or_none(state_path(req, rec["backup"]))
+        if digest(backup) != rec["before"]:
+            raise AgentError("error", "the backup of %s (%s) is %s, not the original's recorded sha256 %s; nothing "
+                             "was restored" % (rel, state_path(req, rec["backup"]),
+                                               "missing" if backup is None else "damaged", rec["before"][:12]))
+    cur_sha = digest(current)
+    if cur_sha == rec["before"]:
+        return None
+    if cur_sha != rec["after"] and not req.get("force"):
+        if op == protocol.OP_CREATE:
+            why = ("%s, which %s created, changed since fleetpatch wrote it (sha256 %s, wrote %s); nothing was "
+                   "restored; inspect it, then rerun with --force to remove it anyway"
+                   % (rel, entry["label"], cur_sha[:12], rec["after"][:12]))
+        elif op == protocol.OP_DELETE:
+            why = ("%s, which %s deleted, exists again with other content (sha256 %s); nothing was restored; "
+                   "inspect it, then rerun with --force to put the original back over it"
+                   % (rel, entry["label"], cur_sha[:12]))
+        elif current is None:
+            why = ("%s was removed since fleetpatch wrote it; nothing was restored; rerun with --force to put the "
+                   "original back" % rel)
+        else:
+            why = ("%s changed since fleetpatch wrote it (sha256 %s, wrote %s); nothing was restored; inspect it, "
+                   "then rerun with --force to restore the original anyway" % (rel, cur_sha[:12], rec["after"][:12]))
+        raise AgentError("drift", why)
+    if op == protocol.OP_DELETE:
+        # the deleted file's own mode and owner, from the ledger, even over a file made since
+        meta = dict((k, rec[k]) for k in ("mode", "uid", "gid") if k in rec)
+        meta = meta if len(meta) == 3 else sibling_meta(os.path.dirname(path), os.path.basename(path))
+    elif current is not None:
+        meta = file_meta(path)
+    else:
+        meta = sibling_meta(os.path.dirname(path), os.path.basename(path))
+    return {"path": rel, "op": "remove" if backup is None else "restore", "data": backup, "original": current,
+            "backup": backup, "source": rec.get("backup"), "meta": meta, "own_meta": op == protocol.OP_DELETE}
 
 
 def op_rollback(req):
@@ -1064,22 +1230,8 @@ def op_rollback(req):
         raise AgentError("error", "%s was applied after %s and changes the same files (%s); nothing was restored; "
                          "roll back %s first, or roll back everything (rollback without --patch goes newest first)"
                          % (", ".join(newer), entry["label"], ", ".join(sorted(shared)), " and ".join(newer)))
-    changes = []
-    for rel, rec in sorted(entry["files"].items()):
-        path = writable_join(root, rel)
-        current = read_bytes(path)
-        backup = read_bytes(state_path(req, rec["backup"]))
-        if sha256_bytes(backup) != rec["before"]:
-            raise AgentError("error", "the backup of %s (%s) does not match its recorded sha256 %s; nothing was "
-                             "restored" % (rel, state_path(req, rec["backup"]), rec["before"][:12]))
-        cur_sha = sha256_bytes(current)
-        if cur_sha == rec["before"]:
-            continue
-        if cur_sha != rec["after"] and not req.get("force"):
-            raise AgentError("drift", "%s changed since fleetpatch wrote it (sha256 %s, wrote %s); nothing was restored; "
-                             "inspect it, then rerun with --force to restore the original anyway"
-                             % (rel, cur_sha[:12], rec["after"][:12]))
-        changes.append({"path": rel, "data": backup, "original": current, "backup": backup, "source": rec["backup"]})
+    changes = [c for c in (rollback_change(req, root, entry, rel, rec) for rel, rec in sorted(entry["files"].items()))
+               if c is not None]
     previous = json.loads(json.dumps(ledger))
     del ledger["patches"][req["name"]]
     ledger.setdefault("rolled_back", {})[req["name"]] = protocol.RolledBack(label=entry["label"], at=now_iso())
@@ -1089,7 +1241,8 @@ def op_rollback(req):
         write_with_ledger(req, root, changes, previous, ledger, backups=False)
     else:
         save_ledger(req, ledger)
-    out = {"restored": [c["path"] for c in changes],
+    out = {"restored": [c["path"] for c in changes if c["op"] == "restore"],
+           "removed": [c["path"] for c in changes if c["op"] == "remove"],
            "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
     if req.get("restart") and (changes or previous.get("restart_pending")):
         out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])

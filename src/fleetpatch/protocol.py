@@ -99,11 +99,19 @@ class ProbeRequest(Request, total=False):
     ledger_files: bool          # status: also describe every file the ledger names
 
 
-class ApplyFile(TypedDict):
+# What a diff does to one file (`diffapply.FileDiff.op`), in the apply request and the ledger.
+OP_MODIFY, OP_CREATE, OP_DELETE = "modify", "create", "delete"
+
+
+class _ApplyFileRequired(TypedDict):
     path: str
-    before: str                 # sha256 the file must have now
-    after: str                  # sha256 of `content`
-    content: str                # packed new bytes
+    before: Optional[str]       # sha256 the file must have now; None (create): it must not exist
+    after: Optional[str]        # sha256 of `content`; None (delete): the file is removed
+
+
+class ApplyFile(_ApplyFileRequired, total=False):
+    op: str                     # modify (the default, also when absent) | create | delete
+    content: str                # packed new bytes; absent for delete
 
 
 class ApplyRequest(Request, total=False):
@@ -198,6 +206,7 @@ class ProbeReply(TypedDict, total=False):
     package_dir: str
     version: Optional[str]
     files: Dict[str, Optional[FileInfo]]     # None: the file does not exist
+    absent_folders: List[str]                # of the absent files, the folders that do not exist either
     ledger: "Ledger"
     lock: Optional[LockRecord]
     server: ServerState
@@ -228,12 +237,15 @@ class RestartReply(TypedDict, total=False):
 
 
 class ApplyReply(TypedDict, total=False):
-    written: List[str]
+    written: List[str]          # files modified
+    created: List[str]
+    deleted: List[str]
     restart: RestartReply
 
 
 class RollbackReply(TypedDict, total=False):
-    restored: List[str]
+    restored: List[str]         # put back from their backups (modified or deleted by the patch)
+    removed: List[str]          # created by the patch, removed with their bytecode
     files: Dict[str, Optional[FileInfo]]
     restart: RestartReply
 
@@ -265,10 +277,17 @@ FOLLOW_EVENTS = ("lines", "state", "server_info", "launch", "tick", "deadline")
 
 # ---------------------------------------------------------------- ledger
 
-class LedgerFile(TypedDict):
-    before: str                 # sha256 of the original
-    after: str                  # sha256 fleetpatch wrote
-    backup: str                 # the original's copy, relative to the state dir
+class _LedgerFileRequired(TypedDict):
+    before: Optional[str]       # sha256 of the original; None: the patch created the file
+    after: Optional[str]        # sha256 fleetpatch wrote; None: the patch deleted the file
+    backup: Optional[str]       # the original's copy, relative to the state dir; None for a created file
+
+
+class LedgerFile(_LedgerFileRequired, total=False):
+    op: str                     # modify | create | delete (a ledger written before ops existed: modify)
+    mode: int                   # delete: the removed file's permission bits, for rollback to restore
+    uid: int                    # delete: its owner
+    gid: int
 
 
 class Verification(TypedDict):

@@ -306,10 +306,12 @@ class Plan:
     preflight: evidence.Verdict | None
     prediction: object | None
     launch: LaunchConfig
+    misfits: list = field(default_factory=list)   # conflicts of layout: a changed file or a created one's folder is missing
 
     @property
     def changes(self):
-        return [r for r in self.states.values() if r.state == "applies"]
+        """The files the apply writes: patched, created or deleted."""
+        return [r for r in self.states.values() if r.state in CHANGE_STATES]
 
     @property
     def conflicts(self):
@@ -318,6 +320,9 @@ class Plan:
     @property
     def already(self) -> bool:
         return all(r.state == "already-applied" for r in self.states.values())
+
+
+CHANGE_STATES = ("applies", "creates", "deletes")
 
 
 def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
@@ -332,22 +337,31 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
         raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
     label = f"{job.patch.name}@{revision.rev}"
     states = {}
+    missing_folders = set(reply.get("absent_folders") or [])
+    misfits = []
     for fd in revision.files:
-        original = file_bytes(reply, fd.path)
-        if original is None:
-            raise HostFailure(Status.CONFLICT, f"{host.name}: {label} changes {fd.path}, which does not exist in "
-                                          f"{reply.get('package_dir')} ({profile.package} {version})")
-        states[fd.path] = diffapply.apply_file(fd, original)
+        # None: the file does not exist (a diff that creates it needs exactly that)
+        state = diffapply.apply_file(fd, file_bytes(reply, fd.path))
+        if state.state == "creates" and os.path.dirname(fd.path) in missing_folders:
+            state = diffapply.FileResult(fd.path, "conflict", None, state.offsets,
+                                         f"the diff creates {fd.path}, but its folder {os.path.dirname(fd.path)} "
+                                         f"does not exist in {reply.get('package_dir')} ({profile.package} {version})")
+            misfits.append(fd.path)
+        elif state.state == "conflict" and fd.op == diffapply.MODIFY and file_bytes(reply, fd.path) is None:
+            state.detail = (f"{fd.path} does not exist in {reply.get('package_dir')} ({profile.package} {version}), "
+                            "so the diff cannot change it")
+            misfits.append(fd.path)
+        states[fd.path] = state
     launch = running_launch(host, reply)
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
         # so the pre-flight cannot predict; the log after the restart decides.
-        return Plan(version, label, states, None, None, launch), revision
+        return Plan(version, label, states, None, None, launch, misfits), revision
     prediction = profile.predict(version, launch)
     verdict = preflight_verdict(job, host, profile, revision, prediction, label)
     if verdict is not None:
         verdict.message += launch_note(host, profile, version, launch, prediction)
-    return Plan(version, label, states, verdict, prediction, launch), revision
+    return Plan(version, label, states, verdict, prediction, launch, misfits), revision
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
@@ -409,6 +423,10 @@ def describe_states(plan: Plan) -> str:
         if r.state == "applies":
             moved = [o for o in r.offsets if o]
             parts.append(f"{path}: applies" + (f" (offsets {', '.join(f'{o:+d}' for o in r.offsets)})" if moved else ""))
+        elif r.state == "creates":
+            parts.append(f"{path}: will create {path} ({len(r.new)} bytes)")
+        elif r.state == "deletes":
+            parts.append(f"{path}: will delete {path}")
         elif r.state == "already-applied":
             parts.append(f"{path}: already applied")
         else:
@@ -688,6 +706,11 @@ def deploy(job: Job, host: Host, remote: Remote) -> HostResult:
 
 def _refusal(job: Job, host: Host, plan: Plan) -> HostResult | None:
     """Why this host's files are left untouched, if they are."""
+    if plan.misfits:   # not a hand edit: the patch was made for another layout of the package
+        return HostResult(host.name, False, Status.CONFLICT,
+                          f"{host.name}: refused, left untouched and not restarted: {plan.label} does not fit this "
+                          f"host's package\n{describe_states(plan)}\n  check that the patch's engine_versions admit "
+                          "only versions with these files", engine_version=plan.version, patch=plan.label)
     if plan.conflicts or (not plan.already and len(plan.changes) != len(plan.states)):
         return HostResult(host.name, False, Status.DRIFT,
                           f"{host.name}: refused, left untouched and not restarted: the files match neither "
@@ -710,8 +733,7 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
         return _already_applied(job, host, remote, lock, plan, reply.get("ledger") or {}, reply.get("server") or {},
                                 reply.get("window_intact"))
     job.progress(host.name, "apply", f"{len(plan.changes)} files")
-    files = [protocol.ApplyFile(path=r.path, before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
-                                content=protocol.pack(r.new)) for r in plan.changes]
+    files = apply_files(reply, plan)
     apply_req = protocol.ApplyRequest(**base_request(host, job), package_dir=reply["package_dir"],
                                       name=job.patch.name, rev=revision.rev, label=plan.label,
                                       diff_sha256=revision.diff_sha256, files=files)
@@ -723,6 +745,23 @@ def _deploy_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply: 
                           patch=plan.label)
     job.progress(host.name, "restart", "")
     return _restart_and_verify(job, host, remote, lock, plan, "apply", apply_req)
+
+
+def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:
+    """The apply request's files: what each must hold now (sha256; None: absent) and after."""
+    files = []
+    for r in plan.changes:
+        if r.state == "creates":
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_CREATE, before=None, after=sha256(r.new),
+                                            content=protocol.pack(r.new)))
+        elif r.state == "deletes":
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_DELETE,
+                                            before=sha256(file_bytes(reply, r.path)), after=None))
+        else:
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_MODIFY,
+                                            before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
+                                            content=protocol.pack(r.new)))
+    return files
 
 
 # A last restart that ended so is retried by the next deploy: the operator fixed the cause.
