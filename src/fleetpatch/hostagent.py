@@ -1111,7 +1111,7 @@ def op_apply(req):
     root = req["package_dir"]
     ledger = load_ledger(req)
     label = req["label"]
-    backups = state_path(req, "backups", label)
+    state_path(req, "backups", label)   # refuses a symlink in the state dir before anything is read
     # Every file is checked before anything is written: a refusal leaves the host as it was.
     changes = [planned_change(root, label, f) for f in req["files"]]
     # Backups first, and durable, so the originals survive whatever follows (a deleted
