@@ -81,13 +81,11 @@ def test_a_lock_whose_process_on_this_machine_is_gone_is_a_dead_run_with_its_cle
     assert f"(pid {pid}) no longer runs on this machine" in st.output
     assert clear_line(st.output, "v2a") == "fleetpatch deploy-patch --patch spec-path-beacon --break-lock --hosts v2a"
     assert st.host("v2a")["status"] == "locked"
-    before = sha256(fleet.hosts["v2a"].site_packages / EAGLE)
-    refused = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "v2a")
-    assert refused.code == 1 and refused.host("v2a")["status"] == "locked", refused
-    assert "locked by a dead fleetpatch run" in refused.output and holder in refused.output
-    assert lock.exists() and sha256(fleet.hosts["v2a"].site_packages / EAGLE) == before, "never broken unasked"
-    done = run_printed(operator, clear_line(refused.output, "v2a"))
+    # A plain rerun converges: the holder is provably gone (this machine, its pid no longer runs),
+    # so the deploy takes the lock over and says whose it was.
+    done = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "v2a")
     assert done.code == 0 and done.host("v2a")["status"] == "verified", done
+    assert f"took over the lock left by {holder}" in done.host("v2a")["message"], done.report
     assert not lock.exists()
     assert status_row(operator.run("status", "--hosts", "v2a"), "v2a").rstrip("│ ").endswith("-")
 

@@ -157,6 +157,8 @@ class HostLock:
         took = probe(self.remote, self.host, dataclasses.replace(self.job, break_lock=True), files, content,
                      lock=self.command)
         took["lock_taken_over"] = dead
+        self.taken_over = (f"\n  took over the lock left by {dead}: "
+                           f"{lockview.assess(held).why}")
         return took
 
     def release_followup(self) -> list[protocol.Request]:
@@ -194,10 +196,11 @@ class HostLock:
         return False
 
     release_note = ""
+    taken_over = ""
 
     def annotate(self, result: "HostResult") -> "HostResult":
-        """The result, with the release's failure when there was one."""
-        result.message += self.release_note
+        """The result, with the lock it took over from a dead run and the release's failure, if any."""
+        result.message += self.taken_over + self.release_note
         return result
 
 
