@@ -48,12 +48,7 @@ def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.H
             failed.message += f"\n  could not take it out of the router: {e}"
     if job.on_failure == "rollback":
         rb = steps.rollback(job, host)
-        failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
-        if rb.ok:
-            failed.status = Status.ROLLED_BACK
-            failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
-        else:
-            failed.message += f"\n  rollback did not verify: {rb.message}"
+        steps.fold_rollback(failed, rb)
         if "router" in rb.details:
             failed.details["router"] = rb.details["router"]
     return failed

@@ -1637,25 +1637,6 @@ def op_follow(req):
 # worker's own figures are read where the worker is (the routers' load figures
 # count tokens, not requests).
 
-def parse_loads(body):
-    """(running, waiting) from GET /v1/loads or the deprecated GET /get_load (a copy of
-    fleetpatch.router.parse_worker_loads: the agent travels alone)."""
-    if isinstance(body, dict) and isinstance(body.get("aggregate"), dict):
-        agg = body["aggregate"]
-        running, waiting = agg.get("total_running_reqs"), agg.get("total_waiting_reqs")
-        if isinstance(running, int) and isinstance(waiting, int):
-            return running, waiting
-        raise ValueError("aggregate lacks integer total_running_reqs/total_waiting_reqs")
-    if isinstance(body, list) and all(isinstance(x, dict) for x in body):
-        try:
-            waiting = sum(int(x["num_waiting_reqs"]) for x in body)
-            total = sum(int(x["num_reqs"]) for x in body)
-        except (KeyError, TypeError, ValueError):
-            raise ValueError("entries lack num_reqs/num_waiting_reqs")
-        return total - waiting, waiting
-    raise ValueError("expected /v1/loads' {'aggregate': ...} or /get_load's list")
-
-
 def read_worker_load(url):
     """(running, waiting, path) or (None, None, why) when the worker does not answer."""
     base = url.rstrip("/")
@@ -1664,7 +1645,7 @@ def read_worker_load(url):
         status, body = http_get(base + path, timeout=3.0)
         if status == 200:
             try:
-                running, waiting = parse_loads(json.loads(body.decode("utf-8", "replace")))
+                running, waiting = protocol.parse_worker_loads(json.loads(body.decode("utf-8", "replace")))
                 return running, waiting, path
             except ValueError as e:
                 raise AgentError("router-error", "GET %s%s answered, but not as SGLang does (%s)" % (base, path, e))

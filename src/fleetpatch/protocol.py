@@ -350,3 +350,23 @@ def log_window(restart):
     # type: (RestartReply) -> dict
     """The follow window a restart opened (the same names as FollowRequest)."""
     return {"inode": restart.get("inode"), "offset": restart.get("offset", 0), "pid": restart.get("pid")}
+
+
+def parse_worker_loads(body):
+    """(running, waiting) requests from a worker's GET /v1/loads or the deprecated
+    GET /get_load (one entry per DP rank; num_reqs counts running + waiting).
+    Here because both the agent (the drain, on the host) and the laptop read it."""
+    if isinstance(body, dict) and isinstance(body.get("aggregate"), dict):
+        agg = body["aggregate"]
+        running, waiting = agg.get("total_running_reqs"), agg.get("total_waiting_reqs")
+        if isinstance(running, int) and isinstance(waiting, int):
+            return running, waiting
+        raise ValueError("aggregate lacks integer total_running_reqs/total_waiting_reqs")
+    if isinstance(body, list) and all(isinstance(x, dict) for x in body):
+        try:
+            waiting = sum(int(x["num_waiting_reqs"]) for x in body)
+            total = sum(int(x["num_reqs"]) for x in body)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("entries lack num_reqs/num_waiting_reqs") from None
+        return total - waiting, waiting
+    raise ValueError("expected /v1/loads' {'aggregate': ...} or /get_load's list")

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import FleetpatchError
+from .protocol import parse_worker_loads  # noqa: F401  (shared with the agent)
 
 __all__ = [
     "RouterError", "RouterApi", "Worker", "Router", "Routers", "RouterConf", "SmokeConf", "capacity_problem",
@@ -141,25 +142,6 @@ def _near_misses(workers: List[Worker], url: str) -> List[str]:
     def norm(u: str) -> str:
         return u.strip().rstrip("/").lower()
     return [w.url for w in workers if w.url != url and norm(w.url) == norm(url)]
-
-
-def parse_worker_loads(body: Any) -> Tuple[int, int]:
-    """(running, waiting) requests from a worker's GET /v1/loads or deprecated GET /get_load."""
-    if isinstance(body, dict) and isinstance(body.get("aggregate"), dict):
-        agg = body["aggregate"]
-        running, waiting = agg.get("total_running_reqs"), agg.get("total_waiting_reqs")
-        if isinstance(running, int) and isinstance(waiting, int):
-            return running, waiting
-        raise ValueError("aggregate lacks integer total_running_reqs/total_waiting_reqs")
-    if isinstance(body, list) and all(isinstance(x, dict) for x in body):
-        # /get_load: one entry per DP rank; num_reqs counts running + waiting
-        try:
-            waiting = sum(int(x["num_waiting_reqs"]) for x in body)
-            total = sum(int(x["num_reqs"]) for x in body)
-        except (KeyError, TypeError, ValueError):
-            raise ValueError("entries lack num_reqs/num_waiting_reqs") from None
-        return total - waiting, waiting
-    raise ValueError("expected /v1/loads' {'aggregate': ...} or /get_load's list")
 
 
 def check_smoke_answer(status: int, body: bytes) -> Optional[str]:

@@ -909,6 +909,11 @@ def _rollback_after_failure(job, host, remote, lock: HostLock, failed: HostResul
         failed.message += f"\n  rollback FAILED: {f.message}"
         failed.details["rollback"] = {"status": f.status, "message": f.message}
         return failed
+    return fold_rollback(failed, rb)
+
+
+def fold_rollback(failed: HostResult, rb: HostResult) -> HostResult:
+    """The failed host's result, with the rollback that undid it."""
     failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
     if rb.ok:
         failed.status = Status.ROLLED_BACK
