@@ -310,3 +310,17 @@ def test_on_a_tty_the_live_view_shows_each_host_s_stage(tmp_path):
     assert "stage" in text
     assert re.search(r"c1\s+│\s+canary", text), text
     assert re.search(r"b1\s+│\s+batch 1 of 2", text) and re.search(r"b3\s+│\s+batch 2 of 2", text), text
+
+
+def test_output_whose_reader_went_away_ends_without_a_traceback():
+    """`fleetpatch --help | head -1` when head has already exited: every write meets a
+    closed pipe (the read end is closed before fleetpatch starts, so it always does)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fleetpatch", "--help"], stdout=w, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    finally:
+        os.close(w)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

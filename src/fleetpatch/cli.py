@@ -174,4 +174,11 @@ program = FleetpatchProgram(namespace=ns, name="fleetpatch", binary="fleetpatch"
 
 
 def main():
-    program.run()
+    try:
+        program.run()
+    except BrokenPipeError:
+        # the reader went away (`fleetpatch --help | head`): no traceback; stdout goes
+        # nowhere so that the interpreter's own flush at exit cannot raise again
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
