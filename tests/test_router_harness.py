@@ -40,6 +40,16 @@ def _drain(worker: LocalWorker, timeout: float = 20.0) -> float:
 
 
 def _restart_naive(worker: LocalWorker) -> None:
+    # today's restart hits whatever the worker is serving: wait (bounded) until it serves
+    # a few requests, so that the restart has something to cut and the test cannot pass by luck
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            if worker_loads(worker.url)[0] >= 3:
+                break
+        except Exception:
+            pass
+        time.sleep(0.05)
     worker.stop(grace=STOP_GRACE)
     worker.start()
 
