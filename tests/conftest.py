@@ -94,3 +94,19 @@ def operator(fleet, tmp_path):
     fleet.reset_all()
     fleet.clear_commands()
     return Operator(fleet, tmp_path)
+
+
+# Hosts on the local transport (tests/localhost.py): one venv template for the whole
+# session, one fresh host tree per test.
+@pytest.fixture(scope="session")
+def template(tmp_path_factory):
+    from localhost import template_env
+    return template_env(tmp_path_factory.mktemp("venv"))
+
+
+@pytest.fixture
+def lh(tmp_path, template):
+    from localhost import LocalHost
+    h = LocalHost(tmp_path / "h1", template)
+    yield h
+    h.stop()

@@ -18,22 +18,10 @@ import zlib
 
 import pytest
 
-from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256, template_env
+from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import protocol, remote, steps
 from fleetpatch.remote import Remote
 from fleetpatch.transport_local import LocalTransport
-
-
-@pytest.fixture(scope="session")
-def template(tmp_path_factory):
-    return template_env(tmp_path_factory.mktemp("venv"))
-
-
-@pytest.fixture
-def lh(tmp_path, template):
-    h = LocalHost(tmp_path / "h1", template)
-    yield h
-    h.stop()
 
 
 class CountingTransport(LocalTransport):

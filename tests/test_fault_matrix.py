@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_fleet
-from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256, template_env
+from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import steps
 
 RESULTS: list[dict] = []
@@ -53,18 +53,6 @@ def summary(request):
     out = os.environ.get("FLEETPATCH_MATRIX_SUMMARY")
     if out:
         Path(out).write_text(text + "\n")
-
-
-@pytest.fixture(scope="session")
-def template(tmp_path_factory):
-    return template_env(tmp_path_factory.mktemp("venv"))
-
-
-@pytest.fixture
-def lh(tmp_path, template):
-    h = LocalHost(tmp_path / "h1", template)
-    yield h
-    h.stop()
 
 
 SERVER_ARGS = "sglang/srt/server_args.py"

@@ -9,29 +9,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from localhost import EAGLE, EAGLE_V2, FIXTURE_PATCHES, LocalHost, job, sha256, template_env
+from localhost import EAGLE, EAGLE_V2, FIXTURE_PATCHES, LocalHost, job, sha256
 from fleetpatch import steps
 
 HELPER = "sglang/srt/speculative/fleetpatch_helper.py"
 NGRAM = "sglang/srt/speculative/cpp_ngram/ngram_cache.py"
 PATCH = "helper-module"
 ROOT = os.geteuid() == 0
-
-
-@pytest.fixture(scope="session")
-def template(tmp_path_factory):
-    return template_env(tmp_path_factory.mktemp("venv"))
-
-
-@pytest.fixture
-def lh(tmp_path, template):
-    h = LocalHost(tmp_path / "h1", template)
-    yield h
-    h.stop()
 
 
 def tree(lh: LocalHost) -> dict:

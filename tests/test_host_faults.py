@@ -11,20 +11,8 @@ import time
 
 import pytest
 
-from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256, template_env
+from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import steps
-
-
-@pytest.fixture(scope="session")
-def template(tmp_path_factory):
-    return template_env(tmp_path_factory.mktemp("venv"))
-
-
-@pytest.fixture
-def lh(tmp_path, template):
-    h = LocalHost(tmp_path / "h1", template)
-    yield h
-    h.stop()
 
 
 def chattr(flag: str, path) -> None:

@@ -10,26 +10,13 @@ import signal
 import threading
 import time
 
-import pytest
 
-from localhost import LocalHost, job, template_env
+from localhost import job
 from fleetpatch import lockview, protocol, remote, steps
 from test_agent_session import Agent, requests
 
 RENEW = 0.2
 STALE = protocol.LOCK_STALE_PERIODS * RENEW
-
-
-@pytest.fixture(scope="session")
-def template(tmp_path_factory):
-    return template_env(tmp_path_factory.mktemp("venv"))
-
-
-@pytest.fixture
-def lh(tmp_path, template):
-    h = LocalHost(tmp_path / "h1", template)
-    yield h
-    h.stop()
 
 
 def lock_state(lh):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256, template_env
+from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import evidence, steps
 from fleetpatch.remote import Remote
 
@@ -19,18 +19,6 @@ class Injected(Exception):
 
 
 TEXT = "injected bug after the lock"
-
-
-@pytest.fixture(scope="session")
-def template(tmp_path_factory):
-    return template_env(tmp_path_factory.mktemp("venv"))
-
-
-@pytest.fixture
-def lh(tmp_path, template):
-    h = LocalHost(tmp_path / "h1", template)
-    yield h
-    h.stop()
 
 
 def boom(*a, **kw):
