@@ -131,7 +131,8 @@ def test_drained_rollout_loses_no_request_and_the_naive_one_does(op, fleet, rout
     for name in NAMES:
         # no old server got SIGTERM while it still had a request in flight
         remaining = sigterm_remaining(fleet.hosts[name].log_path.read_text(errors="replace"))
-        assert remaining == [0], (name, remaining)
+        # (every SIGTERM in the log counts, whoever sent it: none may find a request left)
+        assert remaining and all(n == 0 for n in remaining), (name, remaining)
     assert listed(router.url) == {url_of(fleet, n): True for n in NAMES}
     drained = counts
 

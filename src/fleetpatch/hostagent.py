@@ -361,17 +361,106 @@ def proc_launch(pid, env_prefixes=()):
 
 
 def http_get(url, timeout=2.0):
-    """(status, body) or (None, error) — urllib, so the host needs no curl."""
+    """(status, body) or (None, error)."""
+    return http_request("GET", url, None, timeout)
+
+
+def http_request(method, url, data, timeout, limit=1 << 20):
+    """(status, body) or (None, error): one HTTP/1.0 request on a plain socket, so
+    the host needs no curl. Not urllib: its imports cost ~20 ms at every agent
+    start, and it would send a loopback health check through the operator's
+    http_proxy. An https URL still goes through urllib."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return _urllib_request(method, url, data, timeout, limit)
+    deadline = time.monotonic() + timeout
+    path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+    host = parts.hostname or "127.0.0.1"
+    head = ["%s %s HTTP/1.0" % (method, path), "Host: %s" % parts.netloc, "Connection: close",
+            "Accept: */*", "User-Agent: fleetpatch-agent"]
+    if data is not None:
+        head += ["Content-Type: application/json", "Content-Length: %d" % len(data)]
+    try:
+        with socket.create_connection((host, parts.port or 80), timeout=timeout) as sock:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (data or b""))
+            raw = b""
+            while len(raw) < limit + 65536:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+                if _http_complete(raw):
+                    break
+    except (socket.timeout, OSError, ValueError) as e:
+        return None, str(e).encode() or type(e).__name__.encode()
+    return _http_parse(raw, limit)
+
+
+def _http_split(raw):
+    """(status, {header: value}, body) of a response so far, or None before its headers end."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    fields = lines[0].split(" ", 2)
+    status = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (l.partition(":") for l in lines[1:]))
+    return status, headers, body
+
+
+def _http_complete(raw):
+    split = _http_split(raw)
+    if split is None:
+        return False
+    _, headers, body = split
+    length = headers.get("content-length")
+    return length is not None and length.isdigit() and len(body) >= int(length)
+
+
+def _http_parse(raw, limit):
+    split = _http_split(raw)
+    if split is None or split[0] is None:
+        return None, b"no HTTP answer" if not raw else b"not an HTTP answer: " + raw[:80]
+    status, headers, body = split
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = _unchunk(body)
+    length = headers.get("content-length")
+    if length is not None and length.isdigit():
+        body = body[:int(length)]
+    return status, body[:limit]
+
+
+def _unchunk(body):
+    out = b""
+    while body:
+        size_line, sep, rest = body.partition(b"\r\n")
+        try:
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        except ValueError:
+            break
+        if not sep or size == 0:
+            break
+        out += rest[:size]
+        body = rest[size + 2:]
+    return out
+
+
+def _urllib_request(method, url, data, timeout, limit):
     import urllib.error
     import urllib.request
 
+    headers = {"Content-Type": "application/json"} if data is not None else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method, headers=headers),
+                                    timeout=timeout) as resp:
+            return resp.status, resp.read(limit)
     except urllib.error.HTTPError as e:
-        return e.code, b""
-    except (urllib.error.URLError, socket.timeout, OSError) as e:
-        return None, str(e).encode()
+        return e.code, e.read(4096)
+    except (urllib.error.URLError, socket.timeout, OSError, ValueError) as e:
+        return None, str(getattr(e, "reason", e)).encode()
 
 
 def log_position(log):
@@ -1682,17 +1771,7 @@ def op_drain(req):
 
 def http_post_json(url, body, timeout):
     """(status, body bytes) or (None, error text)."""
-    import urllib.error
-    import urllib.request
-    data = json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return resp.status, resp.read(1 << 20)
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(4096)
-    except (urllib.error.URLError, socket.timeout, OSError) as e:
-        return None, str(getattr(e, "reason", e)).encode()
+    return http_request("POST", url, json.dumps(body).encode("utf-8"), timeout)
 
 
 def log_reader_since(req, since_epoch, pos):

@@ -9,34 +9,97 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import BarColumn, Progress, TextColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from .errors import Status, UsageError
 from .textsafe import cell, safe, safe_line
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 # Off a terminal rich would lay tables out for 80 columns and cut them; this
 # width is never reached, so a table is as wide as its content.
 _UNBOUNDED = 100_000
 
 
-def make_console(stderr: bool = False) -> Console:
+class LineConsole:
+    """Until something needs rich (a table, a style, the live view), lines go
+    straight to the stream: rich costs tens of milliseconds to import, and a
+    run's first SSH connect should not wait for them. Off a terminal, progress
+    lines never need it; the summary at the end does, and `preload` imports it
+    in the background while the hosts work."""
+
+    def __init__(self, stderr: bool = False):
+        self.stderr = stderr
+        self._rich = None
+        stream = sys.stderr if stderr else sys.stdout
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        # rich decides on its own when it is a terminal or when told to pretend (FORCE_COLOR, TTY_COMPATIBLE)
+        if tty or os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE"):
+            self._resolve()
+
+    @property
+    def rich(self) -> "Console":
+        return self._resolve()
+
+    def _resolve(self) -> "Console":
+        if self._rich is None:
+            from rich.console import Console
+
+            probe = Console(stderr=self.stderr)
+            width = None if probe.is_terminal else _UNBOUNDED
+            self._rich = Console(stderr=self.stderr, highlight=False, soft_wrap=True, width=width)
+        return self._rich
+
+    @property
+    def is_terminal(self) -> bool:
+        return self._rich is not None and self._rich.is_terminal
+
+    def line(self, text: str) -> None:
+        """One plain line (already made safe)."""
+        if self._rich is not None:
+            self._rich.print(text, markup=False, highlight=False, soft_wrap=True)
+            return
+        stream = sys.stderr if self.stderr else sys.stdout
+        stream.write(text + "\n")
+        stream.flush()
+
+    def print(self, *objects, **kw) -> None:
+        self._resolve().print(*objects, **kw)
+
+
+def preload() -> None:
+    """Import what the summary needs, in the background, while hosts are busy on the network."""
+    def load():
+        try:
+            import rich.console  # noqa: F401
+            import rich.table  # noqa: F401
+            import rich.text  # noqa: F401
+        except Exception:   # the summary's own import reports any real problem
+            pass
+    threading.Thread(target=load, name="fleetpatch-preload", daemon=True).start()
+
+
+def make_console(stderr: bool = False) -> LineConsole:
     """A console that wraps nothing off a terminal (rich's default is 80 columns)."""
-    probe = Console(stderr=stderr)
-    if probe.is_terminal:
-        return Console(stderr=stderr, highlight=False, soft_wrap=True)
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=_UNBOUNDED)
+    return LineConsole(stderr=stderr)
 
 
-def say(console: Console, text: str, style: str = "") -> None:
+def say(console, text: str, style: str = "") -> None:
     """One message, host data in it escaped, never markup, never hard-wrapped."""
-    console.print(safe(text), style=style or None, markup=False, highlight=False, soft_wrap=True)
+    if not style and isinstance(console, LineConsole):
+        console.line(safe(text))
+        return
+    target = console.rich if isinstance(console, LineConsole) else console
+    target.print(safe(text), style=style or None, markup=False, highlight=False, soft_wrap=True)
 
 
 def plural(n: int, word: str) -> str:
@@ -93,7 +156,7 @@ class View:
     """Per-host phases: a rich live table on a TTY (with each host's stage:
     canary, batch k of n), timestamped lines otherwise."""
 
-    def __init__(self, task: str, hosts: list[str], console: Console | None = None, live: bool | None = None):
+    def __init__(self, task: str, hosts: list[str], console=None, live: bool | None = None):
         self.task = task
         self.console = console or make_console()
         self.live_enabled = self.console.is_terminal if live is None else live
@@ -102,12 +165,21 @@ class View:
         self.started = time.monotonic()
         self._live = None
         self._last_line: dict[str, str] = {}
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
-        self.bar_task = self.bar.add_task(task, total=len(hosts))
+        self._preloaded = False
+        self.bar = self.bar_task = None
+        if self.live_enabled:
+            from rich.progress import BarColumn, Progress, TextColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total}"))
+            self.bar_task = self.bar.add_task(task, total=len(hosts))
 
     def __enter__(self):
         if self.live_enabled:
-            self._live = Live(self._render(), console=self.console, refresh_per_second=8, transient=False)
+            from rich.live import Live
+
+            target = self.console.rich if isinstance(self.console, LineConsole) else self.console
+            self._live = Live(self._render(), console=target, refresh_per_second=8, transient=False)
             self._live.__enter__()
         return self
 
@@ -128,8 +200,12 @@ class View:
             if row["phase"] != phase:
                 row["since"] = time.monotonic()
             row["phase"], row["detail"] = phase, detail
-            if phase == "done":
+            if phase == "done" and self.bar is not None:
                 self.bar.advance(self.bar_task)
+            if not self._preloaded and phase not in ("queued", "connect"):
+                # the first host waits on its probe: the summary's imports ride on that wait
+                self._preloaded = True
+                preload()
             if self._live is not None:
                 self._live.update(self._render())
                 return
@@ -143,6 +219,9 @@ class View:
         say(self.console, f"{stamp} {safe_line(host):<12} {safe_line(line)}")
 
     def _render(self):
+        from rich.console import Group
+        from rich.table import Table
+
         table = Table(title=f"fleetpatch {self.task}", expand=False)
         table.add_column("host")
         if any(row.get("stage") for row in self.rows.values()):
@@ -171,7 +250,9 @@ class View:
 
 # ----------------------------------------------------------------- outcome
 
-def summary_table(task: str, results: dict) -> Table:
+def summary_table(task: str, results: dict) -> "Table":
+    from rich.table import Table
+
     table = Table(title=f"fleetpatch {task}: summary")
     for col in ("host", "status", "engine", "patch", "path", "time", "trips"):
         table.add_column(col)
@@ -198,7 +279,7 @@ def last_line(task: str, results: dict, interrupted: bool = False) -> tuple[str,
             "see the details above for each host's cause and what to do"), False
 
 
-def print_outcome(console: Console, task: str, results: dict, extra_lines: list[str] = (),
+def print_outcome(console, task: str, results: dict, extra_lines: list[str] = (),
                   interrupted: bool = False) -> None:
     console.print(summary_table(task, results))
     failed = {n: r for n, r in results.items() if not r.ok}
@@ -281,7 +362,9 @@ def last_verification(last: dict) -> str:
     return f"{last.get('status', '?')}: {what}, {last.get('at', '?')}"
 
 
-def status_table(results: dict) -> Table:
+def status_table(results: dict) -> "Table":
+    from rich.table import Table
+
     table = Table(title="fleetpatch status")
     for col in ("host", "reachable", "engine", "patches applied", "drift", "server up", "last verification",
                 "lock"):

@@ -10,8 +10,10 @@ every such byte becomes a visible escape (`\\x1b`), and `cell` wraps text in a
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.text import Text
 
 # C0 controls except newline and tab, DEL, the C1 controls (0x80-0x9f: a lone
 # CSI 0x9b is an escape on many terminals), and the Unicode bidi overrides
@@ -42,4 +44,6 @@ def safe_line(text: object) -> str:
 
 def cell(text: object, style: str = "") -> Text:
     """A table cell that shows host data as written: escaped, never markup."""
+    from rich.text import Text
+
     return Text(safe_line(text), style=style)
