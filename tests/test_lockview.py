@@ -57,3 +57,9 @@ def test_channel_lost_is_dead_and_the_clear_command_is_one_line():
     assert not v.alive and v.why.startswith("its channel ended at T")
     msg = lockview.refusal("a01", record(orphaned={"at": "T", "after": ["apply"]}), "deploy-patch --patch x@2")
     assert msg.splitlines()[-1] == "  fleetpatch deploy-patch --patch x@2 --break-lock --hosts a01"
+
+
+def test_the_clear_command_names_the_inventory_the_run_was_given():
+    msg = lockview.refusal("a01", record(orphaned={"at": "T", "after": ["apply"]}), "rollback",
+                           "/srv/my fleet/hosts.yaml")
+    assert msg.splitlines()[-1] == "  fleetpatch rollback --break-lock --hosts a01 --inventory '/srv/my fleet/hosts.yaml'"

@@ -219,7 +219,8 @@ def run_hosts(task_name: str, step, *, inventory, hosts, group, report_path, par
                            preflight=changes_hosts, require_listed=task_name != "rollback")
     console = rep.make_console()
     started = rep.now_iso()
-    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, drain=drainer, **job_kw)
+    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, drain=drainer,
+                    inventory_arg=inventory, **job_kw)
     with rep.View(task_name, [h.name for h in selected], console=console) as view:
         job.progress = view.progress
         results, stop = fleet.run_all(selected, functools.partial(step, job), parallel_n)

@@ -40,7 +40,7 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
         patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, report=report)
     job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
                     on_failure=on_failure, force=force, break_lock=break_lock,
-                    accept_new_host_keys=accept_new_host_keys)
+                    accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory)
     canary_group = inv.groups.get("canary")
     stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
     # what is out at once: a stage, or `parallel` of its hosts

@@ -76,7 +76,8 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
                                         patch=None, changes_hosts=False, report=report)
     console = rep.make_console()
     started = rep.now_iso()
-    job = steps.Job(hosts_by_name=inv.hosts, patch_dirs=dirs, accept_new_host_keys=accept_new_host_keys)
+    job = steps.Job(hosts_by_name=inv.hosts, patch_dirs=dirs, accept_new_host_keys=accept_new_host_keys,
+                    inventory_arg=inventory)
     results, stop = fleet.run_all(selected, functools.partial(steps.status, job), parallel_n)
     console.print(rep.status_table(results))
     ok = all(r.ok for r in results.values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 from dataclasses import dataclass
 
@@ -127,12 +128,14 @@ def provably_dead_here(lock: dict, here: str | None = None, runs=process_runs, b
     return not runs(int(pid), lock.get("pid_start"))
 
 
-def clear_command(host: str, command: str | None) -> str:
-    """The one line that clears a dead run's lock and finishes its work on `host`."""
-    return f"fleetpatch {command or 'deploy-patch --patch NAME'} --break-lock --hosts {host}"
+def clear_command(host: str, command: str | None, inventory: str | None = None) -> str:
+    """The one line that clears a dead run's lock and finishes its work on `host`
+    (with the --inventory this run was given: the default one may not name the host)."""
+    where = f" --inventory {shlex.quote(str(inventory))}" if inventory else ""
+    return f"fleetpatch {command or 'deploy-patch --patch NAME'} --break-lock --hosts {host}{where}"
 
 
-def refusal(host: str, lock: dict, command: str) -> str:
+def refusal(host: str, lock: dict, command: str, inventory: str | None = None) -> str:
     """Why a deploy or rollback (`command`) did not start on `host`, and what to do."""
     v = assess(lock)
     doing = f" ({v.command})" if v.command else ""
@@ -142,4 +145,4 @@ def refusal(host: str, lock: dict, command: str) -> str:
                 "run's lock is never broken without --break-lock")
     return (f"{host}: locked by a dead fleetpatch run: {v.holder}{doing}, since {v.since} ({v.age()}): {v.why}; "
             f"check what it left (`fleetpatch status --hosts {host}`: restart pending, last verification), "
-            f"then clear the lock and finish with:\n  {clear_command(host, command)}")
+            f"then clear the lock and finish with:\n  {clear_command(host, command, inventory)}")

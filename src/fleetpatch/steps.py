@@ -67,6 +67,8 @@ class Job:
     transport: Callable[[Host], Transport] | None = None
     # drain.Drainer when a router section applies (router-aware restarts); None: plain restarts
     drain: object | None = None
+    # --inventory as given (None: the default), for the commands fleetpatch tells the operator to run
+    inventory_arg: str | None = None
 
 
 # How long a decided failure waits for the rest of the server's last words
@@ -151,7 +153,7 @@ class HostLock:
         held = reply.get("lock") or {}
         if self.job.break_lock or not lockview.provably_dead_here(held):
             self.held = False  # another run's lock: not ours to release
-            raise HostFailure(Status.LOCKED, lockview.refusal(self.host.name, held, self.command))
+            raise HostFailure(Status.LOCKED, lockview.refusal(self.host.name, held, self.command, self.job.inventory_arg))
         dead = held.get("holder", "a dead run")
         self.job.progress(self.host.name, "fetch", f"taking over the lock of {dead} (that process is gone)")
         took = probe(self.remote, self.host, dataclasses.replace(self.job, break_lock=True), files, content,
@@ -1076,7 +1078,7 @@ def status(job: Job, host: Host, remote: Remote) -> HostResult:
         details["lock_state"] = {"holder": view.holder, "command": view.command, "age_s": view.age_s,
                                  "alive": view.alive, "why": view.why, "cell": view.cell()}
         if not view.alive:
-            clear = lockview.clear_command(host.name, view.command)
+            clear = lockview.clear_command(host.name, view.command, job.inventory_arg)
             details["lock_state"]["clear"] = clear
             problems.append(f"the lock is left by a dead run: {view.holder}"
                             + (f" ({view.command})" if view.command else "") + f", since {view.since} "
