@@ -176,9 +176,46 @@ program = FleetpatchProgram(namespace=ns, name="fleetpatch", binary="fleetpatch"
 def main():
     try:
         program.run()
+        code = 0
+    except SystemExit as e:
+        code = e.code
     except BrokenPipeError:
-        # the reader went away (`fleetpatch --help | head`): no traceback; stdout goes
-        # nowhere so that the interpreter's own flush at exit cannot raise again
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+        code = 1
+        _stdout_to_devnull()
+    _exit_now(code)
+
+
+def _stdout_to_devnull() -> None:
+    # the reader went away (`fleetpatch --help | head`): no traceback; stdout goes
+    # nowhere so that no later flush can raise again
+    import os
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _exit_now(code) -> None:
+    """End the process once the output is out. The interpreter's own teardown (a
+    garbage collection over everything rich, Invoke and paramiko loaded, then every
+    module) adds tens of milliseconds to every command after its work is done, so
+    it is skipped, unless a thread that is not a daemon still runs: then Python ends
+    as usual, after it."""
+    import os
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:   # sys.exit("message"), as Python itself treats it
+        print(code, file=sys.stderr)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            status = status or 1
+        except (OSError, ValueError):
+            pass
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(status)
+    os._exit(status)

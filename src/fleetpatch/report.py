@@ -298,6 +298,20 @@ def print_outcome(console, task: str, results: dict, extra_lines: list[str] = ()
 # ----------------------------------------------------------------- JSON report
 
 def check_report_path(path: str | Path | None, flag: str = "--report", directory: bool = False) -> None:
+    # Another fleetpatch started in the same folder may remove a folder this try
+    # relies on (it created it for its own try): a vanished folder is tried again.
+    for _ in range(9):
+        try:
+            return _try_report_path(path, flag, directory)
+        except FileNotFoundError:
+            continue
+    try:
+        _try_report_path(path, flag, directory)
+    except FileNotFoundError as e:
+        raise UsageError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
+
+
+def _try_report_path(path: str | Path | None, flag: str, directory: bool) -> None:
     """Refuse a --report path (or with `directory`, a folder to create) that
     cannot be written, before any host is touched, so a run's results are never
     lost to a typo at the end. It is really tried (root may write where
@@ -315,9 +329,12 @@ def check_report_path(path: str | Path | None, flag: str = "--report", directory
     try:
         for d in reversed([target, *target.parents]):
             if not d.exists():
-                d.mkdir()
-                created.append(d)
-            elif not d.is_dir():
+                try:
+                    d.mkdir()
+                    created.append(d)
+                except FileExistsError:   # a concurrent run made it: not ours to remove
+                    pass
+            if not d.is_dir():
                 raise UsageError(f"{flag} {path}: {d} is a file, not a directory")
         if directory:
             probe = target / f".fleetpatch-write-test-{os.getpid()}"
@@ -330,6 +347,8 @@ def check_report_path(path: str | Path | None, flag: str = "--report", directory
             with open(p, "ab"):
                 pass
             p.unlink()
+    except FileNotFoundError:
+        raise   # tried again by the caller: a folder may have been removed by a concurrent run
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
     finally:
