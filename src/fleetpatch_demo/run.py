@@ -342,7 +342,7 @@ def _run_rollout_under_traffic(console: Console, step: Step, router_url: str, fl
         ctx["traffic"] = traffic.stop()
     step.seconds = time.monotonic() - t
     step.code = code
-    console.print(trafficmod.totals_line(ctx["traffic"]), style="bold", markup=False)
+    console.print(trafficmod.totals_line(ctx["traffic"], interrupted), style="bold", markup=False)
     if interrupted:
         raise _Interrupted(step)
     if step.code != step.expect_code:

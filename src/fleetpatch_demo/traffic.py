@@ -24,7 +24,8 @@ from rich.live import Live
 from rich.text import Text
 
 from .loadgen import CUT, FAILED, OK, LoadGen
-from .routerproc import RouterProcess, router_command
+from . import routerproc
+from .routerproc import RouterProcess
 
 RECORD = "router.json"
 LOG = "router.log"
@@ -37,7 +38,7 @@ PLAIN_EVERY = 3.0          # seconds between plain (not a terminal) traffic line
 
 
 def available() -> bool:
-    return router_command() is not None
+    return routerproc.router_command() is not None
 
 
 def missing_line() -> str:
@@ -268,6 +269,7 @@ def run_child(console: Console, argv: List[str], traffic: Traffic,
     return proc.returncode, interrupted
 
 
-def totals_line(counts: Dict[str, int]) -> str:
-    return (f"Router traffic during the rollout: {counts['sent']} requests sent, {counts[OK]} served, "
+def totals_line(counts: Dict[str, int], interrupted: bool = False) -> str:
+    when = "until Ctrl-C" if interrupted else "during the rollout"
+    return (f"Router traffic {when}: {counts['sent']} requests sent, {counts[OK]} served, "
             f"{counts[FAILED]} failed, {counts[CUT]} cut ({counts['streams']} of them streams).")
