@@ -239,7 +239,7 @@ def test_ctrl_c_in_the_demo_lets_the_step_finish_its_hosts_and_says_where_the_fl
         for line in proc.stdout:
             seen.append(line)
             in_rollout = in_rollout or "2. rollout" in line
-            # past the canary's drain (Ctrl-C during a drain puts the worker back untouched instead)
+            # with a router: once the canary is past its drain and restart, so it has something to finish
             if in_rollout and (" verify" in line if ROUTER else line.rstrip().endswith(" restart")):
                 break
         else:
