@@ -198,9 +198,13 @@ class Traffic:
             self._stop.wait(0.5)
 
     def stop(self, wait: float = 30.0) -> Dict[str, int]:
-        counts = self.lg.stop(wait)
+        """No new request; the counts once those in flight end (at most `wait` s;
+        a second Ctrl-C stops waiting: the clients are daemon threads)."""
         self._stop.set()
-        return counts
+        try:
+            return self.lg.stop(wait)
+        except KeyboardInterrupt:
+            return self.lg.counts()
 
     def line(self) -> str:
         c = self.lg.counts()
@@ -208,17 +212,20 @@ class Traffic:
                 f"{c[FAILED]} failed, {c[CUT]} cut, {c['in_flight']} in flight; "
                 f"the router sends to: {self.in_router or '...'}")
 
-    def __rich__(self) -> Text:
+    def __rich_console__(self, console, options):
+        """The terminal line: short enough for 80 columns, never wrapped (Live redraws it in place)."""
         c = self.lg.counts()
-        t = Text(f"traffic {time.monotonic() - self.started:4.0f}s  ")
-        t.append(f"sent {c['sent']}  ")
+        t = Text(f"traffic: sent {c['sent']}  ")
         t.append(f"served {c[OK]}", style="green")
         t.append("  ")
         t.append(f"failed {c[FAILED]}", style="bold red" if c[FAILED] else "")
         t.append("  ")
         t.append(f"cut {c[CUT]}", style="bold red" if c[CUT] else "")
-        t.append(f"  in flight {c['in_flight']}  router sends to: {self.in_router or '...'}", style="dim")
-        return t
+        short = " ".join(n.rsplit("-", 1)[-1] for n in (self.in_router or "...").split(","))
+        t.append(f"  router -> {short}", style="dim")
+        t.truncate(options.max_width, overflow="ellipsis")
+        t.no_wrap = True
+        yield t
 
 
 def run_child(console: Console, argv: List[str], traffic: Traffic,
