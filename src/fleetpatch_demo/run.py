@@ -7,9 +7,12 @@ two on the spec-v2 path and two not, leaves them running (detached), and runs
 the real ``fleetpatch`` commands against them as subprocesses, exactly as a user
 would type them.  It returns 0 when every step behaved as the demo expects
 (including the two steps that are *meant* to fail), else non-zero naming the
-step.  Ctrl-C interrupts the step in flight the way it interrupts a rollout
+step. When sglang-router is installed, the real router runs in front of the
+fleet (started alongside it, left up with it, see ``traffic.py``), the
+inventory gets its ``router:`` section, and the rollout runs under traffic
+through it: any failed or cut request, or none served, is a misbehaviour.  Ctrl-C interrupts the step in flight the way it interrupts a rollout
 (the child gets the SIGINT, hosts in flight finish or roll back, locks are
-released) and then says where each host ended.  ``down(root)`` stops the fleet,
+released) and then says where each host ended.  ``down(root)`` stops the router and the fleet,
 checks that nothing is left, and removes the empty mount-point directory.
 
 ``FLEETPATCH_DEMO_STARTUP_DELAY`` (seconds, default 1) is how long each stand-in
@@ -297,7 +300,8 @@ def _start_router(console: Console, root: Path, fleet: Fleet, finish) -> str | N
         url = finish(_worker_urls(fleet))
     except (RuntimeError, OSError, FleetpatchError) as e:
         trafficmod.stop_router(root)
-        console.print(f"fleetpatch demo: could not start sglang-router ({e}); the demo goes on without a router "
+        said = " ".join(str(e).split())  # its log's tail, on this one line
+        console.print(f"fleetpatch demo: could not start sglang-router ({said}); the demo goes on without a router "
                       f"(its log: {_show_path(root / trafficmod.LOG)}).", style="yellow", markup=False)
         return None
     console.print(f"sglang-router up on {url}, listing the {len(fleet.hosts)} servers (the real router from "
