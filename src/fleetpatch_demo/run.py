@@ -7,13 +7,15 @@ two on the spec-v2 path and two not, leaves them running (detached), and runs
 the real ``fleetpatch`` commands against them as subprocesses, exactly as a user
 would type them.  It returns 0 when every step behaved as the demo expects
 (including the two steps that are *meant* to fail), else non-zero naming the
-step. When sglang-router is installed, the real router runs in front of the
-fleet (started alongside it, left up with it, see ``traffic.py``), the
+step.  When sglang-router is installed, the real router runs in front of the
+fleet (started alongside it, left up with it; see ``traffic.py``), the
 inventory gets its ``router:`` section, and the rollout runs under traffic
-through it: any failed or cut request, or none served, is a misbehaviour.  Ctrl-C interrupts the step in flight the way it interrupts a rollout
-(the child gets the SIGINT, hosts in flight finish or roll back, locks are
-released) and then says where each host ended.  ``down(root)`` stops the router and the fleet,
-checks that nothing is left, and removes the empty mount-point directory.
+through it: a failed or cut request, or none served, is a misbehaviour.
+Ctrl-C interrupts the step in flight the way it interrupts a rollout (the
+child gets the SIGINT, hosts in flight finish or roll back, locks are
+released) and then says where each host ended.  ``down(root)`` stops the
+router and the fleet, checks that nothing is left, and removes the empty
+mount-point directory.
 
 ``FLEETPATCH_DEMO_STARTUP_DELAY`` (seconds, default 1) is how long each stand-in
 server takes to come up, so the live view is watchable; the tests lower it.
