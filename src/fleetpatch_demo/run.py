@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.rule import Rule
 
 from fleetpatch.errors import FleetpatchError
-import yaml
 
 from . import fleet as fleetmod
 from . import traffic as trafficmod
@@ -329,7 +329,8 @@ def _run_rollout_under_traffic(console: Console, step: Step, router_url: str, fl
     shown = " ".join(shlex.quote(a) for a in ["fleetpatch", *step.args])
     console.print(f"$ {shown}", style="bold", markup=False)
     names = {u: n for n, u in _worker_urls(fleet).items()}
-    traffic = trafficmod.Traffic(router_url, names)
+    traffic = trafficmod.Traffic(router_url, names, log=fleet.root / trafficmod.LOG)
+    ctx["traffic_gen"] = traffic
     sys.stdout.flush()
     t = time.monotonic()
 
@@ -368,12 +369,15 @@ def _drain_proof(doc: dict) -> str:
             "and the streams in flight are cut (tests/test_drained_rollout.py shows both).")
 
 
-def _traffic_problem(counts: dict, traffic: trafficmod.Traffic | None = None) -> str:
+def _traffic_problem(counts: dict, traffic: trafficmod.Traffic) -> str:
+    bad = "; ".join(f"request {o.index} ({'stream' if o.stream else 'plain'}, {o.tokens} tokens): {o.result}, "
+                    f"{o.detail}" for o in traffic.lg.bad()[:3])
     if counts[trafficmod.OK] == 0:
-        return "no request was served through the router during the rollout"
+        return ("no request was served through the router during the rollout"
+                + (f": {bad}" if bad else "") + f"; the router's log is {_show_path(traffic.log)}")
     if counts[trafficmod.FAILED] or counts[trafficmod.CUT]:
         return (f"the drained rollout lost requests ({counts[trafficmod.FAILED]} failed, "
-                f"{counts[trafficmod.CUT]} cut); expected 0 and 0")
+                f"{counts[trafficmod.CUT]} cut; expected 0 and 0): {bad}")
     return ""
 
 
@@ -411,7 +415,9 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         fleet = Fleet(root, _specs(delay), detach=True).start(timeout=60 + 4 * delay)
         ctx["fleet"] = fleet
     except (FleetError, RuntimeError, OSError) as e:
-        trafficmod.stop_router(root)
+        if finish_router is not None:
+            finish_router.launched.join(120)  # so that its record is there to stop it by
+            trafficmod.stop_router(root)
         console.print(f"fleetpatch demo: could not start the demo fleet: {e}", style="bold red", markup=False)
         return 1
     console.print(f"{len(fleet.hosts)} hosts up in {time.monotonic() - t:.1f}s.", markup=False)
@@ -465,7 +471,7 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         if stages and stages[0] != [V2_HOSTS[0]]:
             raise _Misbehaved(f"the first stage was {stages[0]}, expected the canary [{V2_HOSTS[0]}]")
         if router_url:
-            problem = _traffic_problem(ctx["traffic"])
+            problem = _traffic_problem(ctx["traffic"], ctx["traffic_gen"])
             if problem:
                 raise _Misbehaved(problem)
     except _Misbehaved as e:

@@ -80,6 +80,7 @@ def start_router(root: Path, timeout: float = 30.0) -> Callable[[Dict[str, str]]
             router.add(url, timeout=timeout)
         return box["rp"].url
 
+    finish.launched = thread  # type: ignore[attr-defined]
     return finish
 
 
@@ -168,8 +169,9 @@ def ports(doc: Optional[dict]) -> List[int]:
 class Traffic:
     """A LoadGen through the router plus what the router lists, as one line."""
 
-    def __init__(self, router_url: str, names_by_url: Dict[str, str]):
+    def __init__(self, router_url: str, names_by_url: Dict[str, str], log: Optional[Path] = None):
         self.router_url = router_url
+        self.log = log  # the router's, for the user when something goes wrong
         self.names_by_url = names_by_url
         self.lg = LoadGen(router_url, concurrency=CONCURRENCY, stream_share=0.5, tokens=TOKENS,
                           max_seconds=600, timeout=60)
