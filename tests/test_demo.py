@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -11,10 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fleetpatch_demo import fleet as fleetmod
 from fleetpatch_demo import run as demo_run
+from fleetpatch_demo import traffic as demo_traffic
 from fleetpatch_demo.fleet import Fleet
+from fleetpatch_demo.routerproc import router_command
+from fleetpatch.router import Router
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +61,41 @@ def test_up_says_what_is_missing_and_starts_nothing(tmp_path, monkeypatch, capsy
     assert not root.exists()
 
 
+def test_without_the_router_the_demo_says_so_in_one_line_and_goes_on(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo_traffic.routerproc, "router_command", lambda: None)
+    assert demo_run._launch_router(demo_run._console(), tmp_path / "demo") is None
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 1, out
+    assert "sglang-router is not installed" in out and "runs without a router" in out
+    assert "pip install sglang-router" in out
+    assert not (tmp_path / "demo").exists(), "nothing is started or created"
+
+
+ROUTER = router_command() is not None
+TOTALS = re.compile(r"^Router traffic (during the rollout|until Ctrl-C): (\d+) requests sent, (\d+) served, "
+                    r"(\d+) failed, (\d+) cut \((\d+) of them streams\)\.$", re.M)
+
+
+def router_totals(out: str) -> dict:
+    m = TOTALS.findall(out)
+    assert len(m) == 1, out
+    sent, served, failed, cut, streams = map(int, m[0][1:])
+    return {"sent": sent, "served": served, "failed": failed, "cut": cut, "streams": streams}
+
+
+def router_process_gone(doc: dict) -> bool:
+    """No process of the router's session is left (a zombie awaiting its reaper holds nothing)."""
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and fields[3] == str(doc["pid"]):
+            return False
+    return True
+
+
 def test_down_without_a_fleet_is_a_no_op(tmp_path):
     code, out = fleetpatch("demo", "--down", "--root", str(tmp_path / "none"), cwd=tmp_path)
     assert code == 0, out
@@ -82,6 +122,22 @@ def test_demo_up_then_down(tmp_path):
         assert rollout.index("gpu-a01      queued canary") < rollout.index("queued batch 1")
         doc = json.loads((root / "reports" / "2-rollout.json").read_text())
         assert {h["status"] for h in doc["hosts"].values()} == {"verified"}
+        if ROUTER:
+            # the real router in front of the fleet, traffic through it for the whole rollout
+            inv = yaml.safe_load((root / "hosts.yaml").read_text())
+            router_url = inv["defaults"]["router"]["urls"][0]
+            assert f"sglang-router up on {router_url}" in out
+            t = router_totals(rollout)
+            assert t["failed"] == 0 and t["cut"] == 0, t
+            assert t["served"] == t["sent"] > 0 and t["streams"] > 0, t
+            assert "0 failed, 0 cut: that is the drained rollout" in rollout
+            assert re.search(r"^traffic +\d+s: \d+ requests sent, \d+ served, 0 failed, 0 cut, ", rollout, re.M), \
+                "a plain traffic line while the rollout runs"
+            for h in doc["hosts"].values():
+                assert h["router"]["removed"] and h["router"]["readded"], h
+            assert f"Router traffic during the rollout: {t['sent']} requests sent" in section(out, "demo summary", None)
+        else:
+            assert "sglang-router is not installed" in out and "pip install sglang-router" in out
 
         # 3. check-patch: refused by the pre-flight check, nothing written
         check = section(out, "3. check-patch", "4. deploy-patch")
@@ -101,6 +157,10 @@ def test_demo_up_then_down(tmp_path):
         assert "cause: SGLANG_ENABLE_SPEC_V2 is not set (and --speculative-eagle-topk 4 needs the v1 path)" in deploy
         assert "no marker for EAGLEWorker" in deploy or "marker for EAGLEWorker not seen" in deploy
         assert "FAILED on 2 of 2 hosts: gpu-a03 (not-executed), gpu-a04 (not-executed)" in deploy
+        if ROUTER:  # failed verification: kept out of the router, the others serve
+            assert deploy.count("not put back into the router: it failed verification") == 2, deploy
+            listed = {w.url for w in Router(router_url).list_workers() if w.healthy}
+            assert listed == {inv["hosts"][n]["server"]["url"] for n in ("gpu-a01", "gpu-a02")}, listed
 
         summary = section(out, "demo summary", None)
         assert "The demo behaved as expected" in summary
@@ -129,9 +189,20 @@ def test_demo_up_then_down(tmp_path):
 
 def assert_down_removes_everything(cwd, root, fleet, state, ports):
     mount_point = fleet.mount_point
+    router = demo_traffic.read_record(root)
+    if ROUTER:  # it outlives the demo command, in front of the fleet its inventory names
+        assert router is not None and not router_process_gone(router)
+        ports = ports + demo_traffic.ports(router)
+        assert set(demo_traffic.ports(router)) <= set(fleetmod._listening_ports())
     code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=cwd)
     assert code == 0, out
     assert "Stopped the demo fleet" in out
+    if ROUTER:
+        assert f"Stopped the router {router['url']} (pid {router['pid']})." in out
+        assert router_process_gone(router), "no router process is left"
+        # the clients were threads of the demo command: none of its processes is left either
+        assert not [d for d in os.listdir("/proc") if d.isdigit() and _cmdline_has(d, str(root))], \
+            "no process started for this demo is left"
     assert not any(fleetmod._alive(h["sshd_pid"]) and fleetmod._ns_ino(h["sshd_pid"]) == h["ns_ino"]
                    for h in state["hosts"].values()), "no sshd of the fleet is left"
     assert not set(ports) & set(fleetmod._listening_ports()), "every port is closed"
@@ -144,6 +215,14 @@ def assert_down_removes_everything(cwd, root, fleet, state, ports):
     code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=cwd)
     assert code == 0, out
     assert "nothing to stop" in out
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    except OSError:
+        return False
 
 
 @needs_fleet
@@ -160,7 +239,8 @@ def test_ctrl_c_in_the_demo_lets_the_step_finish_its_hosts_and_says_where_the_fl
         for line in proc.stdout:
             seen.append(line)
             in_rollout = in_rollout or "2. rollout" in line
-            if in_rollout and line.rstrip().endswith(" restart"):
+            # with a router: once the canary is past its drain and restart, so it has something to finish
+            if in_rollout and (" verify" in line if ROUTER else line.rstrip().endswith(" restart")):
                 break
         else:
             raise AssertionError("the rollout never restarted a host:\n" + "".join(seen))
@@ -173,6 +253,12 @@ def test_ctrl_c_in_the_demo_lets_the_step_finish_its_hosts_and_says_where_the_fl
         assert f"  export FLEETPATCH_INVENTORY={root / 'hosts.yaml'}" in out.splitlines()
         assert "fleetpatch demo --down --root" in out and "takes it down" in out
         assert "3. check-patch" not in out, "no later step runs after Ctrl-C"
+        assert "Traceback" not in out
+        if ROUTER:
+            t = router_totals(out)
+            assert "Router traffic until Ctrl-C" in out
+            assert t["failed"] == 0 and t["cut"] == 0 and t["served"] > 0, t
+            assert "stays up in front of the fleet" in out
         doc = json.loads((root / "reports" / "2-rollout.json").read_text())
         assert doc["interrupted"] is True
         fleet = Fleet.attach(root)

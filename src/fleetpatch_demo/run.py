@@ -7,10 +7,15 @@ two on the spec-v2 path and two not, leaves them running (detached), and runs
 the real ``fleetpatch`` commands against them as subprocesses, exactly as a user
 would type them.  It returns 0 when every step behaved as the demo expects
 (including the two steps that are *meant* to fail), else non-zero naming the
-step.  Ctrl-C interrupts the step in flight the way it interrupts a rollout
-(the child gets the SIGINT, hosts in flight finish or roll back, locks are
-released) and then says where each host ended.  ``down(root)`` stops the fleet,
-checks that nothing is left, and removes the empty mount-point directory.
+step.  When sglang-router is installed, the real router runs in front of the
+fleet (started alongside it, left up with it; see ``traffic.py``), the
+inventory gets its ``router:`` section, and the rollout runs under traffic
+through it: a failed or cut request, or none served, is a misbehaviour.
+Ctrl-C interrupts the step in flight the way it interrupts a rollout (the
+child gets the SIGINT, hosts in flight finish or roll back, locks are
+released) and then says where each host ended.  ``down(root)`` stops the
+router and the fleet, checks that nothing is left, and removes the empty
+mount-point directory.
 
 ``FLEETPATCH_DEMO_STARTUP_DELAY`` (seconds, default 1) is how long each stand-in
 server takes to come up, so the live view is watchable; the tests lower it.
@@ -30,10 +35,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.rule import Rule
 
+from fleetpatch.errors import FleetpatchError
+
 from . import fleet as fleetmod
+from . import traffic as trafficmod
 from .fleet import Fleet, FleetError, HostSpec
 from .wheels import cache_dir
 
@@ -47,7 +56,8 @@ V1_HOSTS = ["gpu-a03", "gpu-a04"]      # no env, --speculative-eagle-topk 4: EAG
 STARTUP_DELAY_ENV = "FLEETPATCH_DEMO_STARTUP_DELAY"
 DEPLOY_TIMEOUT = "20"
 # What up() and Fleet write under the demo's root (removed by down()).
-CREATED_IN_ROOT = (fleetmod.STATE_FILE, fleetmod.STATE_FILE + ".tmp", "hosts.yaml", "reports", "keys", "hosts")
+CREATED_IN_ROOT = (fleetmod.STATE_FILE, fleetmod.STATE_FILE + ".tmp", "hosts.yaml", "reports", "keys", "hosts",
+                   trafficmod.RECORD, trafficmod.RECORD + ".tmp", trafficmod.LOG)
 
 
 def _console() -> Console:
@@ -257,11 +267,118 @@ def _interrupted(console: Console, root: Path, down_cmd: str, ctx: dict, step: S
         say(f"Still locked: {', '.join(locked)} (a step is still finishing; rerun status in a moment).")
     else:
         say("No host is left locked (checked).")
+    if ctx.get("router_url"):
+        say(f"The router {ctx['router_url']} stays up in front of the fleet (the demo's inventory names it); "
+            "the demo's clients stopped with it.")
+    if "inventory" not in ctx:
+        say(f"The demo fleet stays up. `{down_cmd}` takes it down.", style="bold")
+        return 130
     say("The demo fleet stays up. To look at it, point the everyday commands at it:")
     say(f"  {_point_at(ctx['inventory'])}")
     say("  fleetpatch status")
     say(f"`{down_cmd}` takes it down.", style="bold")
     return 130
+
+
+def _worker_urls(fleet: Fleet) -> dict:
+    """Each host's server as the router lists it (the string the inventory's server.url must be)."""
+    return {n: f"http://127.0.0.1:{h.http_port}" for n, h in fleet.hosts.items()}
+
+
+def _launch_router(console: Console, root: Path):
+    """Start the router while the fleet starts: its `finish`, or None (said why) to go on without one."""
+    if not trafficmod.available():
+        console.print(trafficmod.missing_line(), style="yellow", markup=False)
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    return trafficmod.start_router(root)
+
+
+def _start_router(console: Console, root: Path, fleet: Fleet, finish) -> str | None:
+    """The router's URL in front of the fleet, or None (said why) to go on without one."""
+    if finish is None:
+        return None
+    try:
+        url = finish(_worker_urls(fleet))
+    except (RuntimeError, OSError, FleetpatchError) as e:
+        trafficmod.stop_router(root)
+        said = " ".join(str(e).split())  # its log's tail, on this one line
+        console.print(f"fleetpatch demo: could not start sglang-router ({said}); the demo goes on without a router "
+                      f"(its log: {_show_path(root / trafficmod.LOG)}).", style="yellow", markup=False)
+        return None
+    console.print(f"sglang-router up on {url}, listing the {len(fleet.hosts)} servers (the real router from "
+                  "PyPI, in front of the fleet as in production).", markup=False)
+    return url
+
+
+def _write_inventory(fleet: Fleet, path: Path, router_url: str | None) -> Path:
+    doc = fleet.inventory(canary=True)
+    if router_url:
+        doc["defaults"]["router"] = {"urls": [router_url]}
+        for name, url in _worker_urls(fleet).items():
+            doc["hosts"][name]["server"]["url"] = url
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _run_rollout_under_traffic(console: Console, step: Step, router_url: str, fleet: Fleet,
+                               ctx: dict) -> Step:
+    """The rollout step with traffic through the router and the live traffic line.
+    Sets ctx["traffic"] to the final counts (also when interrupted)."""
+    shown = " ".join(shlex.quote(a) for a in ["fleetpatch", *step.args])
+    console.print(f"$ {shown}", style="bold", markup=False)
+    names = {u: n for n, u in _worker_urls(fleet).items()}
+    traffic = trafficmod.Traffic(router_url, names, log=fleet.root / trafficmod.LOG)
+    ctx["traffic_gen"] = traffic
+    sys.stdout.flush()
+    t = time.monotonic()
+
+    def interrupt(proc):  # exactly what Ctrl-C at the rollout itself would do
+        try:
+            proc.send_signal(signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    traffic.start()
+    time.sleep(0.5)  # requests in flight on every worker before the first one leaves the router
+    try:
+        code, interrupted = trafficmod.run_child(console, [sys.executable, "-m", "fleetpatch", *step.args],
+                                                 traffic, interrupt)
+    finally:
+        ctx["traffic"] = traffic.stop()
+    step.seconds = time.monotonic() - t
+    step.code = code
+    console.print(trafficmod.totals_line(ctx["traffic"], interrupted), style="bold", markup=False)
+    if interrupted:
+        raise _Interrupted(step)
+    if step.code != step.expect_code:
+        step.problem = f"exited {step.code}, expected {step.expect_code}"
+    return step
+
+
+def _drain_proof(doc: dict) -> str:
+    """What 0 failed and 0 cut prove, with the drain's own figures from the report."""
+    routed = [h.get("router") or {} for h in doc.get("hosts", {}).values()]
+    waited = sum(int(r.get("in_flight_at_removal") or 0) for r in routed)
+    longest = max((float(r.get("drained_s") or 0) for r in routed), default=0.0)
+    return ("0 failed, 0 cut: that is the drained rollout. fleetpatch took each worker out of the router before "
+            f"restarting it; {waited} requests were still running on the workers it took out, and it waited for "
+            f"them (at most {longest:.1f}s) before the SIGTERM, then put each worker back only after its smoke "
+            "request. Without the router section the same rollout restarts workers the router still sends to, "
+            "and the streams in flight are cut (tests/test_drained_rollout.py shows both).")
+
+
+def _traffic_problem(counts: dict, traffic: trafficmod.Traffic) -> str:
+    bad = "; ".join(f"request {o.index} ({'stream' if o.stream else 'plain'}, {o.tokens} tokens): {o.result}, "
+                    f"{o.detail}" for o in traffic.lg.bad()[:3])
+    if counts[trafficmod.OK] == 0:
+        return ("no request was served through the router during the rollout"
+                + (f": {bad}" if bad else "") + f"; the router's log is {_show_path(traffic.log)}")
+    if counts[trafficmod.FAILED] or counts[trafficmod.CUT]:
+        return (f"the drained rollout lost requests ({counts[trafficmod.FAILED]} failed, "
+                f"{counts[trafficmod.CUT]} cut; expected 0 and 0): {bad}")
+    return ""
 
 
 def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: str, started: float,
@@ -274,6 +391,8 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     console.print(f"  {', '.join(V2_HOSTS)}  SGLANG_ENABLE_SPEC_V2=True  topk 1 -> EAGLEWorkerV2", markup=False)
     console.print(f"  {', '.join(V1_HOSTS)}  (not set)                  topk 4 -> EAGLEWorker", markup=False)
 
+    if trafficmod.read_record(root) is not None:
+        trafficmod.stop_router(root)  # the previous demo's, in front of hosts about to go
     if (root / fleetmod.STATE_FILE).exists():
         try:
             old = Fleet.attach(root)
@@ -287,20 +406,29 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     if not (cache_dir() / "trees" / SGLANG_VERSION / ".complete").exists():
         console.print(f"First run: downloading the sglang {SGLANG_VERSION} wheel with pip "
                       "(once; it is cached) ...")
-    console.print(f"Starting the fleet in {shown_root} ...", markup=False)
+    finish_router = _launch_router(console, root)
+    console.print(f"Starting the fleet in {shown_root}" + (" and sglang-router" if finish_router else "") + " ...",
+                  markup=False)
     sys.stdout.flush()
     t = time.monotonic()
     try:
         fleet = Fleet(root, _specs(delay), detach=True).start(timeout=60 + 4 * delay)
         ctx["fleet"] = fleet
     except (FleetError, RuntimeError, OSError) as e:
+        if finish_router is not None:
+            finish_router.launched.join(120)  # so that its record is there to stop it by
+            trafficmod.stop_router(root)
         console.print(f"fleetpatch demo: could not start the demo fleet: {e}", style="bold red", markup=False)
         return 1
-    inventory = fleet.write_inventory(root / "hosts.yaml", canary=True)
+    console.print(f"{len(fleet.hosts)} hosts up in {time.monotonic() - t:.1f}s.", markup=False)
+    router_url = _start_router(console, root, fleet, finish_router)
+    ctx["router_url"] = router_url
+    inventory = _write_inventory(fleet, root / "hosts.yaml", router_url)
     ctx["inventory"] = inventory
     inv = _show_path(inventory)
-    console.print(f"{len(fleet.hosts)} hosts up in {time.monotonic() - t:.1f}s; inventory {inv} "
-                  f"(group canary: [{V2_HOSTS[0]}])", markup=False)
+    console.print(f"Inventory {inv} (group canary: [{V2_HOSTS[0]}]"
+                  + (f"; router: {router_url}, each host's server.url as the router lists it)" if router_url
+                     else ")"), markup=False)
     reports = root / "reports"
     if reports.exists():
         shutil.rmtree(reports)
@@ -324,10 +452,17 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     console.print(
         f"Roll the shipped patch {SHIPPED_PATCH} out to the whole fleet: the canary {V2_HOSTS[0]} first, then "
         "the rest. It changes both eagle_worker.py and eagle_worker_v2.py, so whichever worker a host runs, "
-        "its marker must show up in the log written since fleetpatch's own restart.")
+        "its marker must show up in the log written since fleetpatch's own restart."
+        + (" Meanwhile clients send a steady mix of streaming and plain requests through the router: each "
+           "worker leaves the router, finishes what it has in flight, restarts, answers a smoke request and "
+           "goes back, so none of them should fail or be cut." if router_url else ""))
     s2 = Step("rollout", ["rollout", "--patch", SHIPPED_PATCH, "--group", "all", "--inventory", inv,
                           "--report", _show_path(rep("2-rollout"))], 0, rep("2-rollout"))
-    if _run_step(console, s2).problem:
+    if router_url:
+        _run_rollout_under_traffic(console, s2, router_url, fleet, ctx)
+    else:
+        _run_step(console, s2)
+    if s2.problem:
         return _misbehaved(console, s2, down_cmd)
     try:
         doc = _report(s2)
@@ -335,9 +470,15 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         stages = doc.get("stages") or []
         if stages and stages[0] != [V2_HOSTS[0]]:
             raise _Misbehaved(f"the first stage was {stages[0]}, expected the canary [{V2_HOSTS[0]}]")
+        if router_url:
+            problem = _traffic_problem(ctx["traffic"], ctx["traffic_gen"])
+            if problem:
+                raise _Misbehaved(problem)
     except _Misbehaved as e:
         s2.problem = str(e)
         return _misbehaved(console, s2, down_cmd)
+    if router_url:
+        console.print(_drain_proof(doc), style="green", markup=False)
 
     # 3 ------------------------------------------------------------- check-patch
     console.print(Rule("3. check-patch"))
@@ -391,11 +532,18 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     console.print(f"3. check-patch   exit {s3.code}  {ONE_PATH_PATCH} refused by the pre-flight check on "
                   f"{v1}, nothing written")
     console.print(f"4. deploy-patch  exit {s4.code}  forced: not-executed on {v1}, EAGLEWorker ran, "
-                  "failed loudly")
+                  "failed loudly" + (", kept out of the router" if router_url else ""))
+    if router_url:
+        c = ctx["traffic"]
+        console.print(f"Router traffic during the rollout: {c['sent']} requests sent, {c[trafficmod.OK]} served, "
+                      f"{c[trafficmod.FAILED]} failed, {c[trafficmod.CUT]} cut.", markup=False)
     console.print(f"The demo behaved as expected in {time.monotonic() - started:.0f}s; steps 3 and 4 are "
                   "meant to fail, that is the point.", style="bold green")
     console.print(f"The demo fleet is still running ({', '.join(V1_HOSTS)} keep {ONE_PATH_PATCH}: deploy-patch "
-                  f"defaults to --on-failure keep). Reports are in {_show_path(reports)}. Try:", markup=False)
+                  "defaults to --on-failure keep"
+                  + (f"; a host that fails verification stays out of the router, so {router_url} now sends only "
+                     f"to {', '.join(V2_HOSTS)}, and the rollback below puts them back" if router_url else "")
+                  + f"). Reports are in {_show_path(reports)}. Try:", markup=False)
     console.print(f"  fleetpatch rollback --patch {ONE_PATH_PATCH} --patches {patches} --hosts {v1} "
                   f"--inventory {inv}", markup=False)
     console.print(f"  fleetpatch status --inventory {inv}", markup=False)
@@ -421,8 +569,13 @@ def down(root: Path = DEFAULT_ROOT) -> int:
     console = _console()
     root = Path(root).absolute()
     shown_root = _show_path(root)
+    router_doc = trafficmod.read_record(root)
+    router_said = trafficmod.stop_router(root)  # first: it would health-check servers going away
+    if router_said:
+        console.print(router_said, markup=False)
     if not (root / fleetmod.STATE_FILE).exists():
-        console.print(f"No demo fleet is recorded in {shown_root}: nothing to stop.", markup=False)
+        console.print(f"No demo fleet is recorded in {shown_root}: nothing " + ("else " if router_said else "")
+                      + "to stop.", markup=False)
         return 0
     try:
         fleet = Fleet.attach(root)
@@ -433,6 +586,8 @@ def down(root: Path = DEFAULT_ROOT) -> int:
     members = fleet._ns_members()
     procs = sum(len(p) for p in members.values())
     ports = {n: (h.ssh_port, h.http_port) for n, h in fleet.hosts.items()}
+    if router_doc is not None:
+        ports["the router"] = tuple(trafficmod.ports(router_doc))
     try:
         fleet.stop()
     except (OSError, FleetError) as e:
