@@ -71,7 +71,7 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
 @command(help={"down": "stop the demo fleet and remove what it created on this machine",
                "root": "where the demo fleet lives (default .fleetpatch/demo)"})
 def demo(c, down=False, root=".fleetpatch/demo"):
-    """Run the demo: a local fleet of 4 sshd hosts, the shipped patch rolled out, a one-path patch caught twice."""
+    """Run the demo: a local fleet of 4 sshd hosts, the shipped patch rolled out under traffic through sglang-router (when installed), a one-path patch caught twice."""
     from fleetpatch_demo import run as demo_run  # the demo's fleet code is only loaded for this command
     code = demo_run.down(Path(root)) if down else demo_run.up(Path(root))
     if code:
