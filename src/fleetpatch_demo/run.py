@@ -366,7 +366,7 @@ def _drain_proof(doc: dict) -> str:
             f"restarting it; {waited} requests were still running on the workers it took out, and it waited for "
             f"them (at most {longest:.1f}s) before the SIGTERM, then put each worker back only after its smoke "
             "request. Without the router section the same rollout restarts workers the router still sends to, "
-            "and the streams in flight are cut (tests/test_drained_rollout.py shows both).")
+            "and the streams in flight are cut (README, 'Serving traffic', has the measured figures of both).")
 
 
 def _traffic_problem(counts: dict, traffic: trafficmod.Traffic) -> str:
