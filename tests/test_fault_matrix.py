@@ -21,10 +21,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+import clockstep
 from conftest import needs_fleet
 from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import steps
@@ -486,6 +489,86 @@ def test_two_runs_at_once(lh):
     statuses = sorted(str(r.status) for r in results)
     assert statuses in (["locked", "verified"], ["already-applied", "verified"]), [r.message for r in results]
     record("two runs at once", "probe", lh, pristine, "/".join(statuses), lambda: deploy(lh))
+
+
+# ------------------------------------------------------------ a clock step
+
+@pytest.fixture(scope="session")
+def sleep_shim(tmp_path_factory):
+    if clockstep.MISSING:
+        pytest.skip(clockstep.MISSING)
+    return clockstep.build_shim(tmp_path_factory.mktemp("faketime"))
+
+
+@pytest.fixture
+def clock(lh, sleep_shim):
+    """The host's python (the agent's and the server's) runs under libfaketime."""
+    c = clockstep.Clock(lh.root, lh.python, sleep_shim)
+    lh.engine_python = c.python
+    return c
+
+
+@pytest.mark.parametrize("seconds", [3600, -3600])
+def test_clock_step_during_verification(lh, clock, seconds):
+    """The host's wall clock jumps an hour (NTP, an operator's `date -s`) after the
+    restart, while the agent follows the fresh log: the deploy still verifies within
+    its timeout (no false timeout, no wait of an hour) and releases the lock."""
+    pristine = engine_shas(lh)
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1.5"})
+    stepped = []
+
+    def step():
+        if wait_for(lambda: lh.log.exists() and lh.log.stat().st_size > 0):   # the server has started
+            clock.step(seconds)
+            stepped.append(lh.log.read_text().count("Uvicorn running"))
+
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    started = time.monotonic()
+    r = steps.deploy(job(lh, host=host, timeout=8)[0], host)
+    t.join()
+    took = time.monotonic() - started
+    assert stepped == [0], "the clock was stepped before the server was ready"
+    assert abs(clock.now_offset() - seconds) < 60, "the host's clock is stepped"
+    assert r.status == "verified", r.message
+    assert took < 8, f"took {took:.1f}s"
+    record(f"clock step {seconds:+d}s", "verify", lh, pristine, r, lambda: deploy(lh))
+
+
+def test_clock_step_while_the_server_stops(lh, clock):
+    """The clock jumps an hour ahead while the agent waits for the old server's graceful
+    exit (a rollback's restart): the server keeps its TERM grace (it is not SIGKILLed at
+    once by a wall-clock deadline), the host is rolled back and the lock released."""
+    pristine = engine_shas(lh)
+    host = lh.host(env={"FLEETPATCH_STANDIN_SIGTERM_POLL": "0.7"})
+    assert steps.deploy(job(lh, host=host)[0], host).ok
+    old = lh.server_pid()
+    stepped = []
+
+    def stopping() -> bool:   # the old server got its SIGTERM: /health says 503 until it exits
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{lh.port}/health", timeout=0.5).close()
+        except urllib.error.HTTPError as e:
+            return e.code == 503
+        except OSError:
+            pass
+        return False
+
+    def step():
+        if wait_for(stopping):
+            clock.step(3600)
+            stepped.append(lh.server_pid() == old and "Gracefully exiting" not in lh.log.read_text())
+
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    r = steps.rollback(job(lh, None, host=host)[0], host)
+    t.join()
+    assert stepped == [True], "the clock was stepped while the old server was stopping"
+    assert r.status == "rolled-back", r.message
+    # a wall-clock deadline would have SIGKILLed it at the step, before its exit line
+    assert "Gracefully exiting" in lh.log.read_text(), "the old server had its TERM grace"
+    assert lh.server_pid() not in (None, old)
+    record("clock step +3600s", "stop", lh, pristine, r, lambda: rollback_all(lh))
 
 
 # --------------------------------------------------- the SSH session cut
