@@ -29,6 +29,7 @@ import pytest
 
 import clockstep
 from conftest import needs_fleet
+from fleetpatch_demo import fleet as fleetmod
 from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import steps
 
@@ -75,7 +76,8 @@ def engine_shas(lh: LocalHost) -> dict:
 
 
 def stray_files(lh: LocalHost) -> list[str]:
-    return sorted(str(p) for p in lh.root.rglob("*") if ".fleetpatch-" in p.name or p.name == "writing.json")
+    return sorted(str(p) for p in lh.root.rglob("*") if (".fleetpatch-" in p.name or p.name == "writing.json")
+                  and p.name != fleetmod.TOKEN_FILE)   # the demo fleet's own mark of a host tree
 
 
 def check(lh: LocalHost, pristine: dict) -> list[str]:
@@ -630,3 +632,130 @@ def session_pids(sshd_pid: int) -> list[int]:
             return [int(x) for x in f.read().split()]
     except OSError:
         return []
+
+
+# ------------------------- the SSH connection cut and stalled, at each phase
+
+class FleetView:
+    """A fleet host seen through the same checks as a local host (check, record)."""
+
+    def __init__(self, fleet, name: str):
+        self.h = fleet.hosts[name]
+        self.root, self.state = self.h.host_dir, self.h.state_dir
+        self.lock = self.state / "lock"
+
+    def file(self, rel: str) -> Path:
+        return self.h.site_packages / rel
+
+    def ledger(self) -> dict:
+        path = self.state / "ledger.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+class Outcome:
+    """One host's line of an operator run's report, as `record` reads a HostResult."""
+
+    def __init__(self, run, name: str):
+        rep = run.host(name)
+        self.status, self.message, self.report = rep["status"], rep["message"], rep
+
+
+def agents_on(fleet, name: str) -> list[int]:
+    """The agent processes running in the host's namespace (children of its sshd sessions,
+    or orphaned by a cut one)."""
+    h, found = fleet.hosts[name], []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"fleetpatch-agent" in cmd and fleetmod._ns_ino(int(pid)) == h.ns_ino:
+                found.append(int(pid))
+    return found
+
+
+def signal_sessions(h, sig) -> list[int]:
+    done = []
+    for pid in session_pids(h.sshd_pid):
+        try:
+            os.kill(pid, sig)
+            done.append(pid)
+        except OSError:
+            pass
+    return done
+
+
+def health_code(h) -> int | None:
+    try:
+        with urllib.request.urlopen(h.health_url, timeout=0.5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def when(predicate, action, timeout: float = 30):
+    """Run `action` on a thread once `predicate` holds; .join() returns what it did (or None)."""
+    box = []
+    t = threading.Thread(target=lambda: box.append(action() if wait_for(predicate, timeout) else None),
+                         daemon=True)
+    t.start()
+
+    class Waiter:
+        @staticmethod
+        def join():
+            t.join()
+            return box[0] if box else None
+    return Waiter
+
+
+def deploy_on(operator, name, *extra):
+    return operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", name, *extra)
+
+
+def rollback_on(operator, name, *extra):
+    return operator.run("rollback", "--hosts", name, *extra)
+
+
+def triggers(h) -> dict:
+    """When each phase is under way on the host, seen from outside it:
+    probe  - the run's lock exists (taken with the probe, before any file is written);
+    apply  - the old server got its SIGTERM (/health 503): the agent's apply request is
+             restarting it, the files written just before;
+    verify - the new server is up (its ready line in the log after this point)."""
+    start = h.log_path.stat().st_size if h.log_path.exists() else 0
+    return {"probe": lambda: (h.state_dir / "lock").exists(),
+            "apply": lambda: health_code(h) == 503,
+            "rollback": lambda: health_code(h) == 503,
+            "verify": lambda: h.log_path.exists() and b"Uvicorn running" in h.log_path.read_bytes()[start:]}
+
+
+@needs_fleet
+@pytest.mark.parametrize("phase", ["probe", "apply", "rollback"])
+def test_ssh_session_cut(operator, fleet, phase):
+    """kill -9 of the host's sshd session processes while the run probes, while its apply
+    request restarts the server (files written), and while a rollback restarts it. The
+    report says the connection was lost and names the patch; the files are pristine or
+    what the ledger says; a plain rerun converges."""
+    name = "v1b"
+    h, view = fleet.hosts[name], FleetView(fleet, name)
+    pristine = engine_shas(view)
+    try:
+        if phase == "rollback":
+            assert deploy_on(operator, name).host(name)["status"] == "verified"
+        cut = when(triggers(h)[phase], lambda: signal_sessions(h, signal.SIGKILL))
+        run = rollback_on(operator, name) if phase == "rollback" else deploy_on(operator, name)
+        assert cut.join(), "an sshd session was killed"
+        out = Outcome(run, name)
+        assert out.status in ("error", "unreachable", "timeout"), out.message
+        assert "connection" in out.message or "session" in out.message, out.message
+        if phase != "probe":
+            assert out.report["patch"] == "spec-path-beacon@1", out.report
+        assert wait_for(lambda: not agents_on(fleet, name), 20), "the cut agent ended"
+        record("ssh session cut", phase, view, pristine, out,
+               lambda: Outcome(rollback_on(operator, name) if phase == "rollback" else deploy_on(operator, name),
+                               name))
+    finally:
+        fleet.reset(name)

@@ -456,6 +456,12 @@ class Remote:
             err = chan.stderr().decode("utf-8", "replace").strip()
             self._end_session(bye=False)
             hint = ""
+            if status == -1:   # SSH: the channel closed with no exit status: sshd or the link died, not the agent
+                raise HostFailure("error", f"{self.host.name}: the host agent ({op}) ended without an answer: the "
+                                           "SSH session closed without an exit status (the connection was cut or "
+                                           "the host's sshd session killed)" + (f"; it said: {err[-800:]}" if err
+                                                                                else "")
+                                  + "; a plain rerun reads the host's ledger and finishes or undoes what was done")
             if status == 127 or "No such file" in err or "not found" in err:
                 hint = f"; is engine.python ({self.host.engine.python}) right for this host?"
             raise HostFailure("error", f"{self.host.name}: the host agent ({op}) exited {status} without an answer: "

@@ -862,18 +862,26 @@ NO_ANSWER = ("without an answer", "did not answer within", "connection dropped")
 def _cut_off(host: Host, plan: Plan, f: HostFailure, phase: str) -> HostResult:
     """A failure of the call that writes, restarts or verifies, with what the host was
     being asked to do. When no answer came, say what that means for the host."""
+    return _cut_off_at(host, plan.label, plan.version, f, phase)
+
+
+def _cut_off_at(host: Host, label: str, version: str | None, f: HostFailure, phase: str) -> HostResult:
     message = f.message
+    undoing = phase.startswith("rollback")
     if f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER):
         detail = f.message.removeprefix(host.name + ": ")
         if "without an answer" in detail:   # the channel closed under the agent: nothing more to say
             detail = "the session ended before the agent's reply" + (
                 "" if detail.endswith("no output") else ": " + detail.split("without an answer: ", 1)[-1])
-        message = (f"{host.name}: the connection was lost during the {phase} of {plan.label}, before the host "
-                   f"answered ({detail})\n"
-                   "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
-                   "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
-                   "restart done) or rollback undoes it")
-    return HostResult(host.name, False, f.status, message, engine_version=plan.version, patch=plan.label)
+        message = (f"{host.name}: the connection was lost during the {phase} of {label}, before the host "
+                   f"answered ({detail})\n" + (
+                       "  the host may be rolled back and restarted: its ledger says what was done; `fleetpatch "
+                       "status` shows it, and a plain rerun of rollback finishes it (a restore cut half-way is "
+                       "completed, a pending restart done)" if undoing else
+                       "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
+                       "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
+                       "restart done) or rollback undoes it"))
+    return HostResult(host.name, False, f.status, message, engine_version=version, patch=label)
 
 
 def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
@@ -993,8 +1001,12 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
     # The patch's markers are what the check after the restore looks for: load it before anything changes.
     patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     job.progress(host.name, "rollback", entry["label"])
-    out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job), package_dir=reply["package_dir"],
-                                                           name=name, force=job.force))
+    try:
+        out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job),
+                                                               package_dir=reply["package_dir"], name=name,
+                                                               force=job.force))
+    except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
+        return _cut_off_at(host, entry["label"], version, f, "rollback (restore and restart)")
     restored = {p: (rec or {}).get("sha256") for p, rec in out["files"].items()}
     bad = [p for p, rec in entry["files"].items() if restored.get(p) != rec["before"]]
     if bad:
@@ -1005,10 +1017,14 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, True, Status.ROLLED_BACK,
                           f"{host.name}: {entry['label']} forgotten: its files already held their original sha256; "
                           "not restarted", engine_version=version, files=restored)
-    verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
-                                         version=version, launch=running_launch(host, {}), patches=[patch],
-                                         labels=[entry["label"]], want_markers=False, timeout=_timeout(job, host),
-                                         lock=lock, ends_work=lambda ok: last or not ok)
+    try:
+        verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
+                                             version=version, launch=running_launch(host, {}), patches=[patch],
+                                             labels=[entry["label"]], want_markers=False,
+                                             timeout=_timeout(job, host), lock=lock,
+                                             ends_work=lambda ok: last or not ok)
+    except HostFailure as f:
+        return _cut_off_at(host, entry["label"], version, f, "rollback's verification")
     result = verdict_result(host, version, verdicts, [entry["label"]], timings)
     result.files = restored
     if result.ok:
