@@ -43,16 +43,52 @@ pack = protocol.pack
 unpack = protocol.unpack
 
 
+EMIT_LOCK = threading.Lock()   # the ticker's lines and the request's must not interleave
+# Requests that can run long (a stop waits out the server's grace) say every TICK_S that
+# they still run; remote.TICKING_OPS / remote.STALL_S on the laptop must agree with these.
+TICK_S = 1.0
+TICKING_OPS = ("apply", "restart", "rollback", "follow")
+
+
 def emit(obj):
     """One reply line. A laptop that is gone must not stop the step in progress:
     the write fails quietly and the session notes the channel is gone."""
     if SESSION.gone:
         return
-    try:
-        sys.stdout.write(REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n")
-        sys.stdout.flush()
-    except (IOError, OSError, ValueError):
-        SESSION.gone = True
+    line = REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n"
+    with EMIT_LOCK:
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        except (IOError, OSError, ValueError):
+            SESSION.gone = True
+
+
+class Ticker(object):
+    """While a request that restarts a server runs (a stop may wait out its grace), a
+    thread says so every TICK_S: the laptop tells a host at work from a stalled
+    connection by these lines (remote.STALL_S), not only by the request's whole bound."""
+
+    def __init__(self, op):
+        self.op, self.done = op, threading.Event()
+        self.thread = threading.Thread(target=self.run, name="fleetpatch-ticker")
+        self.thread.daemon = True
+
+    def run(self):
+        started = time.monotonic()
+        while not self.done.wait(TICK_S):
+            emit({"t": "tick", "op": self.op, "elapsed": round(time.monotonic() - started, 3)})
+
+    def __enter__(self):
+        if self.op in TICKING_OPS and self.op != "follow":   # follow ticks by itself
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.thread.ident is not None:
+            self.thread.join()
+        return False
 
 
 class AgentError(Exception):
@@ -1818,7 +1854,8 @@ def run_request(req):
 def answer(req):
     """Run one request and emit its Result line, whatever happens."""
     try:
-        result = run_request(req)
+        with Ticker(req.get("op")):
+            result = run_request(req)
         if req.get("op") == "probe" and AGENT_BOOT:
             result["agent"] = dict(AGENT_BOOT)
         emit({"t": "result", "ok": True, "result": result})

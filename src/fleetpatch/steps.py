@@ -865,10 +865,15 @@ def _cut_off(host: Host, plan: Plan, f: HostFailure, phase: str) -> HostResult:
     return _cut_off_at(host, plan.label, plan.version, f, phase)
 
 
+def no_answer(f: HostFailure) -> bool:
+    """The host's answer never came: the connection (or the agent) died or stalled."""
+    return f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER)
+
+
 def _cut_off_at(host: Host, label: str, version: str | None, f: HostFailure, phase: str) -> HostResult:
     message = f.message
     undoing = phase.startswith("rollback")
-    if f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER):
+    if no_answer(f):
         detail = f.message.removeprefix(host.name + ": ")
         if "without an answer" in detail:   # the channel closed under the agent: nothing more to say
             detail = "the session ended before the agent's reply" + (
@@ -1006,6 +1011,8 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
                                                                package_dir=reply["package_dir"], name=name,
                                                                force=job.force))
     except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
+        if not no_answer(f):
+            raise
         return _cut_off_at(host, entry["label"], version, f, "rollback (restore and restart)")
     restored = {p: (rec or {}).get("sha256") for p, rec in out["files"].items()}
     bad = [p for p, rec in entry["files"].items() if restored.get(p) != rec["before"]]
@@ -1024,6 +1031,8 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
                                              timeout=_timeout(job, host), lock=lock,
                                              ends_work=lambda ok: last or not ok)
     except HostFailure as f:
+        if not no_answer(f):
+            raise
         return _cut_off_at(host, entry["label"], version, f, "rollback's verification")
     result = verdict_result(host, version, verdicts, [entry["label"]], timings)
     result.files = restored
