@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import clockstep
-from conftest import needs_fleet
+from conftest import Operator, needs_fleet
 from fleetpatch_demo import fleet as fleetmod
 from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import steps
@@ -611,6 +611,7 @@ def test_ssh_session_killed_during_verification(operator, fleet):
     assert "connection was lost during the verification" in rep["message"], rep["message"]
     assert rep["patch"] == "spec-path-beacon@1" and rep["engine_version"] == "0.5.9"
     assert "without an answer: no output" not in rep["message"]
+    assert wait_for(lambda: not agents_on(fleet, name), 20), "the cut agent ended (its lock-lost note written)"
     led = json.loads((h.state_dir / "ledger.json").read_text())
     patched = {rel: rec["after"] for rel, rec in led["patches"]["spec-path-beacon"]["files"].items()}
     assert {rel: sha256(h.site_packages / rel) for rel in patched} == patched, "the ledger matches the files"
@@ -711,6 +712,16 @@ def when(predicate, action, timeout: float = 30):
     return Waiter
 
 
+@pytest.fixture
+def on_v1b(fleet, tmp_path):
+    """An operator for host v1b alone: only it is reset before (and after) the case,
+    not the whole fleet, to keep these cases at a few seconds each."""
+    fleet.reset("v1b")
+    fleet.clear_commands("v1b")
+    yield Operator(fleet, tmp_path)
+    fleet.reset("v1b")
+
+
 def deploy_on(operator, name, *extra):
     return operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", name, *extra)
 
@@ -734,7 +745,7 @@ def triggers(h) -> dict:
 
 @needs_fleet
 @pytest.mark.parametrize("phase", ["probe", "apply", "rollback"])
-def test_ssh_session_cut(operator, fleet, phase):
+def test_ssh_session_cut(on_v1b, fleet, phase):
     """kill -9 of the host's sshd session processes while the run probes, while its apply
     request restarts the server (files written), and while a rollback restarts it. The
     report says the connection was lost and names the patch; the files are pristine or
@@ -742,20 +753,62 @@ def test_ssh_session_cut(operator, fleet, phase):
     name = "v1b"
     h, view = fleet.hosts[name], FleetView(fleet, name)
     pristine = engine_shas(view)
+    if phase == "rollback":
+        assert deploy_on(on_v1b, name).host(name)["status"] == "verified"
+    cut = when(triggers(h)[phase], lambda: signal_sessions(h, signal.SIGKILL))
+    run = rollback_on(on_v1b, name) if phase == "rollback" else deploy_on(on_v1b, name)
+    assert cut.join(), "an sshd session was killed"
+    out = Outcome(run, name)
+    assert out.status in ("error", "unreachable", "timeout"), out.message
+    said = {"probe": "the SSH session closed without an exit status (the connection was cut",
+            "apply": "the connection was lost during the write and restart of spec-path-beacon@1",
+            "rollback": "the connection was lost during the rollback"}[phase]
+    assert said in out.message, out.message
+    assert "exited -1" not in out.message, out.message
+    if phase != "probe":
+        assert out.report["patch"] == "spec-path-beacon@1" and out.report["engine_version"] == "0.5.9", out.report
+    assert wait_for(lambda: not agents_on(fleet, name), 20), "the cut agent ended"
+    record("ssh session cut", phase, view, pristine, out,
+           lambda: Outcome(rollback_on(on_v1b, name) if phase == "rollback" else deploy_on(on_v1b, name),
+                           name))
+
+
+@needs_fleet
+@pytest.mark.parametrize("phase", ["apply", "verify"])
+def test_ssh_connection_stalled(on_v1b, fleet, phase):
+    """SIGSTOP of the host's sshd session processes (the TCP connection stays open, nothing
+    moves: a stalled link) while the apply request restarts the server, and while the run
+    follows the fresh log. The laptop gives up within the bound it names (10 s without a
+    byte from an agent that ticks every second), with the patch and engine version in the
+    report. Once the link moves again (SIGCONT) the agent finds its channel closed and ends;
+    a plain rerun converges without --break-lock."""
+    name = "v1b"
+    h, view = fleet.hosts[name], FleetView(fleet, name)
+    pristine = engine_shas(view)
+    stopped: list[int] = []
     try:
-        if phase == "rollback":
-            assert deploy_on(operator, name).host(name)["status"] == "verified"
-        cut = when(triggers(h)[phase], lambda: signal_sessions(h, signal.SIGKILL))
-        run = rollback_on(operator, name) if phase == "rollback" else deploy_on(operator, name)
-        assert cut.join(), "an sshd session was killed"
+        stall = when(triggers(h)[phase], lambda: stopped.extend(signal_sessions(h, signal.SIGSTOP)) or stopped)
+        started = time.monotonic()
+        run = deploy_on(on_v1b, name, "--timeout", "3")
+        took = time.monotonic() - started
+        assert stall.join(), "an sshd session was stopped"
         out = Outcome(run, name)
-        assert out.status in ("error", "unreachable", "timeout"), out.message
-        assert "connection" in out.message or "session" in out.message, out.message
-        if phase != "probe":
-            assert out.report["patch"] == "spec-path-beacon@1", out.report
-        assert wait_for(lambda: not agents_on(fleet, name), 20), "the cut agent ended"
-        record("ssh session cut", phase, view, pristine, out,
-               lambda: Outcome(rollback_on(operator, name) if phase == "rollback" else deploy_on(operator, name),
-                               name))
+        assert out.status == "timeout", out.message
+        assert "connection stalled" in out.message and "for 10s" in out.message, out.message
+        phase_words = "write and restart" if phase == "apply" else "verification"
+        assert f"connection was lost during the {phase_words} of spec-path-beacon@1" in out.message, out.message
+        assert out.report["patch"] == "spec-path-beacon@1" and out.report["engine_version"] == "0.5.9"
+        assert took < 40, f"the stalled run took {took:.0f}s"
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        assert wait_for(lambda: not agents_on(fleet, name), 30), "the stalled agent ended once the link moved"
+        record("ssh stalled", phase, view, pristine, out, lambda: Outcome(deploy_on(on_v1b, name), name))
     finally:
-        fleet.reset(name)
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass

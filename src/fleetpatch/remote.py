@@ -459,6 +459,10 @@ class Remote:
                                                  f"{timeout:.0f}s")
                 if watch[0] and op in TICKING_OPS and now - heard > STALL_S:
                     self._end_session(bye=False)
+                    try:   # a new channel on the stalled connection would stall too: dial afresh
+                        self.transport.close()
+                    except Exception:
+                        pass
                     raise HostFailure("timeout", f"{self.host.name}: the connection stalled: not a byte from the "
                                                  f"host agent ({op}) for {STALL_S:.0f}s, though it says every "
                                                  "second that it still runs; the host may still be at work")
