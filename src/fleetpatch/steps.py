@@ -187,8 +187,9 @@ class HostLock:
                 self.remote.call("unlock", base_request(self.host, self.job), timeout=self.RELEASE_TIMEOUT_S)
             except Exception as e:  # the run's own failure comes first; this is said after it
                 note = (f"\n  the lock {self.host.engine.state_dir}/{protocol.LOCK_FILE} was NOT released "
-                        f"({getattr(e, 'message', e)}); the next run names this one as its holder: rerun with "
-                        "--break-lock once this run has ended")
+                        f"({getattr(e, 'message', e)}); once this run (and any agent of it still at work on "
+                        "the host) has ended, a plain rerun from this machine takes it over; from another "
+                        "machine, rerun with --break-lock")
                 if isinstance(exc, HostFailure):
                     exc.message += note
                 else:
