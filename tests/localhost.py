@@ -72,6 +72,7 @@ class LocalHost:
         for sub in ("logs", "run", "state", "models/demo"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        self.engine_python: Path | None = None   # another interpreter (a wrapper) as engine.python
         self.pristine = {rel: sha256(self.site / rel) for rel in (EAGLE, EAGLE_V2)}
 
     # -- paths -------------------------------------------------------------
@@ -120,7 +121,7 @@ class LocalHost:
         rs.update(restart)
         return {"hosts": {self.name: {
             "address": "127.0.0.1",
-            "engine": {"kind": "sglang", "python": str(self.python), "state_dir": str(self.state)},
+            "engine": {"kind": "sglang", "python": str(self.engine_python or self.python), "state_dir": str(self.state)},
             "server": {"log": str(self.log), "health_url": f"http://127.0.0.1:{self.port}/health",
                        "ready_timeout": 20, "restart": rs},
         }}}

@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import needs_fleet
+import clockstep
+from conftest import Operator, needs_fleet
+from fleetpatch_demo import fleet as fleetmod
 from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import steps
 
@@ -45,7 +50,7 @@ def summary(request):
              f"  originals lost: {sum(r['lost'] for r in RESULTS)}",
              f"  locks needing a human: {sum(r['human_lock'] for r in RESULTS)}"]
     for r in RESULTS:
-        lines.append(f"    {r['fault']:<18} @ {r['phase']:<9} -> {r['status']}, rerun {r['rerun']}")
+        lines.append(f"    {r['fault']:<18} @ {r['phase']:<15} -> {r['status']}, rerun {r['rerun']}")
     text = "\n".join(lines)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
@@ -72,7 +77,9 @@ def engine_shas(lh: LocalHost) -> dict:
 
 
 def stray_files(lh: LocalHost) -> list[str]:
-    return sorted(str(p) for p in lh.root.rglob("*") if ".fleetpatch-" in p.name or p.name == "writing.json")
+    return sorted(str(p) for p in lh.root.rglob("*") if (".fleetpatch-" in p.name or p.name in ("writing.json",
+                                                                                              "lock-busy"))
+                  and p.name != fleetmod.TOKEN_FILE)   # the demo fleet's own mark of a host tree
 
 
 def check(lh: LocalHost, pristine: dict) -> list[str]:
@@ -106,12 +113,15 @@ def originals_lost(lh: LocalHost, pristine: dict) -> bool:
     return any(now[rel] != sha and sha is not None and sha not in backups for rel, sha in pristine.items())
 
 
-def record(fault: str, phase: str, lh: LocalHost, pristine: dict, result, rerun, killed: bool = False) -> None:
+def record(fault: str, phase: str, lh: LocalHost, pristine: dict, result, rerun, killed: bool = False,
+           lock_left: bool = False) -> None:
     """Check the host after the fault, rerun plainly, check again; assert and record.
     A process killed with -9 cannot tidy up after itself: its debris (a half-done write,
     its journal, a temp file, its lock) must be finished by the next run, so for those
     the host is judged after the rerun."""
     after_fault = [] if killed else check(lh, pristine)
+    if lock_left:   # kept, with its note, by an agent whose channel ended after it changed the host
+        after_fault = [p for p in after_fault if not p.startswith("the lock is left")]
     lost = originals_lost(lh, pristine)
     again = rerun()
     after_rerun = check(lh, pristine)
@@ -488,6 +498,88 @@ def test_two_runs_at_once(lh):
     record("two runs at once", "probe", lh, pristine, "/".join(statuses), lambda: deploy(lh))
 
 
+# ------------------------------------------------------------ a clock step
+
+@pytest.fixture(scope="session")
+def sleep_shim(tmp_path_factory):
+    if clockstep.MISSING:
+        if os.environ.get("CI"):   # .ci/run installs them: CI must not pass by skipping the clock step
+            pytest.fail(f"{clockstep.MISSING}: .ci/run should have installed them")
+        pytest.skip(clockstep.MISSING)
+    return clockstep.build_shim(tmp_path_factory.mktemp("faketime"))
+
+
+@pytest.fixture
+def clock(lh, sleep_shim):
+    """The host's python (the agent's and the server's) runs under libfaketime."""
+    c = clockstep.Clock(lh.root, lh.python, sleep_shim)
+    lh.engine_python = c.python
+    return c
+
+
+@pytest.mark.parametrize("seconds", [3600, -3600])
+def test_clock_step_during_verification(lh, clock, seconds):
+    """The host's wall clock jumps an hour (NTP, an operator's `date -s`) after the
+    restart, while the agent follows the fresh log: the deploy still verifies within
+    its timeout (no false timeout, no wait of an hour) and releases the lock."""
+    pristine = engine_shas(lh)
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1.5"})
+    stepped = []
+
+    def step():
+        if wait_for(lambda: lh.log.exists() and lh.log.stat().st_size > 0):   # the server has started
+            clock.step(seconds)
+            stepped.append(lh.log.read_text().count("Uvicorn running"))
+
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    started = time.monotonic()
+    r = steps.deploy(job(lh, host=host, timeout=8)[0], host)
+    t.join()
+    took = time.monotonic() - started
+    assert stepped == [0], "the clock was stepped before the server was ready"
+    assert abs(clock.now_offset() - seconds) < 60, "the host's clock is stepped"
+    assert r.status == "verified", r.message
+    assert took < 8, f"took {took:.1f}s"
+    record("clock step", f"verify {seconds // 3600:+d}h", lh, pristine, r, lambda: deploy(lh))
+
+
+def test_clock_step_while_the_server_stops(lh, clock):
+    """The clock jumps an hour ahead while the agent waits for the old server's graceful
+    exit (a rollback's restart): the server keeps its TERM grace (it is not SIGKILLed at
+    once by a wall-clock deadline), the host is rolled back and the lock released."""
+    pristine = engine_shas(lh)
+    host = lh.host(env={"FLEETPATCH_STANDIN_SIGTERM_POLL": "0.7"})
+    assert steps.deploy(job(lh, host=host)[0], host).ok
+    old = lh.server_pid()
+    stepped = []
+
+    def stopping() -> bool:   # the old server got its SIGTERM: /health says 503 until it exits
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{lh.port}/health", timeout=0.5).close()
+        except urllib.error.HTTPError as e:
+            return e.code == 503
+        except OSError:
+            pass
+        return False
+
+    def step():
+        if wait_for(stopping):
+            clock.step(3600)
+            stepped.append(lh.server_pid() == old and "Gracefully exiting" not in lh.log.read_text())
+
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    r = steps.rollback(job(lh, None, host=host)[0], host)
+    t.join()
+    assert stepped == [True], "the clock was stepped while the old server was stopping"
+    assert r.status == "rolled-back", r.message
+    # a wall-clock deadline would have SIGKILLed it at the step, before its exit line
+    assert "Gracefully exiting" in lh.log.read_text(), "the old server had its TERM grace"
+    assert lh.server_pid() not in (None, old)
+    record("clock step", "stop +1h", lh, pristine, r, lambda: rollback_all(lh))
+
+
 # --------------------------------------------------- the SSH session cut
 
 @needs_fleet
@@ -526,13 +618,14 @@ def test_ssh_session_killed_during_verification(operator, fleet):
     assert "connection was lost during the verification" in rep["message"], rep["message"]
     assert rep["patch"] == "spec-path-beacon@1" and rep["engine_version"] == "0.5.9"
     assert "without an answer: no output" not in rep["message"]
+    assert wait_for(lambda: not agents_on(fleet, name), 20), "the cut agent ended (its lock-lost note written)"
     led = json.loads((h.state_dir / "ledger.json").read_text())
     patched = {rel: rec["after"] for rel, rec in led["patches"]["spec-path-beacon"]["files"].items()}
     assert {rel: sha256(h.site_packages / rel) for rel in patched} == patched, "the ledger matches the files"
     assert not list(h.host_dir.rglob("*.fleetpatch-*.tmp"))
     again = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", name)
     consistent = again.host(name)["status"] in ("verified", "already-applied") and not (h.state_dir / "lock").exists()
-    RESULTS.append({"fault": "ssh session cut", "phase": "verify", "status": rep["status"],
+    RESULTS.append({"fault": "connection cut", "phase": "verify", "status": rep["status"],
                     "rerun": again.host(name)["status"], "consistent": True, "converged": consistent,
                     "lost": any(sha not in {sha256(p) for p in h.state_dir.rglob("*") if p.is_file()}
                                 for rel, sha in pristine.items() if sha256(h.site_packages / rel) != sha),
@@ -547,3 +640,221 @@ def session_pids(sshd_pid: int) -> list[int]:
             return [int(x) for x in f.read().split()]
     except OSError:
         return []
+
+
+# ------------------------- the SSH connection cut and stalled, at each phase
+
+class FleetView:
+    """A fleet host seen through the same checks as a local host (check, record)."""
+
+    def __init__(self, fleet, name: str):
+        self.h = fleet.hosts[name]
+        self.root, self.state = self.h.host_dir, self.h.state_dir
+        self.lock = self.state / "lock"
+
+    def file(self, rel: str) -> Path:
+        return self.h.site_packages / rel
+
+    def ledger(self) -> dict:
+        path = self.state / "ledger.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+class Outcome:
+    """One host's line of an operator run's report, as `record` reads a HostResult."""
+
+    def __init__(self, run, name: str):
+        rep = run.host(name)
+        self.status, self.message, self.report = rep["status"], rep["message"], rep
+
+
+def agents_on(fleet, name: str) -> list[int]:
+    """The agent processes running in the host's namespace (children of its sshd sessions,
+    or orphaned by a cut one)."""
+    h, found = fleet.hosts[name], []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"fleetpatch-agent" in cmd and fleetmod._ns_ino(int(pid)) == h.ns_ino:
+                found.append(int(pid))
+    return found
+
+
+def signal_sessions(h, sig) -> list[int]:
+    done = []
+    for pid in session_pids(h.sshd_pid):
+        try:
+            os.kill(pid, sig)
+            done.append(pid)
+        except OSError:
+            pass
+    return done
+
+
+def health_code(h) -> int | None:
+    try:
+        with urllib.request.urlopen(h.health_url, timeout=0.5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def when(predicate, action, timeout: float = 30):
+    """Run `action` on a thread once `predicate` holds; .join() returns what it did (or None)."""
+    box = []
+    t = threading.Thread(target=lambda: box.append(action() if wait_for(predicate, timeout) else None),
+                         daemon=True)
+    t.start()
+
+    class Waiter:
+        @staticmethod
+        def join():
+            t.join()
+            return box[0] if box else None
+    return Waiter
+
+
+@pytest.fixture
+def on_v1b(fleet, tmp_path):
+    """An operator for host v1b alone: only it is reset before (and after) the case,
+    not the whole fleet, to keep these cases at a few seconds each."""
+    fleet.reset("v1b")
+    fleet.clear_commands("v1b")
+    yield Operator(fleet, tmp_path)
+    fleet.reset("v1b")
+
+
+def deploy_on(operator, name, *extra):
+    return operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", name, *extra)
+
+
+def rollback_on(operator, name, *extra):
+    return operator.run("rollback", "--hosts", name, *extra)
+
+
+def triggers(h) -> dict:
+    """When each phase is under way on the host, seen from outside it:
+    probe  - the run's lock exists (taken with the probe, before any file is written);
+    apply  - the old server got its SIGTERM (/health 503): the agent's apply request is
+             restarting it, the files written just before;
+    verify - the new server is up (its ready line in the log after this point)."""
+    start = h.log_path.stat().st_size if h.log_path.exists() else 0
+    return {"probe": lambda: (h.state_dir / "lock").exists(),
+            "apply": lambda: health_code(h) == 503,
+            "rollback": lambda: health_code(h) == 503,
+            "verify": lambda: h.log_path.exists() and b"Uvicorn running" in h.log_path.read_bytes()[start:]}
+
+
+@needs_fleet
+@pytest.mark.parametrize("phase", ["probe", "apply", "rollback"])
+def test_ssh_session_cut(on_v1b, fleet, phase):
+    """kill -9 of the host's sshd session processes while the run probes, while its apply
+    request restarts the server (files written), and while a rollback restarts it. The
+    report says the connection was lost and names the patch; the files are pristine or
+    what the ledger says; a plain rerun converges."""
+    name = "v1b"
+    h, view = fleet.hosts[name], FleetView(fleet, name)
+    pristine = engine_shas(view)
+    if phase == "rollback":
+        assert deploy_on(on_v1b, name).host(name)["status"] == "verified"
+    cut = when(triggers(h)[phase], lambda: signal_sessions(h, signal.SIGKILL))
+    run = rollback_on(on_v1b, name) if phase == "rollback" else deploy_on(on_v1b, name)
+    assert cut.join(), "an sshd session was killed"
+    out = Outcome(run, name)
+    assert out.status in ("error", "unreachable", "timeout"), out.message
+    said = {"probe": "the SSH session closed without an exit status (the connection was cut",
+            "apply": "the connection was lost during the write and restart of spec-path-beacon@1",
+            "rollback": "the connection was lost during the rollback"}[phase]
+    assert said in out.message, out.message
+    assert "exited -1" not in out.message, out.message
+    if phase != "probe":
+        assert out.report["patch"] == "spec-path-beacon@1" and out.report["engine_version"] == "0.5.9", out.report
+    assert wait_for(lambda: not agents_on(fleet, name), 20), "the cut agent ended"
+    # An agent cut while still restarting keeps the run's release from freeing the lock under
+    # it (whether it still was when the release came is a race); having changed the host it
+    # keeps the lock at its end, with a note, and the next run from here takes it over.
+    record("connection cut", phase, view, pristine, out,
+           lambda: Outcome(rollback_on(on_v1b, name) if phase == "rollback" else deploy_on(on_v1b, name),
+                           name), lock_left=phase != "probe")
+
+
+def long_request(h, seconds: float) -> threading.Thread:
+    """A /generate that runs `seconds` (0.01 s a token): the old server's graceful exit
+    waits for it, so the apply's stop lasts until its stop_grace."""
+    body = json.dumps({"text": "Hi", "sampling_params": {"max_new_tokens": int(seconds / 0.01)}}).encode()
+
+    def send():
+        try:
+            urllib.request.urlopen(urllib.request.Request(h.health_url.replace("/health", "/generate"), body,
+                                                          {"Content-Type": "application/json"}),
+                                   timeout=seconds + 10).read()
+        except OSError:
+            pass   # cut when the server is killed at the end of its grace
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t
+
+
+@needs_fleet
+@pytest.mark.parametrize("phase", ["apply", "verify"])
+def test_ssh_connection_stalled(on_v1b, fleet, phase):
+    """SIGSTOP of the host's sshd session processes (the TCP connection stays open, nothing
+    moves: a stalled link) while the apply request stops the old server (which waits out
+    its 16 s grace for a request in flight), and while the run follows the fresh log.
+    The laptop gives up within the bound it names (10 s without a byte from an agent that
+    ticks every second), with the patch and engine version in the report.
+    During apply the stalled agent is still at work: neither the run's release nor a
+    plain rerun may free the lock under it; both say which agent holds it. Once the link
+    moves again (SIGCONT) the agent finishes, finds its channel closed and ends; a plain
+    rerun converges without --break-lock."""
+    name = "v1b"
+    h, view = fleet.hosts[name], FleetView(fleet, name)
+    pristine = engine_shas(view)
+    stopped: list[int] = []
+    if phase == "apply":
+        inv = on_v1b.inventory()
+        inv["hosts"][name]["server"]["restart"]["stop_grace"] = 16
+        on_v1b.write_inventory(inv)
+        long_request(h, 30)
+        time.sleep(0.5)
+    try:
+        stall = when(triggers(h)[phase], lambda: stopped.extend(signal_sessions(h, signal.SIGSTOP)) or stopped)
+        started = time.monotonic()
+        run = deploy_on(on_v1b, name, "--timeout", "3")
+        took = time.monotonic() - started
+        assert stall.join(), "an sshd session was stopped"
+        out = Outcome(run, name)
+        assert out.status == "timeout", out.message
+        assert "connection stalled" in out.message and "for 10s" in out.message, out.message
+        phase_words = "write and restart" if phase == "apply" else "verification"
+        assert f"connection was lost during the {phase_words} of spec-path-beacon@1" in out.message, out.message
+        assert out.report["patch"] == "spec-path-beacon@1" and out.report["engine_version"] == "0.5.9"
+        assert took < 16, f"the stalled run took {took:.0f}s"
+        if phase == "apply":
+            said = re.search(r"the host agent \(pid (\d+)\) of the run holding the lock", out.message)
+            assert said and int(said.group(1)) in agents_on(fleet, name), out.message
+            working = int(said.group(1))
+            assert "was NOT released" in out.message, out.message
+            busy = deploy_on(on_v1b, name)
+            assert busy.host(name)["status"] == "locked", busy.host(name)["message"]
+            assert f"(pid {working})" in busy.host(name)["message"] and "still running its apply" in \
+                busy.host(name)["message"], busy.host(name)["message"]
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        assert wait_for(lambda: not agents_on(fleet, name), 30), "the stalled agent ended once the link moved"
+        record("connection stalled", f"{phase}/ssh", view, pristine, out,
+               lambda: Outcome(deploy_on(on_v1b, name), name), lock_left=phase == "apply")
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass

@@ -43,16 +43,73 @@ pack = protocol.pack
 unpack = protocol.unpack
 
 
+EMIT_LOCK = threading.Lock()   # the ticker's lines and the request's must not interleave
+# Requests that can run long (a stop waits out the server's grace) say every TICK_S that
+# they still run; remote.TICKING_OPS / remote.STALL_S on the laptop must agree with these.
+TICK_S = 1.0
+TICKING_OPS = ("apply", "restart", "rollback", "follow")
+
+
 def emit(obj):
     """One reply line. A laptop that is gone must not stop the step in progress:
     the write fails quietly and the session notes the channel is gone."""
     if SESSION.gone:
         return
-    try:
-        sys.stdout.write(REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n")
-        sys.stdout.flush()
-    except (IOError, OSError, ValueError):
-        SESSION.gone = True
+    line = REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n"
+    with EMIT_LOCK:
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        except (IOError, OSError, ValueError):
+            SESSION.gone = True
+
+
+class Ticker(object):
+    """While a request that restarts a server runs (a stop may wait out its grace), a
+    thread says so every TICK_S: the laptop tells a host at work from a stalled
+    connection by these lines (remote.STALL_S), not only by the request's whole bound."""
+
+    def __init__(self, req):
+        self.req, self.op, self.done = req, req.get("op"), threading.Event()
+        self.thread = threading.Thread(target=self.run, name="fleetpatch-ticker")
+        self.thread.daemon = True
+        self.busy = None
+
+    def run(self):
+        started = time.monotonic()
+        while not self.done.wait(TICK_S):
+            emit({"t": "tick", "op": self.op, "elapsed": round(time.monotonic() - started, 3)})
+
+    def __enter__(self):
+        if self.op in TICKING_OPS and self.op != "follow":   # follow ticks by itself
+            self.thread.start()
+            self.mark_busy()
+        return self
+
+    def mark_busy(self):
+        """Say beside the lock which process changes the host for its run: should this
+        channel stall, a fresh one of the same run must not release the lock (nor a next
+        run take it over) while this process still writes or restarts."""
+        token = self.req.get("lock_token")
+        if not token or not self.req.get("state_dir"):
+            return
+        note = {"token": token, "pid": os.getpid(), "start": own_start(), "op": self.op}
+        try:
+            atomic_write(state_path(self.req, LOCK_BUSY), json.dumps(note).encode())
+            self.busy = note
+        except (IOError, OSError):
+            pass   # no note: the lock itself still guards the host against other runs
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.thread.ident is not None:
+            self.thread.join()
+        if self.busy is not None and read_json(state_path(self.req, LOCK_BUSY)) == self.busy:
+            try:
+                os.unlink(state_path(self.req, LOCK_BUSY))
+            except OSError:
+                pass
+        return False
 
 
 class AgentError(Exception):
@@ -175,6 +232,40 @@ def save_ledger(req, ledger):
 # --------------------------------------------------------------------- lock
 
 LOCK_LOST = LOCK + "-lost"   # beside the lock: its holder's channel ended after it changed the host
+LOCK_BUSY = LOCK + "-busy"   # beside the lock: the agent process now changing the host for the lock's run
+
+
+def own_start():
+    """This process's start time in clock ticks since boot (a reused pid does not share it)."""
+    try:
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (IOError, OSError, ValueError, IndexError):
+        return None
+
+
+def busy_elsewhere(req, token):
+    """The note of another live agent process that is changing the host for the run
+    `token` (its channel stalled or cut, it still works), or None."""
+    busy = read_json(state_path(req, LOCK_BUSY))
+    if not busy or busy.get("token") != token or busy.get("pid") == os.getpid() or not pid_alive(busy.get("pid")):
+        return None
+    try:
+        with open("/proc/%d/stat" % busy["pid"]) as f:
+            if busy.get("start") is not None and int(f.read().rsplit(")", 1)[1].split()[19]) != busy["start"]:
+                return None
+    except (IOError, OSError, ValueError, IndexError):
+        pass
+    return busy
+
+
+def refuse_if_busy(req, token, doing):
+    busy = busy_elsewhere(req, token)
+    if busy:
+        raise AgentError("locked", "the host agent (pid %s) of the run holding the lock %s is still running its %s "
+                                   "on this host (its connection stalled or was cut); %s now would run two steps "
+                                   "at once: it ends when its channel closes (or `kill %s` on the host), then rerun"
+                         % (busy["pid"], state_path(req, LOCK), busy.get("op", "step"), doing, busy["pid"]))
 
 
 def read_json(path):
@@ -258,7 +349,8 @@ def take_lock(req, lock):
     ensure_dir(state_path(req))
     path = state_path(req, LOCK)
     if lock.get("force"):
-        for stale in (path, state_path(req, LOCK_LOST)):
+        refuse_if_busy(req, (read_json(path) or {}).get("token"), "taking the lock over")
+        for stale in (path, state_path(req, LOCK_LOST), state_path(req, LOCK_BUSY)):
             try:
                 os.unlink(stale)
             except OSError:
@@ -302,9 +394,11 @@ def release_lock(req):
     if not token:
         return
     held = read_lock(req)
+    if held and held.get("token") == token:
+        refuse_if_busy(req, token, "releasing it")
     RENEWAL.stop(token)
     if held and held.get("token") == token:
-        for name in (LOCK, LOCK_LOST):
+        for name in (LOCK, LOCK_LOST, LOCK_BUSY):
             try:
                 os.unlink(state_path(req, name))
             except OSError:
@@ -1897,7 +1991,8 @@ def run_request(req):
 def answer(req):
     """Run one request and emit its Result line, whatever happens."""
     try:
-        result = run_request(req)
+        with Ticker(req):
+            result = run_request(req)
         if req.get("op") == "probe" and AGENT_BOOT:
             result["agent"] = dict(AGENT_BOOT)
         emit({"t": "result", "ok": True, "result": result})

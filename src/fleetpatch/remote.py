@@ -248,6 +248,12 @@ class _SSHChannel:
         self.chan.close()
 
 
+# The agent says at least every second that one of these requests still runs
+# (hostagent.TICK_S and TICKING_OPS): this long without a byte, the link has stalled.
+TICKING_OPS = ("apply", "restart", "rollback", "follow")
+STALL_S = 10.0
+
+
 class SSHTransport:
     """One host, one SSH connection (Fabric), for the whole command."""
 
@@ -384,7 +390,7 @@ class Remote:
     def call(self, op: str, request: dict, timeout: float = 300) -> dict:
         """Run one agent operation and return its result, or raise HostFailure."""
         chan = self._send_request(dict(request, op=op))
-        replies = list(self._replies(chan, op, timeout))
+        replies = [r for r in self._replies(chan, op, timeout) if r.get("t") != "tick"]
         return self._result(op, chan, replies)
 
     def stream(self, op: str, request: dict, on_event: Callable[[dict], list | None],
@@ -395,7 +401,8 @@ class Remote:
         chan = self._send_request(dict(request, op=op))
         replies = []   # only the Result is kept: a chatty log must not pile up here
         sent = False
-        events = self._replies(chan, op, timeout + 30)
+        watch = [True]
+        events = self._replies(chan, op, timeout + 30, watch)
         for reply in events:
             if reply.get("t") == "result":
                 replies.append(reply)
@@ -409,6 +416,7 @@ class Remote:
                 if answer is not None:
                     self._send(json.dumps(answer).encode() + b"\n")
                     sent = True
+                    watch[0] = False   # the decision's requests run without ticks: only the bound holds
         return self._result(op, chan, replies)
 
     def _abandon(self, events: Iterator[dict], sent: bool) -> None:
@@ -425,11 +433,15 @@ class Remote:
         except Exception:
             self._end_session(bye=False)
 
-    def _replies(self, chan: AgentChannel, op: str, timeout: float) -> Iterator[dict]:
+    def _replies(self, chan: AgentChannel, op: str, timeout: float, watch: list | None = None) -> Iterator[dict]:
         """This request's replies, up to and including its Result. A channel that
         times out or ends is dropped: the next request starts a fresh agent (whose
-        lock token is the same run's), never one whose replies are out of step."""
+        lock token is the same run's), never one whose replies are out of step.
+        A request that ticks (TICKING_OPS) and goes STALL_S without a byte has a
+        stalled connection: it ends then, not at its whole bound (minutes for an apply)."""
         deadline = time.monotonic() + timeout
+        heard = time.monotonic()
+        watch = [op in TICKING_OPS] if watch is None else watch
         while True:
             while b"\n" in self._buf:
                 line, self._buf = self._buf.split(b"\n", 1)
@@ -440,13 +452,24 @@ class Remote:
                         return
             chunk = chan.recv(0.5)
             if chunk is None:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     self._end_session(bye=False)
                     raise HostFailure("timeout", f"{self.host.name}: the host did not answer ({op}) within "
                                                  f"{timeout:.0f}s")
+                if watch[0] and op in TICKING_OPS and now - heard > STALL_S:
+                    self._end_session(bye=False)
+                    try:   # a new channel on the stalled connection would stall too: dial afresh
+                        self.transport.close()
+                    except Exception:
+                        pass
+                    raise HostFailure("timeout", f"{self.host.name}: the connection stalled: not a byte from the "
+                                                 f"host agent ({op}) for {STALL_S:.0f}s, though it says every "
+                                                 "second that it still runs; the host may still be at work")
                 continue
             if not chunk:
                 return  # the agent ended without a Result: _result says why
+            heard = time.monotonic()
             self._buf += chunk
 
     def _result(self, op: str, chan: AgentChannel, replies: list[dict]) -> dict:
@@ -456,6 +479,12 @@ class Remote:
             err = chan.stderr().decode("utf-8", "replace").strip()
             self._end_session(bye=False)
             hint = ""
+            if status == -1:   # SSH: the channel closed with no exit status: sshd or the link died, not the agent
+                raise HostFailure("error", f"{self.host.name}: the host agent ({op}) ended without an answer: the "
+                                           "SSH session closed without an exit status (the connection was cut or "
+                                           "the host's sshd session killed)" + (f"; it said: {err[-800:]}" if err
+                                                                                else "")
+                                  + "; a plain rerun reads the host's ledger and finishes or undoes what was done")
             if status == 127 or "No such file" in err or "not found" in err:
                 hint = f"; is engine.python ({self.host.engine.python}) right for this host?"
             raise HostFailure("error", f"{self.host.name}: the host agent ({op}) exited {status} without an answer: "

@@ -189,8 +189,9 @@ class HostLock:
                 self.remote.call("unlock", base_request(self.host, self.job), timeout=self.RELEASE_TIMEOUT_S)
             except Exception as e:  # the run's own failure comes first; this is said after it
                 note = (f"\n  the lock {self.host.engine.state_dir}/{protocol.LOCK_FILE} was NOT released "
-                        f"({getattr(e, 'message', e)}); the next run names this one as its holder: rerun with "
-                        "--break-lock once this run has ended")
+                        f"({getattr(e, 'message', e)}); once this run (and any agent of it still at work on "
+                        "the host) has ended, a plain rerun from this machine takes it over; from another "
+                        "machine, rerun with --break-lock")
                 if isinstance(exc, HostFailure):
                     exc.message += note
                 else:
@@ -864,18 +865,31 @@ NO_ANSWER = ("without an answer", "did not answer within", "connection dropped")
 def _cut_off(host: Host, plan: Plan, f: HostFailure, phase: str) -> HostResult:
     """A failure of the call that writes, restarts or verifies, with what the host was
     being asked to do. When no answer came, say what that means for the host."""
+    return _cut_off_at(host, plan.label, plan.version, f, phase)
+
+
+def no_answer(f: HostFailure) -> bool:
+    """The host's answer never came: the connection (or the agent) died or stalled."""
+    return f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER)
+
+
+def _cut_off_at(host: Host, label: str, version: str | None, f: HostFailure, phase: str) -> HostResult:
     message = f.message
-    if f.status in (Status.TIMEOUT, Status.UNREACHABLE) or any(s in f.message for s in NO_ANSWER):
+    undoing = phase.startswith("rollback")
+    if no_answer(f):
         detail = f.message.removeprefix(host.name + ": ")
         if "without an answer" in detail:   # the channel closed under the agent: nothing more to say
             detail = "the session ended before the agent's reply" + (
                 "" if detail.endswith("no output") else ": " + detail.split("without an answer: ", 1)[-1])
-        message = (f"{host.name}: the connection was lost during the {phase} of {plan.label}, before the host "
-                   f"answered ({detail})\n"
-                   "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
-                   "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
-                   "restart done) or rollback undoes it")
-    return HostResult(host.name, False, f.status, message, engine_version=plan.version, patch=plan.label)
+        message = (f"{host.name}: the connection was lost during the {phase} of {label}, before the host "
+                   f"answered ({detail})\n" + (
+                       "  the host may be rolled back and restarted: its ledger says what was done; `fleetpatch "
+                       "status` shows it, and a plain rerun of rollback finishes it (a restore cut half-way is "
+                       "completed, a pending restart done)" if undoing else
+                       "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
+                       "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
+                       "restart done) or rollback undoes it"))
+    return HostResult(host.name, False, f.status, message, engine_version=version, patch=label)
 
 
 def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
@@ -995,8 +1009,14 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
     # The patch's markers are what the check after the restore looks for: load it before anything changes.
     patch = job.patch if job.patch and job.patch.name == name else load_named(job, host, name)
     job.progress(host.name, "rollback", entry["label"])
-    out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job), package_dir=reply["package_dir"],
-                                                           name=name, force=job.force))
+    try:
+        out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job),
+                                                               package_dir=reply["package_dir"], name=name,
+                                                               force=job.force))
+    except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
+        if not no_answer(f):
+            raise
+        return _cut_off_at(host, entry["label"], version, f, "rollback (restore and restart)")
     restored = {p: (rec or {}).get("sha256") for p, rec in out["files"].items()}
     bad = [p for p, rec in entry["files"].items() if restored.get(p) != rec["before"]]
     if bad:
@@ -1007,10 +1027,16 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
         return HostResult(host.name, True, Status.ROLLED_BACK,
                           f"{host.name}: {entry['label']} forgotten: its files already held their original sha256; "
                           "not restarted", engine_version=version, files=restored)
-    verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
-                                         version=version, launch=running_launch(host, {}), patches=[patch],
-                                         labels=[entry["label"]], want_markers=False, timeout=_timeout(job, host),
-                                         lock=lock, ends_work=lambda ok: last or not ok)
+    try:
+        verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
+                                             version=version, launch=running_launch(host, {}), patches=[patch],
+                                             labels=[entry["label"]], want_markers=False,
+                                             timeout=_timeout(job, host), lock=lock,
+                                             ends_work=lambda ok: last or not ok)
+    except HostFailure as f:
+        if not no_answer(f):
+            raise
+        return _cut_off_at(host, entry["label"], version, f, "rollback's verification")
     result = verdict_result(host, version, verdicts, [entry["label"]], timings)
     result.files = restored
     if result.ok:
