@@ -44,10 +44,8 @@ unpack = protocol.unpack
 
 
 EMIT_LOCK = threading.Lock()   # the ticker's lines and the request's must not interleave
-# Requests that can run long (a stop waits out the server's grace) say every TICK_S that
-# they still run; remote.TICKING_OPS / remote.STALL_S on the laptop must agree with these.
-TICK_S = 1.0
-TICKING_OPS = ("apply", "restart", "rollback", "follow")
+TICK_S = protocol.TICK_S
+TICKING_OPS = protocol.TICKING_OPS
 
 
 def emit(obj):

@@ -270,9 +270,14 @@ class Result(TypedDict, total=False):
 #   state        {alive, healthy, elapsed}
 #   server_info  {data}
 #   launch       {pid, argv, env}
-#   tick         {elapsed}
+#   tick         {elapsed}  (also sent, with `op`, by the other TICKING_OPS while they run)
 #   deadline     {}
 FOLLOW_EVENTS = ("lines", "state", "server_info", "launch", "tick", "deadline")
+
+# Requests that can run long (a stop waits out the server's grace) say every TICK_S
+# that they still run, so the laptop tells a host at work from a stalled link.
+TICK_S = 1.0
+TICKING_OPS = ("apply", "restart", "rollback", "follow")
 
 
 # ---------------------------------------------------------------- ledger

@@ -248,9 +248,9 @@ class _SSHChannel:
         self.chan.close()
 
 
-# The agent says at least every second that one of these requests still runs
-# (hostagent.TICK_S and TICKING_OPS): this long without a byte, the link has stalled.
-TICKING_OPS = ("apply", "restart", "rollback", "follow")
+# The agent says every protocol.TICK_S that a TICKING_OPS request still runs:
+# this long without a byte, the link has stalled.
+TICKING_OPS = protocol.TICKING_OPS
 STALL_S = 10.0
 
 
