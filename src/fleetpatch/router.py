@@ -55,7 +55,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import FleetpatchError
@@ -389,6 +389,12 @@ class Routers:
 class RouterConf:
     urls: Tuple[str, ...]
     via: Optional[str] = None          # an inventory host to reach the routers' API through
+    # the via host's inventory record (and its gateway's), set by the inventory: what the tunnel dials
+    via_hosts: Dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def via_host(self):
+        return self.via_hosts.get(self.via) if self.via else None
 
 
 @dataclass(frozen=True)
@@ -466,14 +472,25 @@ def check_smoke_section(fail: Fail, key: str, node: Any) -> Dict[str, Any]:
 
 
 def build_router_conf(fail: Fail, host: str, router: Optional[dict], server_url: Optional[str],
-                      written_at: str) -> Optional[RouterConf]:
-    """The merged router section of one host (None: no router), requiring server.url with it."""
+                      written_at: Dict[str, str]) -> Optional[RouterConf]:
+    """The merged router section of one host (None: no router), requiring server.url with it.
+
+    `written_at` says where each key of the section was written ("defaults.router", …)."""
+    def at(key: str) -> str:
+        return written_at.get(key, f"hosts.{host}.router")
+
     if not router or not router.get("urls"):
         if router and "urls" in router and router.get("via"):
-            raise fail(f"{written_at}.router.urls", "required when router.via is set")
+            raise fail(f"{at('urls')}.urls", "required when router.via is set")
         return None
     if not server_url:
         raise fail(f"hosts.{host}.server.url", "required when a router section applies to the host: the "
                                                 "worker's URL exactly as the router lists it (set it under "
                                                 f"hosts.{host}.server)")
+    if router.get("via"):
+        for i, u in enumerate(router["urls"]):
+            if urllib.parse.urlsplit(u).scheme != "http":
+                raise fail(f"{at('urls')}.urls[{i}]", f"{u!r}: a router reached through router.via "
+                                                       f"({router['via']}) must be an http:// URL (the SSH "
+                                                       "tunnel carries plain HTTP; the SSH connection encrypts it)")
     return RouterConf(urls=tuple(router["urls"]), via=router.get("via"))
