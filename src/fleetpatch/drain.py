@@ -104,7 +104,7 @@ def around_restart(job, host, remote, restart: Callable[[], HostResult], *,
     if not enabled(job, host):
         return restart()
     d: Drainer = job.drain
-    routers = Routers(host.router.urls)
+    routers = Routers.of(host.router)
     info = _info()
     job.progress(host.name, "drain", "out of the router")
     d.take_out(host, routers)
@@ -261,31 +261,29 @@ def smoke(job, host, remote, expect: List[str]) -> Optional[tuple]:
 
 # ----------------------------------------------------------------- pre-flight
 
-def router_hosts(hosts) -> Dict[str, list]:
-    """router URL -> the selected hosts behind it (inventory order)."""
-    out: Dict[str, list] = {}
+def router_hosts(hosts) -> Dict[tuple, list]:
+    """(router URL, via host or None) -> the selected hosts behind it (inventory order).
+    One URL reached through two via hosts may be two routers (each host's private address)."""
+    out: Dict[tuple, list] = {}
     for h in hosts:
         if h.router is not None:
             for u in h.router.urls:
-                out.setdefault(u.rstrip("/"), []).append(h)
+                out.setdefault((u.rstrip("/"), h.router.via), []).append(h)
     return out
 
 
 def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require_listed: bool = True) -> Dict[str, str]:
-    """Before any host is touched: every router answers, lists each of its selected
-    workers (unless `require_listed` is off: a rollback may restore a worker fleetpatch
-    left out), and no stage could take more out of it than allowed. Returns each
-    router's API description; raises UsageError naming every problem."""
+    """Before any host is touched: every router answers (through its router.via host when
+    it has one), lists each of its selected workers (unless `require_listed` is off: a
+    rollback may restore a worker fleetpatch left out), and no stage could take more out
+    of it than allowed. Returns each router's API description; raises UsageError naming
+    every problem."""
     problems: List[str] = []
     apis: Dict[str, str] = {}
-    via = sorted({h.name for h in hosts if h.router is not None and h.router.via})
-    if via:
-        raise UsageError(f"router.via is set for {', '.join(via)}: reaching the routers through a host is not "
-                         "supported yet; remove router.via and make the router URLs reachable from this machine")
-    for url, behind in router_hosts(hosts).items():
-        r = Router(url)
+    for (url, _), behind in router_hosts(hosts).items():
         try:
-            apis[url] = r.api.description
+            r = Router(url, via=behind[0].router)
+            apis[r.label] = r.api.description
             workers = r.list_workers()
         except RouterError as e:
             problems.append(str(e))
@@ -302,7 +300,7 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require
             if not out:
                 continue
             limit = max_unavailable if max_unavailable is not None else len(out)
-            problem = capacity_problem(url, workers, out, limit)
+            problem = capacity_problem(r.label, workers, out, limit)
             if problem:
                 what = f"stage {i + 1} ({', '.join(h.name for h in stage if h.name in names)})"
                 problems.append(f"{what}: {problem}")
@@ -317,13 +315,14 @@ def check_router(host) -> tuple:
     details: Dict[str, dict] = {}
     problem = None
     for u in host.router.urls:
-        r = Router(u)
+        via = {"via": host.router.via} if host.router.via else {}
         try:
+            r = Router(u, via=host.router)
             api = r.api
             w = r.require_listed(host.server.url)
-            details[u] = {"api": api.description, "listed": True, "healthy": w.healthy}
+            details[u] = {"api": api.description, "listed": True, "healthy": w.healthy, **via}
         except RouterError as e:
-            details[u] = {"error": e.reason}
+            details[u] = {"error": e.reason, **via}
             problem = problem or str(e)
     return details, problem
 
@@ -339,7 +338,8 @@ def with_router_check(step):
         result.details["routers"] = details
         lines = []
         for u, d in details.items():
-            lines.append(f"  router {u}: " + (f"{d['api']}; lists {host.server.url}"
+            reached = f" (reached via {d['via']}, over its SSH connection)" if d.get("via") else ""
+            lines.append(f"  router {u}{reached}: " + (f"{d['api']}; lists {host.server.url}"
                                               + (" (unhealthy)" if d.get("healthy") is False else "")
                                               if "api" in d else f"PROBLEM: {d['error']}"))
         result.message += "\n" + "\n".join(lines)
