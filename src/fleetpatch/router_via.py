@@ -19,9 +19,15 @@ import atexit
 import http.client
 import socket
 import threading
+import time
 from typing import Dict, Optional, Tuple
 
 __all__ = ["Tunnel", "tunnel_for", "close_all", "request", "TunnelError"]
+
+# A failed connect is reported again, not retried, for this long: N hosts checked at once
+# against an unreachable via host wait for one connect timeout, not N; a long rollout
+# still reconnects after a passing outage.
+RETRY_AFTER_S = 10.0
 
 
 class TunnelError(Exception):
@@ -37,16 +43,17 @@ class Tunnel:
         self.accept_new_host_keys = accept_new_host_keys
         self.channels_opened = 0
         self._ssh = None                   # remote.SSHTransport once connected
-        self._failed: Optional[str] = None  # a failed connect is not retried within the run
+        self._failed: Optional[Tuple[str, float]] = None   # (why, when) of the last failed connect
         self._lock = threading.Lock()
 
     def _transport(self):
         """The live paramiko Transport of the via host's connection (connecting on first use)."""
         from .errors import HostFailure
         from .remote import SSHTransport   # remote -> inventory -> router: imported when first used
-        if self._failed:
-            raise TunnelError(self._failed)
+        if self._failed and time.monotonic() - self._failed[1] < RETRY_AFTER_S:
+            raise TunnelError(self._failed[0])
         if self._ssh is not None:
+            # SSHTransport keeps its Fabric Connection in _conn; the paramiko Transport under it opens channels
             t = self._ssh._conn.client.get_transport() if self._ssh._conn is not None else None
             if t is not None and t.is_active():
                 return t
@@ -56,10 +63,10 @@ class Tunnel:
         try:
             ssh.open()
         except HostFailure as f:
-            self._failed = (f"cannot open the SSH connection to the via host {self.host.name} (router.via): "
-                            f"{f.message}")
-            raise TunnelError(self._failed) from None
-        self._ssh = ssh
+            why = f"cannot open the SSH connection to the via host {self.host.name} (router.via): {f.message}"
+            self._failed = (why, time.monotonic())
+            raise TunnelError(why) from None
+        self._ssh, self._failed = ssh, None
         return ssh._conn.client.get_transport()
 
     def channel(self, address: str, port: int, timeout: float):
