@@ -62,7 +62,7 @@ from .errors import FleetpatchError
 from .protocol import parse_worker_loads  # noqa: F401  (shared with the agent)
 
 __all__ = [
-    "RouterError", "RouterApi", "Worker", "Router", "Routers", "RouterConf", "SmokeConf", "capacity_problem",
+    "RouterError", "TunnelError", "RouterApi", "Worker", "Router", "Routers", "RouterConf", "SmokeConf", "capacity_problem",
     "parse_worker_list", "find_worker", "parse_worker_loads", "check_smoke_answer",
     "check_router_section", "check_smoke_section", "build_router_conf",
     "REST", "LEGACY",
@@ -161,27 +161,28 @@ def check_smoke_answer(status: int, body: bytes) -> Optional[str]:
 # --------------------------------------------------------------------------- the client
 
 
+class TunnelError(Exception):
+    """A router call through router.via could not be made; str() says why and what to do."""
+
+
 class Router:
     """One router, by its URL (as written in the inventory's router.urls).
 
-    `via`: the host's router section when it has router.via; every call then goes
-    through the SSH connection to that host (fleetpatch.router_via)."""
+    `via` and `tunnel`: router.via's host name and its tunnel (fleetpatch.router_via,
+    built by drain.router_of); every call then goes through the SSH connection to that
+    host. Anything with ``request(address, port, method, target, data, headers,
+    timeout) -> (status, body)`` that raises TunnelError will do."""
 
     def __init__(self, url: str, *, http_timeout: float = DEFAULT_HTTP_TIMEOUT, api: Optional[RouterApi] = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 via: Optional["RouterConf"] = None):
+                 via: Optional[str] = None, tunnel: Any = None):
         self.url = url.rstrip("/")
         self.http_timeout = http_timeout
         self._api = api
         self._clock, self._sleep = clock, sleep
-        self.via = via.via if via is not None and via.via else None
-        self._tunnel = None
-        if self.via:
-            if via.via_host is None:
-                raise RouterError(self.label, f"router.via names {self.via!r}, which the inventory did not resolve "
-                                            "to a host")
-            from . import router_via
-            self._tunnel = router_via.tunnel_for(via.via_host, via.via_hosts)
+        if bool(via) != (tunnel is not None):
+            raise ValueError("a router reached through a host needs both via and tunnel")
+        self.via, self._tunnel = via, tunnel
 
     @property
     def label(self) -> str:
@@ -208,14 +209,13 @@ class Router:
                                         "and is router.urls in the inventory right?") from None
 
     def _call_via(self, method: str, path: str, data: Optional[bytes], timeout: float) -> Tuple[int, bytes]:
-        from .router_via import TunnelError, request
         p = urllib.parse.urlsplit(self.url)
         headers = {"Host": p.netloc}
         if data is not None:
             headers["Content-Type"] = "application/json"
         try:
-            return request(self._tunnel, p.hostname, p.port or 80, method, (p.path or "") + path, data,
-                           headers, timeout)
+            return self._tunnel.request(p.hostname, p.port or 80, method, (p.path or "") + path, data,
+                                        headers, timeout)
         except TunnelError as e:
             raise RouterError(self.label, f"{method} {path}: cannot reach the router through {self.via}: {e}"
                               ) from None
@@ -389,13 +389,8 @@ class Routers:
     `remove` is all-or-nothing: if one router fails, the worker is put back into
     those it had already left, and the first error is raised."""
 
-    def __init__(self, urls, via: Optional["RouterConf"] = None, **kw):
-        self.routers = [Router(u, via=via, **kw) for u in urls]
-
-    @classmethod
-    def of(cls, conf: "RouterConf", **kw) -> "Routers":
-        """Every router of a host's router section (through router.via when it has one)."""
-        return cls(conf.urls, via=conf, **kw)
+    def __init__(self, urls, **kw):
+        self.routers = [Router(u, **kw) for u in urls]
 
     def remove(self, worker_url: str, timeout: float = 30.0) -> List[Tuple[Router, Worker]]:
         done: List[Tuple[Router, Worker]] = []

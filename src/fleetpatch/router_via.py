@@ -22,16 +22,14 @@ import threading
 import time
 from typing import Dict, Optional, Tuple
 
-__all__ = ["Tunnel", "tunnel_for", "close_all", "request", "TunnelError"]
+from .router import TunnelError
+
+__all__ = ["Tunnel", "tunnel_for", "close_all", "TunnelError"]
 
 # A failed connect is reported again, not retried, for this long: N hosts checked at once
 # against an unreachable via host wait for one connect timeout, not N; a long rollout
 # still reconnects after a passing outage.
 RETRY_AFTER_S = 10.0
-
-
-class TunnelError(Exception):
-    """The router could not be reached through the via host; str() says why and what to do."""
 
 
 class Tunnel:
@@ -91,6 +89,23 @@ class Tunnel:
         self.channels_opened += 1
         return chan
 
+    def request(self, address: str, port: int, method: str, target: str, data: Optional[bytes],
+                headers: Dict[str, str], timeout: float) -> Tuple[int, bytes]:
+        """(HTTP status, body) of one request to address:port through the via host."""
+        conn = _ChannelHTTPConnection(self, address, port, timeout)
+        try:
+            conn.request(method, target, body=data, headers=headers)
+            r = conn.getresponse()
+            return r.status, r.read()
+        except TunnelError:
+            raise
+        except socket.timeout:
+            raise TunnelError(f"no answer within {timeout:g} s through the via host {self.host.name}") from None
+        except (http.client.HTTPException, OSError, EOFError) as e:
+            raise TunnelError(f"{type(e).__name__} through the via host {self.host.name}: {e}") from None
+        finally:
+            conn.close()
+
     def close(self) -> None:
         with self._lock:
             if self._ssh is not None:
@@ -130,7 +145,7 @@ def close_all() -> None:
 class _ChannelHTTPConnection(http.client.HTTPConnection):
     """http.client over a direct-tcpip channel instead of a TCP socket."""
 
-    def __init__(self, tunnel: Tunnel, host: str, port: int, timeout: float):
+    def __init__(self, tunnel: "Tunnel", host: str, port: int, timeout: float):
         super().__init__(host, port, timeout=timeout)
         self._tunnel_ = tunnel
 
@@ -138,19 +153,3 @@ class _ChannelHTTPConnection(http.client.HTTPConnection):
         self.sock = self._tunnel_.channel(self.host, self.port, self.timeout)
 
 
-def request(tunnel: Tunnel, address: str, port: int, method: str, target: str, data: Optional[bytes],
-            headers: Dict[str, str], timeout: float) -> Tuple[int, bytes]:
-    """(HTTP status, body) of one request through the tunnel; TunnelError if it cannot be made."""
-    conn = _ChannelHTTPConnection(tunnel, address, port, timeout)
-    try:
-        conn.request(method, target, body=data, headers=headers)
-        r = conn.getresponse()
-        return r.status, r.read()
-    except TunnelError:
-        raise
-    except socket.timeout:
-        raise TunnelError(f"no answer within {timeout:g} s through the via host {tunnel.host.name}") from None
-    except (http.client.HTTPException, OSError, EOFError) as e:
-        raise TunnelError(f"{type(e).__name__} through the via host {tunnel.host.name}: {e}") from None
-    finally:
-        conn.close()
