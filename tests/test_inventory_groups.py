@@ -106,7 +106,7 @@ def test_a_host_in_two_groups_with_different_routers_is_refused_naming_both_and_
     ('east: {hosts: [e1], router: [x]}\n', "hosts.yaml: groups.east.router: expected a mapping, got a list"),
     (f'east: {{hosts: [e1], router: {{urls: ["{EAST}"], via: nowhere}}}}\n',
      "hosts.yaml: groups.east.router.via: unknown host 'nowhere'"),
-    (f'east: {{hosts: [e1], router: {{urls: ["https://10.0.1.100:30443"], via: w1}}}}\n',
+    ('east: {hosts: [e1], router: {urls: ["https://10.0.1.100:30443"], via: w1}}\n',
      "hosts.yaml: groups.east.router.urls[0]: 'https://10.0.1.100:30443': a router reached through router.via"),
     ('east: {hosts: [e1, zz]}\n', "hosts.yaml: groups.east.hosts[1]: unknown host 'zz'"),
     ('east: {hosts: e1}\n', "hosts.yaml: groups.east.hosts: expected a list of host names, got 'e1'"),
