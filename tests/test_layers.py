@@ -15,7 +15,7 @@ LAYERS = [
     {"errors", "textsafe", "protocol", "agentboot"},
     {"engines", "diffapply", "inventory", "router"},
     {"patchset", "evidence", "hostagent", "ssh_errors", "lockview"},
-    {"remote", "transport_local", "hostcalls"},
+    {"remote", "transport_local", "hostcalls", "router_via"},
     {"drain"},
     {"steps"},
     {"bake"},

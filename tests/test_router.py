@@ -151,7 +151,7 @@ def test_a_single_router_url_may_be_a_string():
     ("router: {urls: [\"http://r:99999\"]}", None, "defaults.router.urls[0]: bad port in 'http://r:99999'"),
     ("router: {url: [\"http://r:1\"]}", None, "defaults.router.url: unknown key; known keys here: urls, via"),
     ("router: [\"http://r:1\"]", None, "defaults.router: expected a mapping, got a list"),
-    ("router: {urls: [\"http://r:1\"], via: gpu-z}", None, "hosts.yaml: hosts.gpu-a.router.via: unknown host 'gpu-z'"),
+    ("router: {urls: [\"http://r:1\"], via: gpu-z}", None, "hosts.yaml: defaults.router.via: unknown host 'gpu-z'"),
     ("router: {via: gpu-a}", None, None),
 ])
 def test_router_section_errors_name_file_key_and_reason(extra, host_b, expected):

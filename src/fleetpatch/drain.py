@@ -4,9 +4,11 @@ verified, smoke-tested, and only then put back.
 The laptop side of a router-aware restart. `steps` calls `around_restart` at the
 one place it restarts a server; without a router section (or with --no-router)
 that is the plain restart. The routers are spoken to from the laptop
-(fleetpatch.router); the worker's own load and the smoke request are read ON the
-host by the agent ops `drain` and `smoke` (the worker's URL may be reachable
-only there, and the router's load figures count tokens, not requests).
+(fleetpatch.router), or through the SSH connection to router.via's host
+(fleetpatch.router_via, wired in by `router_of`); the worker's own load and
+the smoke request are read ON the host by the agent ops `drain` and `smoke`
+(the worker's URL may be reachable only there, and the router's load figures
+count tokens, not requests).
 
 Per host, in order:
   out of every router, confirmed gone -> /v1/loads shows 0 running, 0 waiting
@@ -30,7 +32,8 @@ from typing import Callable, Dict, List, Optional
 from . import protocol
 from .hostcalls import HostResult, base_request
 from .errors import HostFailure, Status, UsageError
-from .router import Router, RouterError, Routers, capacity_problem, check_smoke_answer, find_worker
+from . import router_via
+from .router import Router, RouterConf, RouterError, Routers, capacity_problem, check_smoke_answer, find_worker
 
 # Set by the fleet runner on Ctrl-C: a host still draining is put back untouched.
 INTERRUPTED = threading.Event()
@@ -51,7 +54,7 @@ class Drainer:
     drain_timeout: float = 600.0
     max_unavailable: Optional[int] = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    out: Dict[str, set] = field(default_factory=dict)     # router URL -> worker URLs out right now
+    out: Dict[str, set] = field(default_factory=dict)     # router (Router.label) -> worker URLs out right now
 
     def take_out(self, host, routers: Routers) -> None:
         """Mark the worker out of each router, refusing (HostFailure router-error) if that
@@ -63,17 +66,36 @@ class Drainer:
                     workers = r.list_workers()
                 except RouterError as e:
                     raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: {e}; the host was not touched") from None
-                out_now = [u for u in self.out.get(r.url, set()) if u != url]
-                problem = capacity_problem(r.url, workers, out_now + [url], self.max_unavailable)
+                out_now = [u for u in self.out.get(r.label, set()) if u != url]
+                problem = capacity_problem(r.label, workers, out_now + [url], self.max_unavailable)
                 if problem:
                     raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: refused, not touched: {problem}")
             for r in routers.routers:
-                self.out.setdefault(r.url, set()).add(url)
+                self.out.setdefault(r.label, set()).add(url)
 
     def back(self, host, routers: Routers) -> None:
         with self.lock:
             for r in routers.routers:
-                self.out.get(r.url, set()).discard(host.server.url)
+                self.out.get(r.label, set()).discard(host.server.url)
+
+
+def _via(conf: RouterConf) -> dict:
+    if not conf.via:
+        return {}
+    if conf.via_host is None:   # a RouterConf not made by the inventory
+        raise RouterError(", ".join(conf.urls), f"router.via names {conf.via!r}, which is not a resolved "
+                                                 "inventory host")
+    return {"via": conf.via, "tunnel": router_via.tunnel_for(conf.via_host, conf.via_hosts)}
+
+
+def router_of(url: str, conf: RouterConf) -> Router:
+    """One router of a host's router section, through its router.via host when it has one."""
+    return Router(url, **_via(conf))
+
+
+def routers_of(conf: RouterConf) -> Routers:
+    """Every router of a host's router section, through its router.via host when it has one."""
+    return Routers(conf.urls, **_via(conf))
 
 
 def enabled(job, host) -> bool:
@@ -104,7 +126,7 @@ def around_restart(job, host, remote, restart: Callable[[], HostResult], *,
     if not enabled(job, host):
         return restart()
     d: Drainer = job.drain
-    routers = Routers(host.router.urls)
+    routers = routers_of(host.router)
     info = _info()
     job.progress(host.name, "drain", "out of the router")
     d.take_out(host, routers)
@@ -261,31 +283,29 @@ def smoke(job, host, remote, expect: List[str]) -> Optional[tuple]:
 
 # ----------------------------------------------------------------- pre-flight
 
-def router_hosts(hosts) -> Dict[str, list]:
-    """router URL -> the selected hosts behind it (inventory order)."""
-    out: Dict[str, list] = {}
+def router_hosts(hosts) -> Dict[tuple, list]:
+    """(router URL, via host or None) -> the selected hosts behind it (inventory order).
+    One URL reached through two via hosts may be two routers (each host's private address)."""
+    out: Dict[tuple, list] = {}
     for h in hosts:
         if h.router is not None:
             for u in h.router.urls:
-                out.setdefault(u.rstrip("/"), []).append(h)
+                out.setdefault((u.rstrip("/"), h.router.via), []).append(h)
     return out
 
 
 def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require_listed: bool = True) -> Dict[str, str]:
-    """Before any host is touched: every router answers, lists each of its selected
-    workers (unless `require_listed` is off: a rollback may restore a worker fleetpatch
-    left out), and no stage could take more out of it than allowed. Returns each
-    router's API description; raises UsageError naming every problem."""
+    """Before any host is touched: every router answers (through its router.via host when
+    it has one), lists each of its selected workers (unless `require_listed` is off: a
+    rollback may restore a worker fleetpatch left out), and no stage could take more out
+    of it than allowed. Returns each router's API description; raises UsageError naming
+    every problem."""
     problems: List[str] = []
     apis: Dict[str, str] = {}
-    via = sorted({h.name for h in hosts if h.router is not None and h.router.via})
-    if via:
-        raise UsageError(f"router.via is set for {', '.join(via)}: reaching the routers through a host is not "
-                         "supported yet; remove router.via and make the router URLs reachable from this machine")
-    for url, behind in router_hosts(hosts).items():
-        r = Router(url)
+    for (url, _), behind in router_hosts(hosts).items():
         try:
-            apis[url] = r.api.description
+            r = router_of(url, behind[0].router)
+            apis[r.label] = r.api.description
             workers = r.list_workers()
         except RouterError as e:
             problems.append(str(e))
@@ -302,7 +322,7 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require
             if not out:
                 continue
             limit = max_unavailable if max_unavailable is not None else len(out)
-            problem = capacity_problem(url, workers, out, limit)
+            problem = capacity_problem(r.label, workers, out, limit)
             if problem:
                 what = f"stage {i + 1} ({', '.join(h.name for h in stage if h.name in names)})"
                 problems.append(f"{what}: {problem}")
@@ -317,13 +337,14 @@ def check_router(host) -> tuple:
     details: Dict[str, dict] = {}
     problem = None
     for u in host.router.urls:
-        r = Router(u)
+        via = {"via": host.router.via} if host.router.via else {}
         try:
+            r = router_of(u, host.router)
             api = r.api
             w = r.require_listed(host.server.url)
-            details[u] = {"api": api.description, "listed": True, "healthy": w.healthy}
+            details[u] = {"api": api.description, "listed": True, "healthy": w.healthy, **via}
         except RouterError as e:
-            details[u] = {"error": e.reason}
+            details[u] = {"error": e.reason, **via}
             problem = problem or str(e)
     return details, problem
 
@@ -339,7 +360,8 @@ def with_router_check(step):
         result.details["routers"] = details
         lines = []
         for u, d in details.items():
-            lines.append(f"  router {u}: " + (f"{d['api']}; lists {host.server.url}"
+            reached = f" (reached via {d['via']}, over its SSH connection)" if d.get("via") else ""
+            lines.append(f"  router {u}{reached}: " + (f"{d['api']}; lists {host.server.url}"
                                               + (" (unhealthy)" if d.get("healthy") is False else "")
                                               if "api" in d else f"PROBLEM: {d['error']}"))
         result.message += "\n" + "\n".join(lines)

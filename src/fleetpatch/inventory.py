@@ -438,7 +438,7 @@ def _expand(path: Optional[str]) -> Optional[str]:
     return os.path.expanduser(path) if path else path
 
 
-def _build_host(v: _V, name: str, d: dict) -> Host:
+def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] = None) -> Host:
     pre = f"hosts.{name}"
 
     def need(section: dict, key: str, where: str) -> Any:
@@ -487,7 +487,7 @@ def _build_host(v: _V, name: str, d: dict) -> Host:
     server = ServerConf(log=log, restart=restart, health_url=server_d.get("health_url"),
                         ready_timeout=_or(server_d.get("ready_timeout"), 1800), url=server_d.get("url"),
                         smoke=SmokeConf(**(server_d.get("smoke") or {})))
-    router = build_router_conf(v.fail, name, d.get("router"), server.url, pre)
+    router = build_router_conf(v.fail, name, d.get("router"), server.url, router_at or {})
     return Host(
         name=name,
         address=address,
@@ -530,32 +530,84 @@ def _resolve_gateway(v: _V, host: Host, hosts: Dict[str, Host], written_at: str)
     return Jump(address=address, user=m.group("user"), port=port)
 
 
-def _parse_groups(v: "_V", groups_node, hosts: Dict[str, Host]) -> Dict[str, List[str]]:
-    """groups: name -> list of known host names, each once."""
+_GROUP_KEYS = ("hosts", "router")
+
+
+def _parse_groups(v: "_V", groups_node, host_names) -> Tuple[Dict[str, List[str]], Dict[str, Optional[dict]]]:
+    """groups: name -> list of known host names (each once), and name -> its router section
+    as written (checked), for the groups that set one (None: `router: null`, "no router").
+
+    A group is a list of host names, or a mapping {hosts: [...], router: {...}}."""
     groups: Dict[str, List[str]] = {}
-    if groups_node is not None:
-        groups_node = v.mapping("groups", groups_node)
-        for gname, members in groups_node.items():
-            key = f"groups.{_keyname(gname)}"
-            if gname == "all":
-                raise v.fail(key, "'all' is every host and cannot be defined; choose another group name")
-            if not _HOST_NAME.match(gname):
-                raise v.fail(key, "not a usable group name (letters, digits, '.', '-', '_')")
-            if members is None:
-                members = []
-            if not isinstance(members, list):
-                raise v.fail(key, f"expected a list of host names, got {_got(members)}")
-            names: List[str] = []
-            for i, m in enumerate(members):
-                if not isinstance(m, str):
-                    raise v.fail(f"{key}[{i}]", f"expected a host name, got {_got(m)}")
-                if m not in hosts:
-                    raise v.fail(f"{key}[{i}]", f"unknown host {m!r}{_did_you_mean(m, hosts)}; "
-                                                f"hosts: {_names(hosts)}")
-                if m not in names:
-                    names.append(m)
-            groups[gname] = names
-    return groups
+    routers: Dict[str, Optional[dict]] = {}
+    if groups_node is None:
+        return groups, routers
+    groups_node = v.mapping("groups", groups_node)
+    for gname, node in groups_node.items():
+        key = f"groups.{_keyname(gname)}"
+        if gname == "all":
+            raise v.fail(key, "'all' is every host and cannot be defined; choose another group name")
+        if not _HOST_NAME.match(gname):
+            raise v.fail(key, "not a usable group name (letters, digits, '.', '-', '_')")
+        members, members_key = node, key
+        if isinstance(node, dict):
+            node = v.mapping(key, node)
+            for k in node:
+                if k not in _GROUP_KEYS:
+                    raise v.fail(f"{key}.{_keyname(k)}", f"unknown key{_did_you_mean(k, _GROUP_KEYS)}; "
+                                                         "known keys here: hosts, router")
+            members, members_key = node.get("hosts"), f"{key}.hosts"
+            if "router" in node:
+                r = node["router"]
+                routers[gname] = None if r is None else check_router_section(v.fail, f"{key}.router",
+                                                                             v.mapping(f"{key}.router", r))
+        if members is None:
+            members = []
+        if not isinstance(members, list):
+            hint = "" if members_key.endswith(".hosts") else " (or a mapping {hosts: [...], router: {...}})"
+            raise v.fail(members_key, f"expected a list of host names, got {_got(members)}{hint}")
+        names: List[str] = []
+        for i, m in enumerate(members):
+            if not isinstance(m, str):
+                raise v.fail(f"{members_key}[{i}]", f"expected a host name, got {_got(m)}")
+            if m not in host_names:
+                raise v.fail(f"{members_key}[{i}]", f"unknown host {m!r}{_did_you_mean(m, host_names)}; "
+                                                    f"hosts: {_names(host_names)}")
+            if m not in names:
+                names.append(m)
+        groups[gname] = names
+    return groups, routers
+
+
+def _group_router(v: "_V", name: str, groups: Dict[str, List[str]],
+                  routers: Dict[str, Optional[dict]]) -> Optional[Tuple[str, Optional[dict]]]:
+    """(group, router section) that a host gets from its groups, or None; two of its groups
+    setting different routers is an error (neither may silently win)."""
+    found = [(g, routers[g]) for g in routers if name in groups[g]]
+    for g, r in found[1:]:
+        if r != found[0][1]:
+            raise v.fail(f"hosts.{name}", f"is in groups {found[0][0]} and {g}, which set different routers "
+                                          f"(groups.{found[0][0]}.router and groups.{g}.router); keep the "
+                                          f"host in one of them, or give both the same router")
+    return found[0] if found else None
+
+
+def _router_origin(name: str, raw: dict, group: Optional[Tuple[str, Optional[dict]]]) -> Dict[str, str]:
+    """Where each key of a host's merged router section was written ("hosts.X.router", …)."""
+    at: Dict[str, str] = {}
+    for key in ("urls", "via"):
+        if "router" in raw:
+            if isinstance(raw["router"], dict) and key in raw["router"]:
+                at[key] = f"hosts.{name}.router"
+                continue
+            if raw["router"] is None:
+                at[key] = f"hosts.{name}.router"
+                continue
+        if group is not None and (group[1] is None or key in group[1]):
+            at[key] = f"groups.{group[0]}.router"
+        else:
+            at[key] = "defaults.router"
+    return at
 
 
 def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = None) -> Inventory:
@@ -581,28 +633,35 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
     if not hosts_node:
         raise v.fail("hosts", "no hosts listed")
 
+    names_ok = {}
+    for name in hosts_node:
+        if not _HOST_NAME.match(name) or name == "all":
+            raise v.fail(f"hosts.{_keyname(name)}", "not a usable host name (letters, digits, '.', '-', '_'; not 'all')")
+        names_ok[name] = True
+    groups, group_routers = _parse_groups(v, doc.get("groups"), names_ok)
+
     hosts: Dict[str, Host] = {}
     written: Dict[str, str] = {}
+    router_at: Dict[str, Dict[str, str]] = {}
     for name, section in hosts_node.items():
         key = f"hosts.{_keyname(name)}"
-        if not _HOST_NAME.match(name) or name == "all":
-            raise v.fail(key, "not a usable host name (letters, digits, '.', '-', '_'; not 'all')")
         raw = _check_section(v, key, section if section is not None else {}, _HOST_SCHEMA)
-        merged = _merge(defaults, raw)
-        hosts[name] = _build_host(v, name, merged)
+        group = _group_router(v, name, groups, group_routers)
+        # precedence host > group > defaults; mappings merge key by key, as with defaults
+        merged = _merge(defaults, {"router": group[1]}) if group is not None else defaults
+        merged = _merge(merged, raw)
+        router_at[name] = _router_origin(name, raw, group)
+        hosts[name] = _build_host(v, name, merged, router_at[name])
         written[name] = key if "gateway" in raw else "defaults"
-
-    for name, host in hosts.items():
-        if host.router is not None and host.router.via is not None and host.router.via not in hosts:
-            raise v.fail(f"hosts.{name}.router.via", f"unknown host {host.router.via!r}"
-                                                     f"{_did_you_mean(host.router.via, hosts)}; hosts: {_names(hosts)}")
 
     for name, host in list(hosts.items()):
         jump = _resolve_gateway(v, host, hosts, written[name])
         if jump is not None:
             hosts[name] = _replace(host, jump=jump)
 
-    groups = _parse_groups(v, doc.get("groups"), hosts)
+    for name, host in list(hosts.items()):
+        if host.router is not None and host.router.via is not None:
+            hosts[name] = _replace(host, router=_resolve_via(v, host, hosts, router_at[name]["via"]))
 
     member_of: Dict[str, List[str]] = {n: [] for n in hosts}
     for gname, names in groups.items():
@@ -612,7 +671,21 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
     return Inventory(path=path if path is not None else Path(file), hosts=hosts, groups=groups)
 
 
-def _replace(host: Host, **changes) -> Host:
+def _resolve_via(v: "_V", host: Host, hosts: Dict[str, Host], written_at: str) -> RouterConf:
+    """The router section with its via host's record attached (what the tunnel connects to)."""
+    via = host.router.via
+    key = f"{written_at}.via"
+    if via not in hosts:
+        raise v.fail(key, f"unknown host {via!r}{_did_you_mean(via, hosts)}; router.via names the inventory "
+                          f"host to reach the router through; hosts: {_names(hosts)}")
+    target = hosts[via]
+    peers = {via: target}
+    if target.jump is not None and target.jump.host:
+        peers[target.jump.host] = hosts[target.jump.host]   # its gateway's identity_file
+    return _replace(host.router, via_hosts=peers)
+
+
+def _replace(host, **changes):
     import dataclasses
     return dataclasses.replace(host, **changes)
 

@@ -55,14 +55,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import FleetpatchError
 from .protocol import parse_worker_loads  # noqa: F401  (shared with the agent)
 
 __all__ = [
-    "RouterError", "RouterApi", "Worker", "Router", "Routers", "RouterConf", "SmokeConf", "capacity_problem",
+    "RouterError", "TunnelError", "RouterApi", "Worker", "Router", "Routers", "RouterConf", "SmokeConf", "capacity_problem",
     "parse_worker_list", "find_worker", "parse_worker_loads", "check_smoke_answer",
     "check_router_section", "check_smoke_section", "build_router_conf",
     "REST", "LEGACY",
@@ -161,20 +161,40 @@ def check_smoke_answer(status: int, body: bytes) -> Optional[str]:
 # --------------------------------------------------------------------------- the client
 
 
+class TunnelError(Exception):
+    """A router call through router.via could not be made; str() says why and what to do."""
+
+
 class Router:
-    """One router, by its URL (as written in the inventory's router.urls)."""
+    """One router, by its URL (as written in the inventory's router.urls).
+
+    `via` and `tunnel`: router.via's host name and its tunnel (fleetpatch.router_via,
+    built by drain.router_of); every call then goes through the SSH connection to that
+    host. Anything with ``request(address, port, method, target, data, headers,
+    timeout) -> (status, body)`` that raises TunnelError will do."""
 
     def __init__(self, url: str, *, http_timeout: float = DEFAULT_HTTP_TIMEOUT, api: Optional[RouterApi] = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 via: Optional[str] = None, tunnel: Any = None):
         self.url = url.rstrip("/")
         self.http_timeout = http_timeout
         self._api = api
         self._clock, self._sleep = clock, sleep
+        if bool(via) != (tunnel is not None):
+            raise ValueError("a router reached through a host needs both via and tunnel")
+        self.via, self._tunnel = via, tunnel
+
+    @property
+    def label(self) -> str:
+        """The router as messages name it: its URL, and the host it is reached through."""
+        return f"{self.url} (via {self.via})" if self.via else self.url
 
     # -- HTTP
     def _call(self, method: str, path: str, body: Optional[dict] = None,
               timeout: Optional[float] = None) -> Tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
+        if self._tunnel is not None:
+            return self._call_via(method, path, data, timeout or self.http_timeout)
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
@@ -185,8 +205,20 @@ class Router:
             return e.code, e.read()
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise RouterError(self.url, f"{method} {path}: cannot reach the router ({reason}); is it running, "
+            raise RouterError(self.label, f"{method} {path}: cannot reach the router ({reason}); is it running, "
                                         "and is router.urls in the inventory right?") from None
+
+    def _call_via(self, method: str, path: str, data: Optional[bytes], timeout: float) -> Tuple[int, bytes]:
+        p = urllib.parse.urlsplit(self.url)
+        headers = {"Host": p.netloc}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            return self._tunnel.request(p.hostname, p.port or 80, method, (p.path or "") + path, data,
+                                        headers, timeout)
+        except TunnelError as e:
+            raise RouterError(self.label, f"{method} {path}: cannot reach the router through {self.via}: {e}"
+                              ) from None
 
     def _json(self, method: str, path: str) -> Tuple[int, Any]:
         status, raw = self._call(method, path)
@@ -219,7 +251,7 @@ class Router:
             if kind == LEGACY:
                 self._api = RouterApi(LEGACY)
                 return self._api
-        raise RouterError(self.url, f"does not answer like an sglang-router (GET /workers: HTTP {status}, "
+        raise RouterError(self.label, f"does not answer like an sglang-router (GET /workers: HTTP {status}, "
                                     f"GET /list_workers: HTTP {status2}); is this the router's URL, not a worker's?")
 
     @property
@@ -230,11 +262,11 @@ class Router:
         path = "/workers" if self.api.kind == REST else "/list_workers"
         status, doc = self._json("GET", path)
         if status != 200:
-            raise RouterError(self.url, f"GET {path}: HTTP {status}")
+            raise RouterError(self.label, f"GET {path}: HTTP {status}")
         try:
             _, workers = parse_worker_list(doc)
         except ValueError as e:
-            raise RouterError(self.url, f"GET {path}: unexpected answer ({e})") from None
+            raise RouterError(self.label, f"GET {path}: unexpected answer ({e})") from None
         return workers
 
     def find(self, worker_url: str) -> Optional[Worker]:
@@ -249,7 +281,7 @@ class Router:
         near = _near_misses(workers, worker_url)
         hint = (f"; it lists {', '.join(near)} - server.url must be exactly the URL the router lists"
                 if near else f"; it lists {', '.join(x.url for x in workers) or 'no workers'}")
-        raise RouterError(self.url, f"worker {worker_url} is not in its list{hint}")
+        raise RouterError(self.label, f"worker {worker_url} is not in its list{hint}")
 
     def remove(self, worker_url: str, timeout: float = 30.0) -> Optional[Worker]:
         """Take the worker out and wait until the list no longer shows it.
@@ -265,14 +297,14 @@ class Router:
             path = "/remove_worker?url=" + urllib.parse.quote(worker_url, safe="")
             status, raw = self._call("POST", path)
         if status not in (200, 202):
-            raise RouterError(self.url, f"{'DELETE' if self.api.kind == REST else 'POST'} {path}: HTTP {status} "
+            raise RouterError(self.label, f"{'DELETE' if self.api.kind == REST else 'POST'} {path}: HTTP {status} "
                                         f"{raw[:200].decode('utf-8', 'replace')}")
         deadline = self._clock() + timeout
         while True:
             if self.find(worker_url) is None:
                 return w
             if self._clock() >= deadline:
-                raise RouterError(self.url, f"worker {worker_url} still listed {timeout:g} s after its removal "
+                raise RouterError(self.label, f"worker {worker_url} still listed {timeout:g} s after its removal "
                                             "was accepted; check the router's log")
             self._sleep(0.05)
 
@@ -293,7 +325,7 @@ class Router:
                 status, raw = self._call("POST", "/add_worker?url=" + urllib.parse.quote(worker_url, safe=""),
                                          timeout=max(timeout, self.http_timeout))
             if status not in (200, 202):
-                raise RouterError(self.url, f"{what} {worker_url}: HTTP {status} "
+                raise RouterError(self.label, f"{what} {worker_url}: HTTP {status} "
                                             f"{raw[:200].decode('utf-8', 'replace')}")
         deadline = self._clock() + timeout
         while True:
@@ -302,7 +334,7 @@ class Router:
                 return w
             if self._clock() >= deadline:
                 state = "listed but unhealthy" if w is not None else "not listed"
-                raise RouterError(self.url, f"worker {worker_url} {state} {timeout:g} s after it was added "
+                raise RouterError(self.label, f"worker {worker_url} {state} {timeout:g} s after it was added "
                                             "(the router keeps retrying in the background; is the worker's "
                                             "/health answering 200 from the router's machine?)")
             self._sleep(0.05)
@@ -366,7 +398,7 @@ class Routers:
             for r in self.routers:
                 w = r.remove(worker_url, timeout)
                 if w is None:
-                    raise RouterError(r.url, f"worker {worker_url} is not in its list; it must be listed "
+                    raise RouterError(r.label, f"worker {worker_url} is not in its list; it must be listed "
                                              "before fleetpatch takes it out (check-patch shows the list)")
                 done.append((r, w))
         except BaseException:
@@ -389,6 +421,12 @@ class Routers:
 class RouterConf:
     urls: Tuple[str, ...]
     via: Optional[str] = None          # an inventory host to reach the routers' API through
+    # the via host's inventory record (and its gateway's), set by the inventory: what the tunnel dials
+    via_hosts: Dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def via_host(self):
+        return self.via_hosts.get(self.via) if self.via else None
 
 
 @dataclass(frozen=True)
@@ -466,14 +504,25 @@ def check_smoke_section(fail: Fail, key: str, node: Any) -> Dict[str, Any]:
 
 
 def build_router_conf(fail: Fail, host: str, router: Optional[dict], server_url: Optional[str],
-                      written_at: str) -> Optional[RouterConf]:
-    """The merged router section of one host (None: no router), requiring server.url with it."""
+                      written_at: Dict[str, str]) -> Optional[RouterConf]:
+    """The merged router section of one host (None: no router), requiring server.url with it.
+
+    `written_at` says where each key of the section was written ("defaults.router", …)."""
+    def at(key: str) -> str:
+        return written_at.get(key, f"hosts.{host}.router")
+
     if not router or not router.get("urls"):
         if router and "urls" in router and router.get("via"):
-            raise fail(f"{written_at}.router.urls", "required when router.via is set")
+            raise fail(f"{at('urls')}.urls", "required when router.via is set")
         return None
     if not server_url:
         raise fail(f"hosts.{host}.server.url", "required when a router section applies to the host: the "
                                                 "worker's URL exactly as the router lists it (set it under "
                                                 f"hosts.{host}.server)")
+    if router.get("via"):
+        for i, u in enumerate(router["urls"]):
+            if urllib.parse.urlsplit(u).scheme != "http":
+                raise fail(f"{at('urls')}.urls[{i}]", f"{u!r}: a router reached through router.via "
+                                                       f"({router['via']}) must be an http:// URL (the SSH "
+                                                       "tunnel carries plain HTTP; the SSH connection encrypts it)")
     return RouterConf(urls=tuple(router["urls"]), via=router.get("via"))
