@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import drain, steps
 from .errors import Status
-from .router import RouterError, Routers
+from .router import RouterError
 
 
 @steps.host_step
@@ -41,7 +41,7 @@ def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.H
     if drain.enabled(job, host):
         # a failing worker does not keep serving: out of its routers (the rollback drains it anyway)
         try:
-            for r in Routers(host.router.urls).routers:
+            for r in drain.routers_of(host.router).routers:
                 r.remove(host.server.url)
             failed.message += "\n  taken out of the router"
         except RouterError as e:

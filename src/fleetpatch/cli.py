@@ -206,7 +206,9 @@ def _exit_now(code) -> None:
     garbage collection over everything rich, Invoke and paramiko loaded, then every
     module) adds tens of milliseconds to every command after its work is done, so
     it is skipped, unless a thread that is not a daemon still runs: then Python ends
-    as usual, after it."""
+    as usual, after it. What was registered to run at exit (router_via closes its
+    SSH connections) still runs."""
+    import atexit
     import os
     import threading
 
@@ -227,4 +229,13 @@ def _exit_now(code) -> None:
             pass
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(status)
+    run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_functions is None:   # not CPython: let the interpreter end as usual
+        sys.exit(status)
+    run_exit_functions()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     os._exit(status)
