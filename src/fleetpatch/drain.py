@@ -32,7 +32,6 @@ from typing import Callable, Dict, List, Optional
 from . import protocol
 from .hostcalls import HostResult, base_request
 from .errors import HostFailure, Status, UsageError
-from . import router_via
 from .router import Router, RouterConf, RouterError, Routers, capacity_problem, check_smoke_answer, find_worker
 
 # Set by the fleet runner on Ctrl-C: a host still draining is put back untouched.
@@ -85,6 +84,8 @@ def _via(conf: RouterConf) -> dict:
     if conf.via_host is None:   # a RouterConf not made by the inventory
         raise RouterError(", ".join(conf.urls), f"router.via names {conf.via!r}, which is not a resolved "
                                                  "inventory host")
+    from . import router_via  # only a router.via section pays for the tunnel's imports (http.client)
+
     return {"via": conf.via, "tunnel": router_via.tunnel_for(conf.via_host, conf.via_hosts)}
 
 

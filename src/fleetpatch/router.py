@@ -52,9 +52,7 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -195,6 +193,9 @@ class Router:
         data = json.dumps(body).encode() if body is not None else None
         if self._tunnel is not None:
             return self._call_via(method, path, data, timeout or self.http_timeout)
+        import urllib.error  # only a run with a router pays for urllib's imports
+        import urllib.request
+
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
@@ -342,6 +343,9 @@ class Router:
 
 def worker_loads(worker_url: str, timeout: float = DEFAULT_HTTP_TIMEOUT) -> Tuple[int, int]:
     """(running, waiting) from the worker itself: GET /v1/loads, else the deprecated GET /get_load."""
+    import urllib.error
+    import urllib.request
+
     base = worker_url.rstrip("/")
     last = None
     for path in ("/v1/loads", "/get_load"):
