@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent
             "quiet_wait": "before each run wait up to S s for the machine to be <20% busy (default 60)",
             "out": "where results.json and RESULTS.md go (default bench/)",
             "instrumented": "also one instrumented fleetpatch rollout per size and net (default on)"})
-def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,pyinfra,ansible", nets="loopback,delay",
+def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,baseline-c25519,pyinfra,ansible", nets="loopback,delay",
           delay_ms=25.0, quiet_wait=60.0, baseline_kex="", out="", instrumented=True):
     """Benchmark a full rollout on the local sshd test fleet, on loopback and through a delay proxy:
     fleetpatch vs one `ssh` per host vs pyinfra vs Ansible."""

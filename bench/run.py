@@ -68,7 +68,10 @@ MARKERS = {
     "EAGLEWorker": "fleetpatch spec-path-beacon: EAGLEWorker (",
     "EAGLEWorkerV2": "fleetpatch spec-path-beacon: EAGLEWorkerV2 (",
 }
-TOOLS = ("fleetpatch", "baseline", "pyinfra", "ansible")
+TOOLS = ("fleetpatch", "baseline", "baseline-c25519", "pyinfra", "ansible")
+# The same one-ssh baseline with the key exchange paramiko (fleetpatch, pyinfra) uses:
+# OpenSSH 9's default sntrup761x25519 costs ~85 ms more client CPU per connection.
+C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
 NETS = ("loopback", "delay")
 PYINFRA_VENV = Path.home() / ".cache" / "fleetpatch" / "bench-pyinfra"
 PYINFRA_REQ = "pyinfra>=3,<4"
@@ -283,10 +286,10 @@ class Net:
     def __init__(self, name: str, ports: dict, known_hosts: Path, rtt_ms: float | None = None):
         self.name, self.ports, self.known_hosts, self.rtt_ms = name, ports, known_hosts, rtt_ms
 
-    def ssh_argv(self, fleet: Fleet, name: str, *command: str) -> list[str]:
-        """fleet.ssh_argv with this net's port and known_hosts (and --baseline-kex)."""
+    def ssh_argv(self, fleet: Fleet, name: str, *command: str, opts: list | None = None) -> list[str]:
+        """fleet.ssh_argv with this net's port and known_hosts (and --baseline-kex, or `opts`)."""
         argv = fleet.ssh_argv(name, *command)
-        argv[1:1] = list(self.baseline_opts)
+        argv[1:1] = list(self.baseline_opts if opts is None else opts)
         i = argv.index("-p")
         argv[i + 1] = str(self.ports[name])
         j = next(k for k, a in enumerate(argv) if a.startswith("UserKnownHostsFile="))
@@ -553,7 +556,8 @@ def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], t
     return "\n".join(lines)
 
 
-def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files: list[str], net: Net) -> dict:
+def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files: list[str], net: Net,
+                 opts: list | None = None) -> dict:
     scripts = {n: baseline_script(fleet, n, diff_text, files) for n in names}
     results: dict = {}
     t_launch = time.time()
@@ -561,7 +565,7 @@ def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files:
 
     def one(n):
         s = time.monotonic()
-        p = subprocess.run(net.ssh_argv(fleet, n, "sh -s"), input=scripts[n], capture_output=True, text=True,
+        p = subprocess.run(net.ssh_argv(fleet, n, "sh -s", opts=opts), input=scripts[n], capture_output=True, text=True,
                            timeout=TOOL_TIMEOUT)
         results[n] = {"ok": p.returncode == 0, "exit": p.returncode, "duration_s": round(time.monotonic() - s, 3),
                       "stderr": p.stderr[-600:] if p.returncode else ""}
@@ -842,6 +846,15 @@ def tables(res: dict) -> str:
                              f"{x['controller_cpu_median_s']:.2f} s | {x['machine_busy_median_pct']:.0f} % | "
                              f"{x['foreign_cpu_median_s']:.2f} s ({x['foreign_cpu_max_s']:.2f}) | {oks} (of {n}) |")
         lines.append("")
+        pairs = []
+        for n in sizes:
+            fp, c2 = s.get(f"{net}/fleetpatch@{n}"), s.get(f"{net}/baseline-c25519@{n}")
+            if fp and c2:
+                pairs.append(f"{n} hosts {fp['wall_median_s'] / c2['wall_median_s']:.2f}x")
+        if pairs:
+            lines.append("fleetpatch vs baseline-c25519 (the same one-ssh script with paramiko's key exchange): "
+                         + ", ".join(pairs) + ".")
+            lines.append("")
     if "loopback" in nets and "delay" in nets:
         rtt = (res.get("delay") or {}).get("rtt_ms")
         lines.append("What the slow network adds (delay median - loopback median; in round trips of the measured "
@@ -940,7 +953,8 @@ The baseline's ssh key exchange: {res.get('baseline_kex', 'OpenSSH default')}. f
 {t.get('fleetpatch_bytecode', 'not compiled by the bench')}, as `pip install` does; the other tools are pip-installed.
 Each host's reset to pristine keeps fleetpatch's agent compile cache (`state/agent-cache`, filled by the warm-up run), as on a fleet
 fleetpatch has run on before; everything else in the state dir goes.
-The baseline, pyinfra and Ansible stop at the marker, fleetpatch also waits
+baseline-c25519 is the same one-ssh baseline with `-o KexAlgorithms=curve25519-sha256`, the key exchange
+paramiko (fleetpatch, pyinfra) negotiates. The baseline, pyinfra and Ansible stop at the marker, fleetpatch also waits
 for the server's ready line and health answer.
 
 {tables(res)}
@@ -1038,6 +1052,8 @@ def main(argv=None) -> int:
         runners = {
             "fleetpatch": lambda names, tag, net: run_fleetpatch(fleet, names, wd, tag, net),
             "baseline": lambda names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net),
+            "baseline-c25519": lambda names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net,
+                                                                   opts=C25519),
             "pyinfra": lambda names, tag, net: run_pyinfra(fleet, names, wd, tag, files, net),
             "ansible": lambda names, tag, net: run_ansible(fleet, names, wd, tag, files, net),
         }
