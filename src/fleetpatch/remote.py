@@ -362,8 +362,15 @@ class Remote:
             self._pending = boot_stream(self.host.engine.state_dir)  # goes out with the first request
         return self._chan
 
-    def _send(self, data: bytes) -> None:
-        self._chan.send(data)
+    def _send(self, data: bytes, op: str = "request") -> None:
+        try:
+            self._chan.send(data)
+        except (OSError, EOFError) as e:   # paramiko: "Socket is closed" once the link or sshd died
+            self._end_session(bye=False)
+            raise HostFailure("error", f"{self.host.name}: the host agent ({op}) got no request: the SSH session "
+                                       "closed while it was sent (the connection was cut or the host's sshd "
+                                       f"session killed: {type(e).__name__}: {e}); a plain rerun reads the "
+                                       "host's ledger and finishes or undoes what was done") from None
         self.bytes_sent += len(data)
 
     def _end_session(self, bye: bool) -> None:
@@ -384,7 +391,7 @@ class Remote:
         chan = self._session()
         self.round_trips += 1
         data, self._pending = self._pending + request_line(request), b""
-        self._send(data)
+        self._send(data, request.get("op", "request"))
         return chan
 
     def call(self, op: str, request: dict, timeout: float = 300) -> dict:
@@ -414,7 +421,7 @@ class Remote:
                     self._abandon(events, sent)
                     raise
                 if answer is not None:
-                    self._send(json.dumps(answer).encode() + b"\n")
+                    self._send(json.dumps(answer).encode() + b"\n", op)
                     sent = True
                     watch[0] = False   # the decision's requests run without ticks: only the bound holds
         return self._result(op, chan, replies)

@@ -298,25 +298,13 @@ def print_outcome(console, task: str, results: dict, extra_lines: list[str] = ()
 # ----------------------------------------------------------------- JSON report
 
 def check_report_path(path: str | Path | None, flag: str = "--report", directory: bool = False) -> None:
-    # Another fleetpatch started in the same folder may remove a folder this try
-    # relies on (it created it for its own try): a vanished folder is tried again.
-    for _ in range(9):
-        try:
-            return _try_report_path(path, flag, directory)
-        except FileNotFoundError:
-            continue
-    try:
-        _try_report_path(path, flag, directory)
-    except FileNotFoundError as e:
-        raise UsageError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
-
-
-def _try_report_path(path: str | Path | None, flag: str, directory: bool) -> None:
     """Refuse a --report path (or with `directory`, a folder to create) that
     cannot be written, before any host is touched, so a run's results are never
     lost to a typo at the end. It is really tried (root may write where
-    `os.access` says yes and the kernel says no, as under /proc), and whatever
-    the try created is removed again."""
+    `os.access` says yes and the kernel says no, as under /proc): a file is made
+    and removed in the deepest folder of the path that exists. No folder is
+    made here, so runs started together in one folder cannot remove each
+    other's (the folders are made when the run writes)."""
     if not path:
         return
     p = Path(path)
@@ -324,39 +312,24 @@ def _try_report_path(path: str | Path | None, flag: str, directory: bool) -> Non
         raise UsageError(f"{flag} {path}: is a directory; give a file path, e.g. {p / 'report.json'}")
     if p.exists() and directory and not p.is_dir():
         raise UsageError(f"{flag} {path}: is a file, not a directory")
-    created: list[Path] = []
-    target = p if directory else p.parent
+    base = p if directory else p.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    for d in [base, *base.parents]:
+        if not d.is_dir():
+            raise UsageError(f"{flag} {path}: {d} is a file, not a directory")
     try:
-        for d in reversed([target, *target.parents]):
-            if not d.exists():
-                try:
-                    d.mkdir()
-                    created.append(d)
-                except FileExistsError:   # a concurrent run made it: not ours to remove
-                    pass
-            if not d.is_dir():
-                raise UsageError(f"{flag} {path}: {d} is a file, not a directory")
-        if directory:
-            probe = target / f".fleetpatch-write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        elif p.exists():
+        if p.exists() and not directory:
             with open(p, "ab"):
                 pass
         else:
-            with open(p, "ab"):
-                pass
-            p.unlink()
-    except FileNotFoundError:
-        raise   # tried again by the caller: a folder may have been removed by a concurrent run
+            import tempfile
+
+            fd, probe = tempfile.mkstemp(prefix=".fleetpatch-write-test-", dir=str(base))
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write there: {e.strerror or e}") from None
-    finally:
-        for d in reversed(created):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
 
 
 def write_report(path: str | Path, task: str, ok: bool, started: str, results: dict, extra: dict | None = None) -> None:
