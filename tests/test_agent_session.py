@@ -316,7 +316,7 @@ def test_requests_after_an_error_still_get_answers_in_order(lh):
 def test_the_sources_travel_once_per_host(lh, monkeypatch):
     chunks = []
     orig = Remote._send
-    monkeypatch.setattr(Remote, "_send", lambda self, data: (chunks.append(data), orig(self, data))[1])
+    monkeypatch.setattr(Remote, "_send", lambda self, data, *op: (chunks.append(data), orig(self, data, *op))[1])
     j, host = job(lh)
     r = steps.deploy(j, host)
     assert r.status == "verified" and r.round_trips == 3
