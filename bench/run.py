@@ -68,7 +68,7 @@ MARKERS = {
     "EAGLEWorker": "fleetpatch spec-path-beacon: EAGLEWorker (",
     "EAGLEWorkerV2": "fleetpatch spec-path-beacon: EAGLEWorkerV2 (",
 }
-TOOLS = ("fleetpatch", "baseline", "baseline-c25519", "pyinfra", "ansible")
+TOOLS = ("fleetpatch", "fleetpatch-before", "baseline", "baseline-c25519", "pyinfra", "ansible")
 # The same one-ssh baseline with the key exchange paramiko (fleetpatch, pyinfra) uses:
 # OpenSSH 9's default sntrup761x25519 costs ~85 ms more client CPU per connection.
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
@@ -94,7 +94,7 @@ def med(xs):
 
 # ------------------------------------------------------------------ setup
 
-def compile_fleetpatch() -> str:
+def compile_fleetpatch(pkg: Path | None = None) -> str:
     """Byte-compile the fleetpatch being measured, as `pip install` does for a wheel.
     An editable install has no bytecode until a first import writes it, and with
     PYTHONDONTWRITEBYTECODE set (this machine sets it) every start would compile
@@ -102,7 +102,7 @@ def compile_fleetpatch() -> str:
     are pip-installed, so theirs is compiled."""
     import compileall
 
-    pkg = Path(fleetpatch.__file__).parent
+    pkg = pkg or Path(fleetpatch.__file__).parent
     ok = compileall.compile_dir(str(pkg), quiet=1)
     env = "PYTHONDONTWRITEBYTECODE=1" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "unset"
     return f"compiled {pkg} ({'ok' if ok else 'with errors'}; PYTHONDONTWRITEBYTECODE {env})"
@@ -517,15 +517,17 @@ def classify(cmd: str) -> str:
 
 # ------------------------------------------------------------------ tools
 
-def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net) -> dict:
+def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net, src: Path | None = None) -> dict:
     inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}-{net.name}.yaml", net)
     report = wd / f"fleetpatch-{tag}.json"
     argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
             "--canary", "0", "--report", str(report), "--inventory", str(inv)]
     t_launch = time.time()
     t0 = time.monotonic()
-    p = subprocess.run(argv, cwd=wd, capture_output=True, text=True, timeout=TOOL_TIMEOUT,
-                       env={**os.environ, "COLUMNS": "200"})
+    env = {**os.environ, "COLUMNS": "200"}
+    if src is not None:   # another checkout's fleetpatch (--fleetpatch-before)
+        env["PYTHONPATH"] = str(src)
+    p = subprocess.run(argv, cwd=wd, capture_output=True, text=True, timeout=TOOL_TIMEOUT, env=env)
     wall = time.monotonic() - t0
     doc = json.loads(report.read_text()) if report.exists() else {"hosts": {}}
     hosts = {}
@@ -951,6 +953,7 @@ change to src/fleetpatch: {m.get('fleetpatch_src_commit', '-')[:90]}){dirty}, {t
 {t.get('ansible')}, {t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
 The baseline's ssh key exchange: {res.get('baseline_kex', 'OpenSSH default')}. fleetpatch's bytecode:
 {t.get('fleetpatch_bytecode', 'not compiled by the bench')}, as `pip install` does; the other tools are pip-installed.
+{('fleetpatch-before: ' + t['fleetpatch_before'] + '.') if t.get('fleetpatch_before') else ''}
 Each host's reset to pristine keeps fleetpatch's agent compile cache (`state/agent-cache`, filled by the warm-up run), as on a fleet
 fleetpatch has run on before; everything else in the state dir goes.
 baseline-c25519 is the same one-ssh baseline with `-o KexAlgorithms=curve25519-sha256`, the key exchange
@@ -981,6 +984,9 @@ def main(argv=None) -> int:
     ap.add_argument("--nets", default=",".join(NETS),
                     help="loopback (straight to each sshd) and/or delay (through bench/delayproxy.py)")
     ap.add_argument("--delay-ms", type=float, default=25.0, help="the proxy's delay each way (default 25: 50 ms RTT)")
+    ap.add_argument("--fleetpatch-before", default="", metavar="CHECKOUT",
+                    help="another fleetpatch checkout (e.g. a git worktree of an older commit), run as the "
+                         "tool fleetpatch-before from CHECKOUT/src: a before/after table from one run")
     ap.add_argument("--baseline-kex", default="",
                     help="KexAlgorithms for the baseline's ssh, e.g. curve25519-sha256 (the key exchange "
                          "paramiko uses); default: OpenSSH's own (9.x: sntrup761x25519-sha512 first)")
@@ -1025,6 +1031,14 @@ def main(argv=None) -> int:
     t_bench = time.monotonic()
     tool_notes = ensure_tools(not a.no_install, need_pyinfra="pyinfra" in tools)
     tool_notes["fleetpatch_bytecode"] = compile_fleetpatch()
+    before_src = None
+    if "fleetpatch-before" in tools:
+        if not a.fleetpatch_before or not (Path(a.fleetpatch_before) / "src" / "fleetpatch").is_dir():
+            sys.exit("bench: the tool fleetpatch-before needs --fleetpatch-before CHECKOUT (with src/fleetpatch)")
+        before_src = (Path(a.fleetpatch_before) / "src").resolve()
+        tool_notes["fleetpatch_before"] = (f"{before_src} at " + subprocess.run(
+            ["git", "-C", str(before_src), "log", "-1", "--format=%h %s"], capture_output=True,
+            text=True).stdout.strip()[:100] + "; " + compile_fleetpatch(before_src / "fleetpatch"))
     diff_text = DIFF.read_text()
     files = changed_files(diff_text)
     expect = expected_shas(diff_text, files)
@@ -1051,6 +1065,8 @@ def main(argv=None) -> int:
                 f"first exchange on a new connection {net_by_name['delay'].first_exchange_ms} ms")
         runners = {
             "fleetpatch": lambda names, tag, net: run_fleetpatch(fleet, names, wd, tag, net),
+            "fleetpatch-before": lambda names, tag, net: run_fleetpatch(fleet, names, wd, tag, net,
+                                                                       src=before_src),
             "baseline": lambda names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net),
             "baseline-c25519": lambda names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net,
                                                                    opts=C25519),
