@@ -41,6 +41,16 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def speculative_tree(folder: Path) -> dict:
+    """Every file of a package's speculative folder: sha256, mode, owner (bytecode aside)."""
+    out = {}
+    for p in sorted(Path(folder).rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            st = p.lstat()
+            out[str(p.relative_to(folder))] = (sha256(p), st.st_mode & 0o7777, st.st_uid, st.st_gid)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from localhost import EAGLE, EAGLE_V2, FIXTURE_PATCHES, LocalHost, job, sha256
+from localhost import EAGLE, EAGLE_V2, FIXTURE_PATCHES, LocalHost, job, sha256, speculative_tree
 from fleetpatch import steps
 
 HELPER = "sglang/srt/speculative/fleetpatch_helper.py"
@@ -21,15 +22,25 @@ PATCH = "helper-module"
 ROOT = os.geteuid() == 0
 
 
+def job_creating_in_a_missing_folder(lh: LocalHost, tmp_path: Path):
+    """The helper-module patch with its created file moved into a folder no host has."""
+    from fleetpatch.engines import sglang
+    from fleetpatch.patchset import load_patch
+
+    patches = tmp_path / "patches"
+    (patches / PATCH).mkdir(parents=True)
+    src = FIXTURE_PATCHES / PATCH
+    (patches / PATCH / "patch.yaml").write_text((src / "patch.yaml").read_text())
+    (patches / PATCH / "sglang-0.5.9.r1.diff").write_text(
+        (src / "sglang-0.5.9.r1.diff").read_text().replace("speculative/fleetpatch_helper.py",
+                                                          "speculative/helpers/fleetpatch_helper.py"))
+    j, host = job(lh, PATCH)
+    j.patch = load_patch(PATCH, [patches], sglang.PROFILE)[0]
+    return j, host
+
+
 def tree(lh: LocalHost) -> dict:
-    """Every file of the package's speculative folder: sha256, mode, owner (bytecode aside)."""
-    root = lh.file("sglang/srt/speculative")
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            st = p.lstat()
-            out[str(p.relative_to(root))] = (sha256(p), st.st_mode & 0o7777, st.st_uid, st.st_gid)
-    return out
+    return speculative_tree(lh.file("sglang/srt/speculative"))
 
 
 def bytecode(lh: LocalHost, rel: str) -> list:
@@ -90,18 +101,8 @@ def test_a_created_file_whose_folder_is_missing_is_a_conflict_before_any_write(l
     spec = lh.file("sglang/srt/speculative")
     # the helper's folder is the workers' folder: move the workers' file checks aside by
     # creating the patch against a folder that is missing on this host
-    patches = tmp_path / "patches"
-    (patches / PATCH).mkdir(parents=True)
-    src = FIXTURE_PATCHES / PATCH
-    (patches / PATCH / "patch.yaml").write_text((src / "patch.yaml").read_text())
-    (patches / PATCH / "sglang-0.5.9.r1.diff").write_text(
-        (src / "sglang-0.5.9.r1.diff").read_text().replace("speculative/fleetpatch_helper.py",
-                                                          "speculative/helpers/fleetpatch_helper.py"))
     before = tree(lh)
-    j, host = job(lh, PATCH)
-    from fleetpatch.engines import sglang
-    from fleetpatch.patchset import load_patch
-    j.patch = load_patch(PATCH, [patches], sglang.PROFILE)[0]
+    j, host = job_creating_in_a_missing_folder(lh, tmp_path)
     r = steps.check_patch(j, host)
     assert r.status == "conflict" and "its folder sglang/srt/speculative/helpers does not exist" in r.message, \
         r.message
@@ -257,18 +258,8 @@ def locked_probe(lh: LocalHost, host, j) -> dict:
 
 
 def test_deploy_where_a_created_files_folder_is_missing_is_a_conflict_and_writes_nothing(lh, tmp_path):
-    patches = tmp_path / "patches"
-    (patches / PATCH).mkdir(parents=True)
-    src = FIXTURE_PATCHES / PATCH
-    (patches / PATCH / "patch.yaml").write_text((src / "patch.yaml").read_text())
-    (patches / PATCH / "sglang-0.5.9.r1.diff").write_text(
-        (src / "sglang-0.5.9.r1.diff").read_text().replace("speculative/fleetpatch_helper.py",
-                                                          "speculative/helpers/fleetpatch_helper.py"))
     before = tree(lh)
-    j, host = job(lh, PATCH)
-    from fleetpatch.engines import sglang
-    from fleetpatch.patchset import load_patch
-    j.patch = load_patch(PATCH, [patches], sglang.PROFILE)[0]
+    j, host = job_creating_in_a_missing_folder(lh, tmp_path)
     r = steps.deploy(j, host)
     assert r.status == "conflict" and "does not fit this host's package" in r.message, r.message
     assert "its folder sglang/srt/speculative/helpers does not exist" in r.message

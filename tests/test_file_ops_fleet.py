@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import FIXTURE_PATCHES, needs_fleet, sha256
+from conftest import FIXTURE_PATCHES, needs_fleet
+from localhost import speculative_tree
 
 HELPER = "sglang/srt/speculative/fleetpatch_helper.py"
 NGRAM = "sglang/srt/speculative/cpp_ngram/ngram_cache.py"
@@ -18,14 +19,7 @@ PATCH = "helper-module"
 
 
 def tree(site: Path) -> dict:
-    """Every file of the package's speculative folder: sha256, mode, owner (bytecode aside)."""
-    root = site / "sglang/srt/speculative"
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            st = p.lstat()
-            out[str(p.relative_to(root))] = (sha256(p), st.st_mode & 0o7777, st.st_uid, st.st_gid)
-    return out
+    return speculative_tree(site / "sglang/srt/speculative")
 
 
 def strays(host_dir: Path) -> list:
