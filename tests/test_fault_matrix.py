@@ -214,15 +214,21 @@ def test_agent_killed_between_a_create_and_a_modify(lh):
     assert lh.file(HELPER).exists() and not lh.file(NGRAM).exists(), "the rerun deployed the whole revision"
 
 
-def test_agent_killed_during_rollback(lh):
-    pristine = engine_shas(lh)
-    assert deploy(lh).ok
+def rollback_request(lh: LocalHost, name: str) -> tuple[dict, str]:
+    """The agent's rollback request for patch `name` on the host, and its package dir."""
     j, host = job(lh, None)
     reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, [], False)
     req = dict(steps.base_request(host, j), op="rollback", package_dir=reply["package_dir"],
-               name="spec-path-beacon", force=False, lock_token=None)
+               name=name, force=False, lock_token=None)
+    return req, reply["package_dir"]
+
+
+def test_agent_killed_during_rollback(lh):
+    pristine = engine_shas(lh)
+    assert deploy(lh).ok
+    req, package = rollback_request(lh, "spec-path-beacon")
     patched_pid = lh.server_pid()
-    assert run_killed_agent(lh, req, "write", 2, reply["package_dir"]) == -9
+    assert run_killed_agent(lh, req, "write", 2, package) == -9
     record("kill-9 agent", "rollback", lh, pristine, "killed", lambda: rollback_all(lh), killed=True)
     assert lh.is_pristine()
     assert lh.server_pid() not in (None, patched_pid), "the server no longer runs the patched code"
@@ -235,12 +241,9 @@ def test_agent_killed_while_rolling_back_a_create_and_a_delete(lh):
     the created helper is removed. The next run's recovery completes the rollback."""
     pristine = engine_shas(lh)
     assert deploy(lh, "helper-module").ok
-    j, host = job(lh, None)
-    reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, [], False)
-    req = dict(steps.base_request(host, j), op="rollback", package_dir=reply["package_dir"],
-               name="helper-module", force=False, lock_token=None)
+    req, package = rollback_request(lh, "helper-module")
     patched_pid = lh.server_pid()
-    assert run_killed_agent(lh, req, "write", 3, reply["package_dir"]) == -9
+    assert run_killed_agent(lh, req, "write", 3, package) == -9
     assert lh.file(NGRAM).exists() and lh.file(HELPER).exists(), "killed half-way through the rollback"
     record("kill-9 agent", "rollback/create", lh, pristine, "killed", lambda: rollback_all(lh), killed=True)
     assert engine_shas(lh) == pristine and not lh.file(HELPER).exists()
@@ -304,16 +307,20 @@ def test_fleetpatch_killed(lh, phase):
             proc.kill()
 
 
-def agents_running(lh: LocalHost) -> bool:
+def agent_processes():
+    """(pid, command line) of every fleetpatch agent process on this machine."""
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"fleetpatch-agent" in cmd and str(lh.python).encode() in cmd:
-                return True
-    return False
+            if b"fleetpatch-agent" in cmd:
+                yield int(pid), cmd
+
+
+def agents_running(lh: LocalHost) -> bool:
+    return any(str(lh.python).encode() in cmd for _, cmd in agent_processes())
 
 
 # ------------------------------------------ full disk, read-only, immutable
@@ -455,15 +462,10 @@ def test_connection_stalled_during_verification(lh):
 
     def stall():
         if wait_for(lambda: lh.log.exists() and "Uvicorn running" in lh.log.read_text()):
-            for pid in os.listdir("/proc"):
-                if pid.isdigit():
-                    try:
-                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    except OSError:
-                        continue
-                    if b"fleetpatch-agent" in cmd and str(lh.python).encode() in cmd:
-                        os.kill(int(pid), signal.SIGSTOP)
-                        stopped.append(int(pid))
+            for pid, cmd in agent_processes():
+                if str(lh.python).encode() in cmd:
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
 
     t = threading.Thread(target=stall, daemon=True)
     t.start()
@@ -671,16 +673,8 @@ class Outcome:
 def agents_on(fleet, name: str) -> list[int]:
     """The agent processes running in the host's namespace (children of its sshd sessions,
     or orphaned by a cut one)."""
-    h, found = fleet.hosts[name], []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"fleetpatch-agent" in cmd and fleetmod._ns_ino(int(pid)) == h.ns_ino:
-                found.append(int(pid))
-    return found
+    h = fleet.hosts[name]
+    return [pid for pid, _ in agent_processes() if fleetmod._ns_ino(pid) == h.ns_ino]
 
 
 def signal_sessions(h, sig) -> list[int]:
