@@ -219,23 +219,17 @@ def _exit_now(code) -> None:
     else:   # sys.exit("message"), as Python itself treats it
         print(code, file=sys.stderr)
         status = 1
+    run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_functions is None or any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                                         if t is not threading.main_thread()):
+        sys.exit(status)   # not CPython, or a thread still works: the interpreter ends as usual
+    run_exit_functions()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BrokenPipeError:
             _stdout_to_devnull()
             status = status or 1
-        except (OSError, ValueError):
-            pass
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.exit(status)
-    run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
-    if run_exit_functions is None:   # not CPython: let the interpreter end as usual
-        sys.exit(status)
-    run_exit_functions()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
         except (OSError, ValueError):
             pass
     os._exit(status)
