@@ -458,86 +458,27 @@ def http_get(url, timeout=2.0):
 
 
 def http_request(method, url, data, timeout, limit=1 << 20):
-    """(status, body) or (None, error): one HTTP/1.0 request on a plain socket, so
-    the host needs no curl. Not urllib: its imports cost ~20 ms at every agent
-    start, and it would send a loopback health check through the operator's
-    http_proxy. An https URL still goes through urllib."""
+    """(status, body) or (None, error), with http.client, so the host needs no curl.
+    Not urllib.request: its extra imports cost at every agent start, and it would
+    send a loopback health check through the operator's http_proxy. An https URL
+    still goes through urllib."""
+    import http.client
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.scheme != "http":
         return _urllib_request(method, url, data, timeout, limit)
-    deadline = time.monotonic() + timeout
     path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
-    host = parts.hostname or "127.0.0.1"
-    head = ["%s %s HTTP/1.0" % (method, path), "Host: %s" % parts.netloc, "Connection: close",
-            "Accept: */*", "User-Agent: fleetpatch-agent"]
-    if data is not None:
-        head += ["Content-Type: application/json", "Content-Length: %d" % len(data)]
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
     try:
-        with socket.create_connection((host, parts.port or 80), timeout=timeout) as sock:
-            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (data or b""))
-            raw = b""
-            while len(raw) < limit + 65536:
-                sock.settimeout(max(0.01, deadline - time.monotonic()))
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                raw += chunk
-                if _http_complete(raw):
-                    break
-    except (socket.timeout, OSError, ValueError) as e:
-        return None, str(e).encode() or type(e).__name__.encode()
-    return _http_parse(raw, limit)
-
-
-def _http_split(raw):
-    """(status, {header: value}, body) of a response so far, or None before its headers end."""
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        return None
-    lines = head.decode("latin-1").split("\r\n")
-    fields = lines[0].split(" ", 2)
-    status = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (l.partition(":") for l in lines[1:]))
-    return status, headers, body
-
-
-def _http_complete(raw):
-    split = _http_split(raw)
-    if split is None:
-        return False
-    _, headers, body = split
-    length = headers.get("content-length")
-    return length is not None and length.isdigit() and len(body) >= int(length)
-
-
-def _http_parse(raw, limit):
-    split = _http_split(raw)
-    if split is None or split[0] is None:
-        return None, b"no HTTP answer" if not raw else b"not an HTTP answer: " + raw[:80]
-    status, headers, body = split
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = _unchunk(body)
-    length = headers.get("content-length")
-    if length is not None and length.isdigit():
-        body = body[:int(length)]
-    return status, body[:limit]
-
-
-def _unchunk(body):
-    out = b""
-    while body:
-        size_line, sep, rest = body.partition(b"\r\n")
-        try:
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-        except ValueError:
-            break
-        if not sep or size == 0:
-            break
-        out += rest[:size]
-        body = rest[size + 2:]
-    return out
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read(limit)
+    except (http.client.HTTPException, socket.timeout, OSError, ValueError) as e:
+        return None, (str(e) or type(e).__name__).encode()
+    finally:
+        conn.close()
 
 
 def _urllib_request(method, url, data, timeout, limit):
