@@ -38,7 +38,7 @@ def assert_one_agent_command(fleet, name: str) -> None:
     """Counted by sshd's ForceCommand wrapper: every request of the command went to one agent process."""
     commands = fleet.commands(name)
     assert len(commands) == 1, f"{name} ran {len(commands)} remote commands: {[c[:60] for c in commands]}"
-    assert shlex.split(commands[0])[:2] == [fleet.hosts[name].remote_python, "-c"], commands[0][:80]
+    assert shlex.split(commands[0])[:3] == [fleet.hosts[name].remote_python, "-S", "-c"], commands[0][:80]
 
 
 # ------------------------------------------------------------------ fetch

@@ -18,6 +18,14 @@ import difflib  # noqa: E402
 import inspect  # noqa: E402
 import sys  # noqa: E402
 
+import yaml  # noqa: E402
+
+# Invoke vendors a copy of PyYAML and reads its config files with `yaml.safe_load`
+# alone; the PyYAML fleetpatch depends on serves it, as where a distribution
+# unbundles Invoke's vendored packages, and one YAML import instead of two saves
+# a few ms at every start.
+sys.modules.setdefault("invoke.vendor.yaml", yaml)
+
 from invoke import Collection, Program  # noqa: E402
 from invoke.exceptions import ParseError  # noqa: E402
 

@@ -23,13 +23,11 @@ import json
 import os
 import select
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
-import traceback
 
 if "fleetpatch_protocol" in sys.modules:   # on a host: the bootstrap loaded it from stdin
     protocol = sys.modules["fleetpatch_protocol"]
@@ -475,7 +473,7 @@ def http_request(method, url, data, timeout, limit=1 << 20):
         conn.request(method, path, body=data, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read(limit)
-    except (http.client.HTTPException, socket.timeout, OSError, ValueError) as e:
+    except (http.client.HTTPException, OSError, ValueError) as e:   # socket.timeout is an OSError
         return None, (str(e) or type(e).__name__).encode()
     finally:
         conn.close()
@@ -492,7 +490,7 @@ def _urllib_request(method, url, data, timeout, limit):
             return resp.status, resp.read(limit)
     except urllib.error.HTTPError as e:
         return e.code, e.read(4096)
-    except (urllib.error.URLError, socket.timeout, OSError, ValueError) as e:
+    except (urllib.error.URLError, OSError, ValueError) as e:
         return None, str(getattr(e, "reason", e)).encode()
 
 
@@ -734,10 +732,8 @@ def supervisorctl_command():
     found = shutil.which("supervisorctl")
     if found:
         return [found]
-    import importlib.util
-
     try:
-        has_supervisor = importlib.util.find_spec("supervisor.supervisorctl") is not None
+        has_supervisor = find_spec("supervisor.supervisorctl") is not None
     except ImportError:
         has_supervisor = False
     if has_supervisor:
@@ -824,11 +820,43 @@ def restart_server(req, ledger, reason):
 
 # -------------------------------------------------------------------- files
 
-def package_dir(package):
-    """The directory that holds the engine package, found without importing it."""
+def with_site():
+    """The interpreter's whole `site` step (site-packages, every .pth file), once.
+
+    The agent starts with -S: the site step is a third of a bare start-up (more
+    where a .pth file imports something), and the agent itself needs only the
+    stdlib. What must see the modules the host's Python sees asks for it here."""
+    if sys.flags.no_site and "site" not in sys.modules:
+        import importlib
+        import site
+
+        site.main()
+        importlib.invalidate_caches()
+
+
+def find_spec(name):
+    """importlib's spec of `name` as the engine's interpreter, site step and all, finds it.
+
+    Without the site step sys.path is the stdlib and PYTHONPATH, which come before
+    site-packages anyway: a module found there is the one a full start finds too,
+    so the site step runs only when the module is not there."""
     import importlib.util
 
-    spec = importlib.util.find_spec(package)
+    try:
+        spec = importlib.util.find_spec(name)
+    except ImportError:   # a dotted name's parent package is not found either
+        if not sys.flags.no_site or "site" in sys.modules:
+            raise
+        spec = None
+    if spec is None and sys.flags.no_site and "site" not in sys.modules:
+        with_site()
+        spec = importlib.util.find_spec(name)
+    return spec
+
+
+def package_dir(package):
+    """The directory that holds the engine package, found without importing it."""
+    spec = find_spec(package)
     if spec is None or not spec.origin:
         raise AgentError("error", "%s cannot import %s: is engine.python the interpreter that runs the engine?"
                          % (sys.executable, package))
@@ -865,6 +893,7 @@ def package_version(package, root=None):
     found = dist_info_version(root, package) if root else None
     if found:
         return found
+    with_site()
     try:
         import importlib.metadata as md
     except ImportError:  # Python 3.7
@@ -1938,6 +1967,8 @@ def answer(req):
     except AgentError as e:
         emit({"t": "result", "ok": False, "code": e.code, "message": e.message})
     except Exception as e:  # a bug or an OS error: report it, don't hang the laptop
+        import traceback   # here, not at the top: it costs milliseconds at every agent start
+
         emit({"t": "result", "ok": False, "code": "error",
               "message": "%s: %s" % (type(e).__name__, e), "traceback": traceback.format_exc()})
 

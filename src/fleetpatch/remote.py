@@ -2,7 +2,7 @@
 
 Everything fleetpatch does on a host is a request to `hostagent` run by the
 host's engine interpreter. `Remote` starts the agent once per host per
-command (one remote command: `<python> -c BOOTSTRAP`, its sources on stdin:
+command (one remote command: `<python> -S -c BOOTSTRAP`, its sources on stdin:
 the host needs nothing installed), sends it every request of the operation as
 JSON lines on that one channel, streams the replies, counts the requests
 (`round_trips`) and the agent starts (`agent_starts`), and ends with `bye`. A
@@ -49,6 +49,11 @@ BOOTSTRAP = (  # double quotes only: shlex.quote then wraps it in one pair of si
 )
 
 AGENT_MODULE = "__fleetpatch_agent__"
+
+# -S: no site step at the agent's start (stdlib only; it costs a third of a bare
+# start-up, more where a .pth file imports); `hostagent.with_site` runs it when
+# the agent needs what site-packages hold.
+AGENT_FLAGS = ("-S",)
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,9 +216,35 @@ class Transport(Protocol):
     def start(self, argv: list[str]) -> AgentChannel: ...
 
 
+def exec_without_waiting(chan: "paramiko.Channel", command: str) -> bool:
+    """paramiko's `Channel.exec_command` without its wait for sshd's answer, as
+    OpenSSH's own client does: the agent's sources and first request follow the
+    exec request at once, a round trip sooner. sshd handles a channel's messages
+    in order, so they reach the command's stdin. A refusal closes the channel
+    with `event_ready` still false, which `_SSHChannel` reports at the first read.
+    False when this paramiko lacks the internals it uses (then nothing is sent)."""
+    try:
+        from paramiko.common import cMSG_CHANNEL_REQUEST
+        from paramiko.message import Message
+
+        pending, send = chan._event_pending, chan.transport._send_user_message
+    except (ImportError, AttributeError):
+        return False
+    m = Message()
+    m.add_byte(cMSG_CHANNEL_REQUEST)
+    m.add_int(chan.remote_chanid)
+    m.add_string("exec")
+    m.add_boolean(True)
+    m.add_string(command)
+    pending()
+    send(m)
+    return True
+
+
 class _SSHChannel:
-    def __init__(self, chan: paramiko.Channel):
+    def __init__(self, chan: "paramiko.Channel", host_name: str = "host"):
         self.chan = chan
+        self.host_name = host_name
         self._stderr = b""
 
     def send(self, data: bytes) -> None:
@@ -231,6 +262,11 @@ class _SSHChannel:
             return None
         if not chunk:
             self._drain_stderr()
+            if (self.chan.event.is_set() and not getattr(self.chan, "event_ready", True)
+                    and self.chan.get_transport().is_active()):   # closed, not cut: a refusal
+                raise HostFailure("error", f"{self.host_name}: the host's sshd refused to run the agent's command "
+                                           "(its exec request was denied); check the host's sshd_config "
+                                           "(ForceCommand, Match blocks) for this user")
         return chunk
 
     def _drain_stderr(self) -> None:
@@ -313,8 +349,10 @@ class SSHTransport:
         except Exception as exc:
             raise HostFailure("unreachable", f"{self.host.name}: could not open an SSH channel within {bound:g}s "
                                              f"({type(exc).__name__}: {exc}); check the host and rerun") from None
-        chan.exec_command(" ".join(shlex.quote(a) for a in argv))
-        return _SSHChannel(chan)
+        command = " ".join(shlex.quote(a) for a in argv)
+        if not exec_without_waiting(chan, command):
+            chan.exec_command(command)
+        return _SSHChannel(chan, self.host.name)
 
 
 # ----------------------------------------------------------------- Remote
@@ -356,7 +394,7 @@ class Remote:
 
     def _session(self) -> AgentChannel:
         if self._chan is None:
-            chan = self.transport.start([self.host.engine.python, "-c", BOOTSTRAP])
+            chan = self.transport.start([self.host.engine.python, *AGENT_FLAGS, "-c", BOOTSTRAP])
             self.agent_starts += 1
             self._chan, self._buf = chan, b""
             self._pending = boot_stream(self.host.engine.state_dir)  # goes out with the first request
