@@ -13,21 +13,27 @@ REPO = Path(__file__).resolve().parent
 
 @task(auto_shortflags=False, help={"sizes": "fleet sizes, comma-separated (default 1,8,32; at most 32)",
             "repeats": "runs per size, net and tool (default 3)",
-            "tools": "which of fleetpatch,baseline,pyinfra,ansible (default all four)",
+            "tools": "which of fleetpatch,baseline,baseline-c25519,pyinfra,ansible (default all five)",
             "nets": "loopback and/or delay (through bench/delayproxy.py; default both, interleaved)",
             "delay_ms": "the delay proxy's delay each way in ms (default 25: 50 ms round trip)",
             "baseline_kex": "KexAlgorithms for the baseline's ssh, e.g. curve25519-sha256 (default: OpenSSH's)",
             "quiet_wait": "before each run wait up to S s for the machine to be <20% busy (default 60)",
             "out": "where results.json and RESULTS.md go (default bench/)",
-            "instrumented": "also one instrumented fleetpatch rollout per size and net (default on)"})
+            "instrumented": "also one instrumented fleetpatch rollout per size and net (default on)",
+            "fleetpatch-before": "another fleetpatch checkout (e.g. a git worktree of an older commit), run as "
+                                 "the contender fleetpatch-before: a before/after table from the same run"})
 def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,baseline-c25519,pyinfra,ansible", nets="loopback,delay",
-          delay_ms=25.0, quiet_wait=60.0, baseline_kex="", out="", instrumented=True):
+          delay_ms=25.0, quiet_wait=60.0, baseline_kex="", out="", instrumented=True, fleetpatch_before=""):
     """Benchmark a full rollout on the local sshd test fleet, on loopback and through a delay proxy:
     fleetpatch vs one `ssh` per host vs pyinfra vs Ansible."""
     argv = [sys.executable, str(REPO / "bench" / "run.py"), "--sizes", sizes, "--repeats", str(repeats),
             "--tools", tools, "--nets", nets, "--delay-ms", str(delay_ms), "--quiet-wait", str(quiet_wait)]
     if baseline_kex:
         argv += ["--baseline-kex", baseline_kex]
+    if fleetpatch_before:
+        if "fleetpatch-before" not in tools.split(","):
+            argv[argv.index("--tools") + 1] = tools.replace("fleetpatch", "fleetpatch,fleetpatch-before", 1)
+        argv += ["--fleetpatch-before", fleetpatch_before]
     if out:
         argv += ["--out", out]
     if not instrumented:

@@ -857,6 +857,21 @@ def tables(res: dict) -> str:
             lines.append("fleetpatch vs baseline-c25519 (the same one-ssh script with paramiko's key exchange): "
                          + ", ".join(pairs) + ".")
             lines.append("")
+        ba = []
+        for n in sizes:
+            fp, old = s.get(f"{net}/fleetpatch@{n}"), s.get(f"{net}/fleetpatch-before@{n}")
+            if fp and old:
+                cmds = lambda x: "/".join(str(c) for c in x["commands_per_host"])
+                ba.append(f"| {n} | {old['wall_median_s']:.2f} s | {fp['wall_median_s']:.2f} s | "
+                          f"{fp['wall_median_s'] / old['wall_median_s']:.2f}x | {cmds(old)} → {cmds(fp)} |")
+        if ba:
+            note = (res.get("tools") or {}).get("fleetpatch_before", "-").split(" at ", 1)[-1].split(";")[0]
+            lines.append(f"Before / after on {net} (fleetpatch-before: {note[:72]}):")
+            lines.append("")
+            lines.append("| hosts | before | after | after / before | remote commands / host |")
+            lines.append("| ---: | ---: | ---: | ---: | --- |")
+            lines += ba
+            lines.append("")
     if "loopback" in nets and "delay" in nets:
         rtt = (res.get("delay") or {}).get("rtt_ms")
         lines.append("What the slow network adds (delay median - loopback median; in round trips of the measured "

@@ -20,6 +20,7 @@ import pytest
 
 from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import protocol, remote, steps
+from fleetpatch.errors import HostFailure
 from fleetpatch.remote import Remote
 from fleetpatch.transport_local import LocalTransport
 
@@ -51,8 +52,22 @@ def test_a_deploy_sends_its_three_requests_to_one_agent_process(lh):
     assert r.status == "verified", r.message
     assert r.round_trips == 3, "probe+lock, apply+restart, follow+record+unlock: still counted as requests"
     assert len(starts) == 1, starts
-    assert starts[0][1:] == ["-c", remote.BOOTSTRAP]
+    assert starts[0][1:] == ["-S", "-c", remote.BOOTSTRAP]
     assert not lh.lock.exists()
+
+
+def test_a_follow_sent_ahead_of_a_request_that_restarted_nothing_is_skipped_and_the_channel_stays_in_step(lh):
+    j, host = job(lh)
+    base = steps.base_request(host, j)
+    with Remote(host, transport=LocalTransport(host.name)) as r:
+        follow = steps.follow_ahead(j, host)
+        assert r.call("unlock", base, ahead=follow) == {"unlocked": True}
+        with pytest.raises(HostFailure) as e:   # taken up: it ran on no restart
+            r.stream("follow", {k: v for k, v in follow.items() if k != "op"}, lambda ev: None, 5.0)
+        assert e.value.status == "skipped" and "started no server" in e.value.message
+        r.call("unlock", base, ahead=steps.follow_ahead(j, host))
+        assert r.call("unlock", base) == {"unlocked": True}, "not taken up: settled before the next request"
+        assert r.round_trips == 5 and r.agent_starts == 1
 
 
 def test_a_failed_deploy_rolled_back_runs_in_the_same_agent_process(lh):
@@ -322,5 +337,7 @@ def test_the_sources_travel_once_per_host(lh, monkeypatch):
     assert r.status == "verified" and r.round_trips == 3
     assert sum(remote.AGENT_SOURCE in c for c in chunks) == 1
     assert sum(remote.PROTOCOL_SOURCE in c for c in chunks) == 1
-    assert len(chunks) == 3 + 1, "three requests (the boot stream goes with the first), the follow's decision"
+    assert len(chunks) == 2 + 1, "the boot stream with the probe, the apply with its follow, the follow's decision"
+    ops = [[json.loads(line)["op"] for line in c.split(b"\n") if line.startswith(b"{")] for c in chunks[1:2]]
+    assert ops == [["apply", "follow"]], "the agent follows the restart without waiting for the laptop to ask"
     assert chunks[0].startswith(remote.boot_stream(host.engine.state_dir))

@@ -29,10 +29,10 @@ def around_call(monkeypatch, op, before=None, after=None):
     """Run `before`/`after` around the agent call `op` (after: with its reply)."""
     orig = Remote.call
 
-    def call(self, name, request, timeout=300):
+    def call(self, name, request, timeout=300, **kw):
         if name == op and before:
             before()
-        out = orig(self, name, request, timeout)
+        out = orig(self, name, request, timeout, **kw)
         if name == op and after:
             after(out)
         return out

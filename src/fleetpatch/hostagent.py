@@ -1956,11 +1956,25 @@ def run_request(req):
     return result
 
 
+def after_restart(req, window):
+    """A follow sent together with the request that restarts (`after_restart`) takes
+    its log window from that restart, the request answered just before it."""
+    if not (req.get("op") == "follow" and req.get("after_restart")):
+        return req
+    if window is None:
+        raise AgentError("skipped", "not followed: the request before it started no server")
+    return dict(req, **protocol.log_window(window))
+
+
 def answer(req):
     """Run one request and emit its Result line, whatever happens."""
+    window, SESSION.restart_window = SESSION.restart_window, None
     try:
+        req = after_restart(req, window)
         with Ticker(req):
             result = run_request(req)
+        if isinstance(result.get("restart"), dict):
+            SESSION.restart_window = result["restart"]
         if req.get("op") == "probe" and AGENT_BOOT:
             result["agent"] = dict(AGENT_BOOT)
         emit({"t": "result", "ok": True, "result": result})
@@ -2026,6 +2040,7 @@ class Session(object):
         self.gone = False        # stdout broken or SIGHUP: nobody reads our replies any more
         self.lock_req = None     # the request whose lock this session took and still holds
         self.changed = []        # mutating ops that ran (or may have written before failing)
+        self.restart_window = None   # the restart of the request answered last, for a follow `after_restart`
 
     def done(self, req, result):
         if req.get("op") == "probe" and result.get("locked"):

@@ -140,6 +140,9 @@ class FollowRequest(Request, total=False):
     timeout: float
     ready_line: str
     server_info_url: Optional[str]
+    # True: the window is the restart's of the request answered just before this one
+    # (the follow is sent with it, a round trip sooner); without one it is `skipped`
+    after_restart: bool
 
 
 class LedgerUpdate(TypedDict, total=False):
@@ -349,6 +352,9 @@ class Ledger(TypedDict, total=False):
 def empty_ledger():
     # type: () -> Ledger
     return Ledger(version=LEDGER_VERSION, patches={}, restart_pending=False, last_restart=None)
+
+
+AFTER_RESTART = {"after_restart": True}   # a follow's start: the window of the restart sent just before it
 
 
 def log_window(restart):

@@ -373,6 +373,7 @@ class Remote:
         self._chan: AgentChannel | None = None
         self._buf = b""
         self._pending = b""
+        self._ahead: tuple[str, bytes] | None = None   # (op, line): sent before the answer to the one before
 
     def open(self) -> None:
         self.transport.open()
@@ -412,7 +413,7 @@ class Remote:
         self.bytes_sent += len(data)
 
     def _end_session(self, bye: bool) -> None:
-        chan, self._chan = self._chan, None
+        chan, self._chan, self._ahead = self._chan, None, None
         if chan is None:
             return
         try:
@@ -425,25 +426,57 @@ class Remote:
         finally:
             chan.close()
 
-    def _send_request(self, request: dict) -> AgentChannel:
+    def _send_request(self, request: dict, ahead: dict | None = None) -> AgentChannel:
+        self._settle_ahead()
         chan = self._session()
         self.round_trips += 1
         data, self._pending = self._pending + request_line(request), b""
-        self._send(data, request.get("op", "request"))
+        line = request_line(ahead) if ahead is not None else b""
+        self._send(data + line, request.get("op", "request"))
+        if ahead is not None:
+            self.round_trips += 1
+            self._ahead = (ahead["op"], line)
         return chan
 
-    def call(self, op: str, request: dict, timeout: float = 300) -> dict:
-        """Run one agent operation and return its result, or raise HostFailure."""
-        chan = self._send_request(dict(request, op=op))
+    def _settle_ahead(self) -> None:
+        """A request sent ahead that the laptop did not take up (the one before it
+        failed, or the laptop decided otherwise): an empty decision ends it at once
+        (a follow that runs ends; the agent ignores it otherwise) and its answer is
+        read, so the channel stays in step."""
+        if self._ahead is None:
+            return
+        (op, _), self._ahead = self._ahead, None
+        try:
+            self._send(b"[]\n", op)
+            for reply in self._replies(self._chan, op, 60):
+                if reply.get("t") == "result":
+                    return
+        except HostFailure:
+            pass
+        self._end_session(bye=False)   # out of step or gone: the next request starts a fresh agent
+
+    def call(self, op: str, request: dict, timeout: float = 300, ahead: dict | None = None) -> dict:
+        """Run one agent operation and return its result, or raise HostFailure.
+        `ahead` (a request with its op) goes out in the same write, a round trip
+        sooner: the `stream` or `call` that asks for it next takes its answer."""
+        chan = self._send_request(dict(request, op=op), ahead)
         replies = [r for r in self._replies(chan, op, timeout) if r.get("t") != "tick"]
         return self._result(op, chan, replies)
+
+    def _take_ahead(self, request: dict) -> AgentChannel | None:
+        """The channel, when exactly this request was sent ahead."""
+        if self._ahead is not None and self._chan is not None and self._ahead[1] == request_line(request):
+            self._ahead = None
+            return self._chan
+        return None
 
     def stream(self, op: str, request: dict, on_event: Callable[[dict], list | None],
                timeout: float) -> dict:
         """Run a streaming operation. `on_event` gets every event and returns the
         follow-up requests to send back (the laptop's decision) or None to keep
         listening; their results are in the reply's "then"."""
-        chan = self._send_request(dict(request, op=op))
+        full = dict(request, op=op)
+        chan = self._take_ahead(full) or self._send_request(full)
         replies = []   # only the Result is kept: a chatty log must not pile up here
         sent = False
         watch = [True]

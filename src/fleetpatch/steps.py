@@ -645,6 +645,23 @@ def ledger_update(judging: Judging, check: str = "deploy") -> protocol.LedgerUpd
     return update
 
 
+def follow_request(host: Host, job: Job, start: dict, timeout: float) -> protocol.FollowRequest:
+    """The follow of the log window `start` (or protocol.AFTER_RESTART)."""
+    req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
+                                 pid=start.get("pid"), timeout=timeout, ready_line=get_profile(host.engine.kind).ready_line,
+                                 server_info_url=server_info_url(host.server.health_url))
+    if start.get("after_restart"):
+        req["after_restart"] = True
+    return req
+
+
+def follow_ahead(job: Job, host: Host) -> dict:
+    """The follow to send with a request that restarts: the agent runs it on that
+    restart's window as soon as the restart is done, without waiting for the laptop
+    to read the answer and ask (a round trip). `_verify(start=AFTER_RESTART)` takes it up."""
+    return dict(follow_request(host, job, protocol.AFTER_RESTART, _timeout(job, host)), op="follow")
+
+
 def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, version: str,
                      launch: LaunchConfig, patches: list[Patch], labels: list[str], want_markers: bool,
                      timeout: float, lock: HostLock | None = None,
@@ -657,9 +674,7 @@ def follow_and_judge(remote: Remote, host: Host, job: Job, *, start: dict, versi
     profile = get_profile(host.engine.kind)
     ready_line = profile.ready_line
     judging = Judging(host, job, version, patches, labels, want_markers, timeout, EventLog(ready_line, launch))
-    req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
-                                 pid=start.get("pid"), timeout=timeout, ready_line=ready_line,
-                                 server_info_url=server_info_url(host.server.health_url))
+    req = follow_request(host, job, start, timeout)
 
     def on_event(ev: dict) -> list | None:
         decided = judging.on_event(ev)
@@ -835,7 +850,7 @@ def _restart_and_verify_now(job: Job, host: Host, remote: Remote, lock: HostLock
     (under the same lock: the rollback is part of the block)."""
     rollback = job.on_failure == "rollback"
     try:
-        out = remote.call(op, request)
+        out = remote.call(op, request, ahead=follow_ahead(job, host))
     except HostFailure as f:
         if f.status != Status.RESTART_FAILED:
             return _cut_off(host, plan, f, "write and restart" if op == "apply" else "restart")
@@ -849,7 +864,7 @@ def _restart_and_verify_now(job: Job, host: Host, remote: Remote, lock: HostLock
     # With a rollback to follow a failure, the lock stays held until the rollback ends.
     try:
         result = _verify(job, host, remote, plan.version, launch_after_restart(host, plan), [job.patch],
-                         [plan.label], protocol.log_window(out["restart"]), lock=lock,
+                         [plan.label], protocol.AFTER_RESTART, lock=lock,
                          ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
     except HostFailure as f:
         return _cut_off(host, plan, f, "verification")
@@ -1012,7 +1027,7 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
     try:
         out = remote.call("rollback", protocol.RollbackRequest(**base_request(host, job),
                                                                package_dir=reply["package_dir"], name=name,
-                                                               force=job.force))
+                                                               force=job.force), ahead=follow_ahead(job, host))
     except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
         if not no_answer(f):
             raise
@@ -1028,7 +1043,7 @@ def _rollback_locked(job: Job, host: Host, remote: Remote, lock: HostLock, reply
                           f"{host.name}: {entry['label']} forgotten: its files already held their original sha256; "
                           "not restarted", engine_version=version, files=restored)
     try:
-        verdicts, timings = follow_and_judge(remote, host, job, start=protocol.log_window(out["restart"]),
+        verdicts, timings = follow_and_judge(remote, host, job, start=protocol.AFTER_RESTART,
                                              version=version, launch=running_launch(host, {}), patches=[patch],
                                              labels=[entry["label"]], want_markers=False,
                                              timeout=_timeout(job, host), lock=lock,
