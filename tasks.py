@@ -24,15 +24,16 @@ REPO = Path(__file__).resolve().parent
                                  "the contender fleetpatch-before: a before/after table from the same run"})
 def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,baseline-c25519,pyinfra,ansible", nets="loopback,delay",
           delay_ms=25.0, quiet_wait=60.0, baseline_kex="", out="", instrumented=True, fleetpatch_before=""):
-    """Benchmark a full rollout on the local sshd test fleet, on loopback and through a delay proxy:
-    fleetpatch vs one `ssh` per host vs pyinfra vs Ansible."""
+    """Time a full rollout on the test fleet, on loopback and through a delay proxy.
+
+    fleetpatch against one `ssh` per host, pyinfra and Ansible."""
     argv = [sys.executable, str(REPO / "bench" / "run.py"), "--sizes", sizes, "--repeats", str(repeats),
             "--tools", tools, "--nets", nets, "--delay-ms", str(delay_ms), "--quiet-wait", str(quiet_wait)]
     if baseline_kex:
         argv += ["--baseline-kex", baseline_kex]
     if fleetpatch_before:
         if "fleetpatch-before" not in tools.split(","):
-            argv[argv.index("--tools") + 1] = tools.replace("fleetpatch", "fleetpatch,fleetpatch-before", 1)
+            argv[argv.index("--tools") + 1] = tools + ",fleetpatch-before"
         argv += ["--fleetpatch-before", fleetpatch_before]
     if out:
         argv += ["--out", out]

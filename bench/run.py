@@ -865,8 +865,8 @@ def tables(res: dict) -> str:
                 ba.append(f"| {n} | {old['wall_median_s']:.2f} s | {fp['wall_median_s']:.2f} s | "
                           f"{fp['wall_median_s'] / old['wall_median_s']:.2f}x | {cmds(old)} → {cmds(fp)} |")
         if ba:
-            note = (res.get("tools") or {}).get("fleetpatch_before", "-").split(" at ", 1)[-1].split(";")[0]
-            lines.append(f"Before / after on {net} (fleetpatch-before: {note[:72]}):")
+            commit = (res.get("tools") or {}).get("fleetpatch_before", "- at -").split(" at ", 1)[-1].split()[0]
+            lines.append(f"Before / after on {net} (fleetpatch-before: {commit}):")
             lines.append("")
             lines.append("| hosts | before | after | after / before | remote commands / host |")
             lines.append("| ---: | ---: | ---: | ---: | --- |")
@@ -1043,13 +1043,16 @@ def main(argv=None) -> int:
     Net.baseline_opts = ["-o", f"KexAlgorithms={a.baseline_kex}"] if a.baseline_kex else []
     if os.geteuid() != 0:
         sys.exit("bench: the test fleet needs root (mount namespaces)")
+    if "fleetpatch-before" in tools and not (Path(a.fleetpatch_before or "-") / "src" / "fleetpatch").is_dir():
+        sys.exit(f"bench: --fleetpatch-before {a.fleetpatch_before or '(missing)'}: not a fleetpatch checkout "
+                 "(no src/fleetpatch in it); give a git worktree of an older commit")
+    if a.fleetpatch_before and "fleetpatch-before" not in tools:
+        sys.exit("bench: --fleetpatch-before runs as the tool fleetpatch-before: add it to --tools")
     t_bench = time.monotonic()
     tool_notes = ensure_tools(not a.no_install, need_pyinfra="pyinfra" in tools)
     tool_notes["fleetpatch_bytecode"] = compile_fleetpatch()
     before_src = None
     if "fleetpatch-before" in tools:
-        if not a.fleetpatch_before or not (Path(a.fleetpatch_before) / "src" / "fleetpatch").is_dir():
-            sys.exit("bench: the tool fleetpatch-before needs --fleetpatch-before CHECKOUT (with src/fleetpatch)")
         before_src = (Path(a.fleetpatch_before) / "src").resolve()
         tool_notes["fleetpatch_before"] = (f"{before_src} at " + subprocess.run(
             ["git", "-C", str(before_src), "log", "-1", "--format=%h %s"], capture_output=True,

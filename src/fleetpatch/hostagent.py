@@ -820,13 +820,18 @@ def restart_server(req, ledger, reason):
 
 # -------------------------------------------------------------------- files
 
+def site_pending():
+    """Started with -S and the site step not run since."""
+    return bool(sys.flags.no_site) and "site" not in sys.modules
+
+
 def with_site():
     """The interpreter's whole `site` step (site-packages, every .pth file), once.
 
     The agent starts with -S: the site step is a third of a bare start-up (more
     where a .pth file imports something), and the agent itself needs only the
     stdlib. What must see the modules the host's Python sees asks for it here."""
-    if sys.flags.no_site and "site" not in sys.modules:
+    if site_pending():
         import importlib
         import site
 
@@ -845,10 +850,10 @@ def find_spec(name):
     try:
         spec = importlib.util.find_spec(name)
     except ImportError:   # a dotted name's parent package is not found either
-        if not sys.flags.no_site or "site" in sys.modules:
+        if not site_pending():
             raise
         spec = None
-    if spec is None and sys.flags.no_site and "site" not in sys.modules:
+    if spec is None and site_pending():
         with_site()
         spec = importlib.util.find_spec(name)
     return spec
@@ -1973,7 +1978,7 @@ def answer(req):
         req = after_restart(req, window)
         with Ticker(req):
             result = run_request(req)
-        if isinstance(result.get("restart"), dict):
+        if req.get("op") in MUTATING and isinstance(result.get("restart"), dict):
             SESSION.restart_window = result["restart"]
         if req.get("op") == "probe" and AGENT_BOOT:
             result["agent"] = dict(AGENT_BOOT)

@@ -242,7 +242,7 @@ def exec_without_waiting(chan: "paramiko.Channel", command: str) -> bool:
 
 
 class _SSHChannel:
-    def __init__(self, chan: "paramiko.Channel", host_name: str = "host"):
+    def __init__(self, chan: "paramiko.Channel", host_name: str):
         self.chan = chan
         self.host_name = host_name
         self._stderr = b""
@@ -413,13 +413,16 @@ class Remote:
         self.bytes_sent += len(data)
 
     def _end_session(self, bye: bool) -> None:
-        chan, self._chan, self._ahead = self._chan, None, None
+        chan, ahead, self._chan, self._ahead = self._chan, self._ahead, None, None
         if chan is None:
             return
         try:
             if bye:
-                chan.send(self.BYE)
-                self.bytes_sent += len(self.BYE)
+                # a follow sent ahead and never taken up gets its empty decision first:
+                # `bye` must reach the request loop, not that follow as its decision
+                data = (b"[]\n" if ahead is not None else b"") + self.BYE
+                chan.send(data)
+                self.bytes_sent += len(data)
             chan.shutdown_write()
         except Exception:
             pass  # a channel that is already gone has ended the agent's loop too
