@@ -97,3 +97,45 @@ def test_the_operators_http_proxy_does_not_catch_a_loopback_health_check(server,
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     assert hostagent.http_get(server + "/health") == (200, b"ok")
+
+
+def test_an_ipv6_loopback_server_is_reached_by_its_bracketed_address():
+    class V6(Server):
+        address_family = socket.AF_INET6
+    try:
+        srv = V6(("::1", 0), Handler)
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert hostagent.http_get(f"http://[::1]:{srv.server_address[1]}/health") == (200, b"ok")
+    finally:
+        srv.shutdown()
+
+
+def test_a_listener_that_does_not_speak_http_is_an_error_naming_what_it_said():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def answer():
+            conn, _ = listener.accept()
+            conn.recv(4096)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+            conn.close()
+        threading.Thread(target=answer, daemon=True).start()
+        status, err = hostagent.http_get(f"http://127.0.0.1:{listener.getsockname()[1]}/health", timeout=2)
+    assert status is None and b"SSH-2.0" in err
+
+
+@pytest.mark.parametrize("url, target", [
+    ("http://127.0.0.1:30000/health", ("127.0.0.1", 30000, "/health")),
+    ("http://localhost/health?x=1#frag", ("localhost", 80, "/health?x=1")),
+    ("HTTP://[::1]:8080", ("::1", 8080, "/")),
+    ("http://h:8080?q", ("h", 8080, "/?q")),
+    # everything else goes to urllib, whose error says what is wrong
+    ("https://h/health", None), ("http://user@h/", None), ("http://h:99999/", None),
+    ("http://h:x/", None), ("http://[::1/", None), ("http:///x", None),
+])
+def test_only_a_plain_http_url_is_spoken_over_the_socket(url, target):
+    assert hostagent.split_http_url(url) == target

@@ -427,6 +427,29 @@ def pid_alive(pid):
         return True
 
 
+def wait_pid_gone(pid, seconds):
+    """True once pid is gone (a zombie counts), False after `seconds`. A pidfd (Linux 5.3,
+    Python 3.9) wakes this the moment the process ends: the restart does not wait out a
+    poll interval, and nothing spins meanwhile. Elsewhere /proc is polled every 20 ms."""
+    deadline = time.monotonic() + seconds
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        while pid_alive(pid):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if fd is None or select.select([fd], [], [], min(left, 0.5))[0]:
+                # readable: it has ended and /proc is a moment from saying so
+                time.sleep(min(left, 0.02 if fd is None else 0.001))
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def proc_launch(pid, env_prefixes=()):
     """argv and the engine-relevant environment of the running server, from /proc."""
     out = {"argv": None, "env": None}
@@ -456,27 +479,148 @@ def http_get(url, timeout=2.0):
 
 
 def http_request(method, url, data, timeout, limit=1 << 20):
-    """(status, body) or (None, error), with http.client, so the host needs no curl.
-    Not urllib.request: its extra imports cost at every agent start, and it would
-    send a loopback health check through the operator's http_proxy. An https URL
-    still goes through urllib."""
-    import http.client
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.scheme != "http":
+    """(status, body) or (None, error), spoken over a socket here, so the host needs no
+    curl. Not http.client: it imports email, ssl and urllib.parse, about 17 ms of CPU at
+    every agent start (a probe checks health), which a fleet pays once per host. Not
+    urllib.request either: it would send a loopback health check through the operator's
+    http_proxy. An https URL (or anything but plain http://host:port/path) goes through
+    urllib."""
+    target = split_http_url(url)
+    if target is None:
         return _urllib_request(method, url, data, timeout, limit)
-    path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
-    headers = {"Content-Type": "application/json"} if data is not None else {}
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
+    host, port, path = target
+    deadline = time.monotonic() + timeout
     try:
-        conn.request(method, path, body=data, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read(limit)
-    except (http.client.HTTPException, OSError, ValueError) as e:   # socket.timeout is an OSError
+        sock = http_connect(host, port, timeout)
+        try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.sendall(http_request_bytes(method, host, port, path, data))
+            return read_http_response(HTTPReader(sock, deadline), limit)
+        finally:
+            sock.close()
+    except (OSError, ValueError) as e:   # a timeout is an OSError
         return None, (str(e) or type(e).__name__).encode()
-    finally:
-        conn.close()
+
+
+def split_http_url(url):
+    """(host, port, path) of a plain http:// URL; None for anything else."""
+    if not url[:7].lower() == "http://":
+        return None
+    rest = url[7:].split("#", 1)[0]
+    cut = min([i for i in (rest.find("/"), rest.find("?")) if i >= 0] or [len(rest)])
+    netloc, path = rest[:cut], rest[cut:]
+    if "@" in netloc or not netloc:
+        return None
+    if netloc.startswith("["):
+        end = netloc.find("]")
+        if end < 0:
+            return None
+        host, tail = netloc[1:end], netloc[end + 1:]
+    else:
+        host, sep, port = netloc.partition(":")
+        tail = sep + port
+    if tail and (tail[0] != ":" or not tail[1:].isdigit() or not 0 < int(tail[1:]) < 65536):
+        return None
+    path = path if path.startswith("/") else "/" + path
+    return host, int(tail[1:]) if tail else 80, path
+
+
+def http_connect(host, port, timeout):
+    import _socket   # socket.py's enums cost milliseconds at every agent start
+    last = None
+    for family, kind, proto, _, addr in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(addr)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    raise last or OSError("no address for %s" % host)
+
+
+def http_request_bytes(method, host, port, path, data):
+    authority = ("[%s]" % host if ":" in host else host) + ("" if port == 80 else ":%d" % port)
+    head = ("%s %s HTTP/1.1\r\nHost: %s\r\nAccept-Encoding: identity\r\nConnection: close\r\n"
+            % (method, path, authority))
+    if data is not None:
+        head += "Content-Type: application/json\r\nContent-Length: %d\r\n" % len(data)
+    return (head + "\r\n").encode("latin-1") + (data or b"")
+
+
+class HTTPReader(object):
+    """Buffered reads from a socket, each bounded by the request's deadline."""
+
+    def __init__(self, sock, deadline):
+        self.sock, self.deadline, self.buf, self.eof = sock, deadline, b"", False
+
+    def fill(self):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise OSError("timed out")
+        self.sock.settimeout(left)
+        chunk = self.sock.recv(65536)
+        self.buf += chunk
+        self.eof = not chunk
+        return bool(chunk)
+
+    def line(self, most=65536):
+        while b"\r\n" not in self.buf:
+            if len(self.buf) > most or not self.fill():
+                raise ValueError("the server sent an incomplete HTTP response")
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
+
+    def take(self, n):
+        while len(self.buf) < n and self.fill():
+            pass
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
+def read_http_response(reader, limit):
+    """(status, body up to limit bytes): the status line, the headers, then a body by
+    Content-Length, chunked, or to the end of the connection."""
+    while True:
+        status_line = reader.line().decode("latin-1")
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise ValueError("the server did not answer in HTTP: %r" % status_line[:80])
+        headers = {}
+        while True:
+            line = reader.line().decode("latin-1")
+            if not line:
+                break
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        status = int(parts[1])
+        if not 100 <= status < 200:   # an interim 1xx answer is followed by the real one
+            break
+    if status in (204, 304):
+        return status, b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return status, read_chunked(reader, limit)
+    if headers.get("content-length", "").isdigit():
+        return status, reader.take(min(limit, int(headers["content-length"])))
+    while not reader.eof and len(reader.buf) < limit and reader.fill():
+        pass
+    return status, reader.buf[:limit]
+
+
+def read_chunked(reader, limit):
+    body = b""
+    while len(body) < limit:
+        size = reader.line().split(b";", 1)[0].strip()
+        try:
+            n = int(size, 16)
+        except ValueError:
+            raise ValueError("the server sent a bad chunk size: %r" % size[:20])
+        if n == 0:
+            break
+        body += reader.take(n)
+        reader.line()
+    return body[:limit]
 
 
 def _urllib_request(method, url, data, timeout, limit):
@@ -546,17 +690,13 @@ def stop_command_server(restart):
         os.kill(pid, signal.SIGTERM)
     except OSError:
         return {"stopped": pid}
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return {"stopped": pid, "signal": "TERM"}
-        time.sleep(0.02)
+    if wait_pid_gone(pid, grace):
+        return {"stopped": pid, "signal": "TERM"}
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
-    while pid_alive(pid) and time.monotonic() < deadline + 5:
-        time.sleep(0.02)
+    wait_pid_gone(pid, 5)
     return {"stopped": pid, "signal": "KILL"}
 
 
@@ -1580,6 +1720,64 @@ class LogFollower(object):
             self.fh.close()
 
 
+class LogWatch(object):
+    """Wakes a follow the moment its log is written (inotify), so the verdict does not
+    wait out a poll interval. Polling stays the rule: where inotify or ctypes is missing
+    this watches nothing and the follow polls as before. A log written without pause
+    wakes it at most every MIN_GAP_S."""
+
+    IN_MODIFY, IN_MOVED_TO, IN_CREATE = 0x2, 0x80, 0x100
+    MIN_GAP_S = 0.005
+
+    def __init__(self, path):
+        self.path, self.fd, self.libc, self.ino, self.last = path, None, None, None, 0.0
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        except Exception:   # no ctypes, no libc symbol (not Linux): poll
+            return
+        if fd < 0:
+            return
+        self.fd, self.libc = fd, libc
+        # the directory, for a log created or rotated in under the name; the file, for its lines
+        self.add(os.path.dirname(path) or ".", self.IN_CREATE | self.IN_MOVED_TO)
+        self.watch_file()
+
+    def add(self, path, mask):
+        return self.libc.inotify_add_watch(self.fd, path.encode("utf-8", "surrogateescape"), mask) >= 0
+
+    def watch_file(self):
+        try:
+            ino = os.stat(self.path).st_ino
+        except OSError:
+            return
+        if ino != self.ino and self.add(self.path, self.IN_MODIFY):
+            self.ino = ino
+
+    def fds(self):
+        if self.fd is None:
+            return []
+        gap = self.last + self.MIN_GAP_S - time.monotonic()
+        if gap > 0:
+            time.sleep(gap)
+        return [self.fd]
+
+    def drain(self):
+        self.last = time.monotonic()
+        try:
+            while os.read(self.fd, 65536):
+                pass
+        except OSError:   # EAGAIN: all read
+            pass
+        self.watch_file()
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class JournalFollower(object):
     """The server's journal since the restart, from `journalctl --follow` (see journal_argv);
     read() is LogFollower's. journalctl failing (not installed, no permission to read the
@@ -1671,6 +1869,7 @@ class Follow(object):
     def __init__(self, req):
         self.req = req
         self.follower = open_follower(req)
+        self.watch = LogWatch(self.follower.path) if isinstance(self.follower, LogFollower) else None
         restart = req.get("restart") or {}
         self.managed = restart.get("kind") in ("systemd", "supervisor")
         self.pid = req.get("pid") or (server_pid(restart) if self.managed else None)
@@ -1761,7 +1960,7 @@ class Follow(object):
         """None while the laptop is still listening; else follow's result."""
         # no wait while the log has more to read: a burst is passed on as fast as it is read
         wait = 0 if getattr(self.follower, "more", False) else self.POLL_S
-        line = None if SESSION.gone else self.requests.poll(wait)
+        line = None if SESSION.gone else self.requests.poll(wait, self.watch)
         if SESSION.gone or self.requests.eof:
             return {"ended": "stdin closed"}
         if line is None:
@@ -1773,6 +1972,8 @@ class Follow(object):
         close = getattr(self.follower, "close", None)
         if close is not None:
             close()
+        if self.watch is not None:
+            self.watch.close()
 
 
 FOLLOWING = []   # the follow whose decision (record) is running: it knows whether the log was cut
@@ -2013,16 +2214,21 @@ class RequestReader(object):
         self.buf = b""
         self.eof = False
 
-    def poll(self, wait):
+    def poll(self, wait, wake=None):
         """The next line (without its newline) if one arrives within `wait` s
-        (None: wait forever); None if not, or at the end (then `eof` is set)."""
+        (None: wait forever); None if not, or at the end (then `eof` is set), or as
+        soon as `wake` (a LogWatch) sees the log written."""
         deadline = None if wait is None else time.monotonic() + wait
         while b"\n" not in self.buf:
             if self.eof:
                 return None
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            r, _, _ = select.select([self.fd], [], [], left)
+            watched = wake.fds() if wake is not None else []
+            r, _, _ = select.select([self.fd] + watched, [], [], left)
             if not r:
+                return None
+            if self.fd not in r:
+                wake.drain()
                 return None
             chunk = os.read(self.fd, 65536)
             if not chunk:
