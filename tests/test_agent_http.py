@@ -135,7 +135,7 @@ def test_a_listener_that_does_not_speak_http_is_an_error_naming_what_it_said():
     ("http://h:8080?q", ("h", 8080, "/?q")),
     # everything else goes to urllib, whose error says what is wrong
     ("https://h/health", None), ("http://user@h/", None), ("http://h:99999/", None),
-    ("http://h:x/", None), ("http://[::1/", None), ("http:///x", None),
+    ("http://h:x/", None), ("http://[::1/", None), ("http:///x", None), ("http://:8080/", None),
 ])
 def test_only_a_plain_http_url_is_spoken_over_the_socket(url, target):
     assert hostagent.split_http_url(url) == target

@@ -519,7 +519,7 @@ def split_http_url(url):
     else:
         host, sep, port = netloc.partition(":")
         tail = sep + port
-    if tail and (tail[0] != ":" or not tail[1:].isdigit() or not 0 < int(tail[1:]) < 65536):
+    if not host or tail and (tail[0] != ":" or not tail[1:].isdigit() or not 0 < int(tail[1:]) < 65536):
         return None
     path = path if path.startswith("/") else "/" + path
     return host, int(tail[1:]) if tail else 80, path

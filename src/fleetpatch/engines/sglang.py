@@ -234,7 +234,10 @@ class VersionRange:
     pp_error: str
 
     def contains(self, version: str) -> bool:
-        return _in_specifier(self.specifier, version)
+        try:
+            return SpecifierSet(self.specifier).contains(Version(version), prereleases=False)
+        except InvalidVersion:
+            return False
 
     @property
     def worker_map(self) -> Dict[str, Tuple[Optional[str], Optional[str]]]:
@@ -245,18 +248,10 @@ class VersionRange:
         return [n for n, f in PATH_FILES.items() if f in self.files]
 
 
-@functools.lru_cache(maxsize=512)
-def _in_specifier(specifier: str, version: str) -> bool:
-    # cached: the verdict asks for a host's range at every log line it reads, and
-    # packaging parses a specifier anew each time (a 32-host rollout asked 12,000 times)
-    try:
-        return SpecifierSet(specifier).contains(Version(version), prereleases=False)
-    except InvalidVersion:
-        return False
-
-
 @functools.lru_cache(maxsize=256)
 def _range_of(version: str) -> Optional["VersionRange"]:
+    # cached: planning and judging ask for a host's range again and again, and packaging
+    # parses each range's specifier anew every time (12,000 lookups in a 32-host rollout)
     for rng in RANGES:
         if rng.contains(version):
             return rng
