@@ -134,6 +134,30 @@ def _known_hosts_files(host: Host) -> list[Path]:
     return files
 
 
+_parsed_known_hosts: dict[tuple, object] = {}
+
+
+def _load_known_hosts(keys, path: Path) -> None:
+    """keys.load(path), parsing each version of the file once per run: every host's
+    connection reads the same known_hosts, and parsing all of it for each host made
+    the fleet's connects quadratic in its size."""
+    import copy
+    import paramiko
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    parsed = _parsed_known_hosts.get(key)
+    if parsed is None:
+        parsed = paramiko.HostKeys()
+        parsed.load(str(path))
+        _parsed_known_hosts[key] = parsed
+    entries = getattr(keys, "_entries", None)
+    if not isinstance(entries, list) or not isinstance(getattr(parsed, "_entries", None), list):
+        keys.load(str(path))   # a paramiko without the entry list: parse as before
+        return
+    # copies: HostKeys.add may replace an entry's key in place
+    entries.extend(copy.copy(e) for e in parsed._entries)
+
+
 def _harden(conn: Connection, host: Host, accept_new: bool) -> None:
     """Fabric defaults every Connection (gateways too) to AutoAddPolicy."""
     import paramiko
@@ -143,7 +167,7 @@ def _harden(conn: Connection, host: Host, accept_new: bool) -> None:
         client = hop.client
         for path in _known_hosts_files(host):
             if path.is_file():
-                client.get_host_keys().load(str(path))
+                _load_known_hosts(client.get_host_keys(), path)
         if accept_new:
             target = Path(os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts"))
             client.set_missing_host_key_policy(_record_new_host_key_policy(target))

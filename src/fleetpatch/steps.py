@@ -231,11 +231,44 @@ def load_all_named(job: Job, host: Host, names: list[str]) -> list[Patch]:
     return out
 
 
+# The hosts of a fleet mostly hold the same engine files, so the same bytes arrive from
+# each (zlib is deterministic) and the same patched bytes go back: each distinct file is
+# unpacked, patched and packed once per run, not once per host (a bounded memo, shared
+# by the host threads; a lost race only computes the same value twice).
+_MEMO_MOST = 64
+_unpacked: dict[str, bytes] = {}
+_packed: dict[bytes, str] = {}
+_applied: dict[tuple, tuple] = {}
+
+
+def _remember(memo: dict, key, value):
+    if len(memo) >= _MEMO_MOST:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
     rec = (probe_reply.get("files") or {}).get(path)
     if rec is None:
         return None
-    return protocol.unpack(rec["content"])
+    text = rec["content"]
+    data = _unpacked.get(text)
+    return data if data is not None else _remember(_unpacked, text, protocol.unpack(text))
+
+
+def packed(data: bytes) -> str:
+    text = _packed.get(data)
+    return text if text is not None else _remember(_packed, data, protocol.pack(data))
+
+
+def apply_file(fd: diffapply.FileDiff, original: bytes | None) -> diffapply.FileResult:
+    """diffapply.apply_file, once per diff and original; each caller gets its own copy
+    (make_plan rewrites a conflict's detail)."""
+    hit = _applied.get((id(fd), original))
+    if hit is None or hit[0] is not fd:   # the diff object itself is kept, so its id is not reused
+        hit = _remember(_applied, (id(fd), original), (fd, diffapply.apply_file(fd, original)))
+    return dataclasses.replace(hit[1])
 
 
 def host_step(fn):
@@ -347,7 +380,7 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     misfits = []
     for fd in revision.files:
         # None: the file does not exist (a diff that creates it needs exactly that)
-        state = diffapply.apply_file(fd, file_bytes(reply, fd.path))
+        state = apply_file(fd, file_bytes(reply, fd.path))
         if state.state == "creates" and os.path.dirname(fd.path) in missing_folders:
             state = diffapply.FileResult(fd.path, "conflict", None, state.offsets,
                                          f"the diff creates {fd.path}, but its folder {os.path.dirname(fd.path)} "
@@ -774,14 +807,14 @@ def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFi
     for r in plan.changes:
         if r.state == "creates":
             files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_CREATE, before=None, after=sha256(r.new),
-                                            content=protocol.pack(r.new)))
+                                            content=packed(r.new)))
         elif r.state == "deletes":
             files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_DELETE,
                                             before=sha256(file_bytes(reply, r.path)), after=None))
         else:
             files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_MODIFY,
                                             before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
-                                            content=protocol.pack(r.new)))
+                                            content=packed(r.new)))
     return files
 
 

@@ -780,6 +780,15 @@ class SGLangProfile(EngineProfile):
     # ---------------------------------------------------------- prediction
     def predict(self, version: str, launch: LaunchConfig) -> Prediction:
         """The worker a launch selects on `version`, as ServerArgs and create_worker decide it."""
+        # A follow judges the same launch at every batch of lines, and a fleet's hosts
+        # mostly share theirs: once per distinct launch (shlex was ~a tenth of the laptop's CPU).
+        try:
+            return _predicted(self, version, tuple(str(a) for a in launch.argv or ()),
+                              tuple(sorted((launch.env or {}).items())))
+        except TypeError:   # an environment value that cannot be a key: judged uncached
+            return self._predict(version, launch)
+
+    def _predict(self, version: str, launch: LaunchConfig) -> Prediction:
         args = parse_argv(launch.argv or [])
         q = _Launch(self, version, self.range_for(version), args, {**(launch.env or {}), **args.env}.get(ENV_SPEC_V2))
         refused = _before_routing(q)
@@ -955,3 +964,9 @@ PROFILE = SGLangProfile()
 __all__ = ["PROFILE", "SGLangProfile", "LaunchConfig", "Prediction", "Signature", "VersionRange", "Facts",
            "Resolution", "RANGES", "PATH_FILES", "SIBLING_PAIRS", "parse_argv", "parse_dump", "env_flag",
            "READY_LINE"]
+
+
+@functools.lru_cache(maxsize=256)
+def _predicted(profile: "SGLangProfile", version: Optional[str], argv: tuple, env: tuple) -> Prediction:
+    """SGLangProfile.predict's memo; callers only read the Prediction it returns."""
+    return profile._predict(version, LaunchConfig(argv=list(argv), env=dict(env)))
