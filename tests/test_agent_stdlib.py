@@ -54,3 +54,24 @@ def test_the_agent_runs_with_no_fleetpatch_installed(tmp_path):
     assert result[-1]["result"]["ledger"] == protocol.empty_ledger()
     check = subprocess.run([python, "-c", "import fleetpatch"], capture_output=True, env=env)
     assert check.returncode != 0, "the test interpreter must not see fleetpatch"
+
+
+def test_on_a_host_the_protocol_builds_plain_dicts_without_importing_typing():
+    """Loaded as the agent loads it (a module named AGENT_MODULE_NAME), the protocol
+    leaves `typing` unimported and its records are dicts that json writes as such."""
+    probe = (
+        "import json, sys, types, zlib\n"
+        "src = zlib.decompress(sys.stdin.buffer.read())\n"
+        f"m = types.ModuleType({protocol.AGENT_MODULE_NAME!r})\n"
+        "exec(compile(src, 'fleetpatch-protocol', 'exec'), m.__dict__)\n"
+        "ledger = m.empty_ledger()\n"
+        "print(json.dumps({'typing': 'typing' in sys.modules, 'dict': isinstance(ledger, dict),\n"
+        "                  'ledger': json.loads(json.dumps(ledger)),\n"
+        "                  'file': m.LedgerFile(op='modify', before='a', after='b')}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-S", "-c", probe], input=remote.PROTOCOL_SOURCE,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = __import__("json").loads(proc.stdout)
+    assert out == {"typing": False, "dict": True, "ledger": protocol.empty_ledger(),
+                   "file": {"op": "modify", "before": "a", "after": "b"}}

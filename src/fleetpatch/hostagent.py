@@ -528,11 +528,14 @@ def split_http_url(url):
 def http_connect(host, port, timeout):
     import _socket   # socket.py's enums cost milliseconds at every agent start
     last = None
-    for family, kind, proto, _, addr in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+    # A str host goes through the idna codec (which imports stringprep and unicodedata);
+    # for an ASCII name or address that encoding is the name itself.
+    ascii_host = host.encode("ascii") if host.isascii() else host
+    for family, kind, proto, _, addr in _socket.getaddrinfo(ascii_host, port, 0, _socket.SOCK_STREAM):
         sock = _socket.socket(family, kind, proto)
         try:
             sock.settimeout(timeout)
-            sock.connect(addr)
+            sock.connect((addr[0].encode("ascii"),) + tuple(addr[1:]) if addr[0].isascii() else addr)
             return sock
         except OSError as e:
             sock.close()

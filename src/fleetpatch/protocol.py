@@ -18,16 +18,25 @@ runs: the laptop's follow-up requests once it has its verdict (a JSON list of
 requests, run in order; `[]` ends the follow with none). Both save a round trip.
 
 The records are TypedDicts, so at run time they are the plain dicts that go
-through `json`; a type checker sees a misspelt field on either side.
+through `json`; a type checker sees a misspelt field on either side. On a host
+(this module loaded by `agentboot` as AGENT_MODULE_NAME) no type checker runs:
+there the records are built on a bare dict subclass, and the annotations stay
+unevaluated strings, because importing `typing` and building its TypedDict
+classes was about a tenth of the agent's CPU at every start.
 """
+from __future__ import annotations
+
 import base64
 import zlib
-from typing import Any, Dict, List, Optional
 
-try:  # Python 3.8 has TypedDict in typing
-    from typing import TypedDict
-except ImportError:  # pragma: no cover - 3.7 is not supported, but fail clearly
-    raise ImportError("fleetpatch's host agent needs Python 3.8 or newer")
+if __name__ == "fleetpatch_protocol":   # AGENT_MODULE_NAME, on a host
+    class TypedDict(dict):
+        """The records' base on a host: a dict, as json and the agent read it."""
+
+        def __init_subclass__(cls, total=True, **kwargs):
+            super().__init_subclass__(**kwargs)
+else:
+    from typing import Any, Dict, List, Optional, TypedDict  # noqa: F401  (annotations)
 
 REPLY_PREFIX = "@@fleetpatch "
 LEDGER_FILE = "ledger.json"
