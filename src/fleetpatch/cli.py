@@ -14,7 +14,6 @@ import gc
 # Python would make meanwhile find nothing to free and cost ~10 ms of start-up.
 gc.disable()
 
-import difflib  # noqa: E402
 import inspect  # noqa: E402
 import sys  # noqa: E402
 
@@ -49,6 +48,7 @@ class UsageProblem(Exception):
 
 
 def _suggest(word: str, choices) -> str:
+    import difflib   # only for a mistake: not at every start
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     if not close:
         close = [c for c in choices if c.startswith(word) or word.startswith(c)][:1]

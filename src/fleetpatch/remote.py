@@ -63,7 +63,8 @@ def _source(name: str) -> bytes:
 
 @functools.lru_cache(maxsize=None)
 def _compressed(name: str) -> bytes:
-    return zlib.compress(_source(name), 9)
+    # level 6: 3 ms for the agent where 9 took 9 ms, on the path to the first request, for 0.5 % more bytes
+    return zlib.compress(_source(name), 6)
 
 
 def __getattr__(name: str) -> bytes:
