@@ -18,7 +18,6 @@ import getpass
 import hashlib
 import json
 import os
-import shlex
 import socket
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
 from .hostcalls import HostResult, base_request  # noqa: F401  (steps.HostResult is the API)
+from .hostcalls import _split as split_command
 from .inventory import Host
 from .patchset import NoRevisionFits, Patch
 from .remote import Remote, Transport
@@ -80,7 +80,7 @@ FAILURE_GRACE_S = 0.5
 
 def inventory_launch(host: Host) -> LaunchConfig:
     r = host.server.restart
-    argv = [tok.replace("{python}", host.engine.python) for tok in shlex.split(r.start or "")]
+    argv = [tok.replace("{python}", host.engine.python) for tok in split_command(r.start or "")]
     return LaunchConfig(argv=argv, env=dict(r.env or {}), source="inventory")
 
 
