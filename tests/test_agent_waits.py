@@ -87,3 +87,30 @@ def test_a_process_that_exits_is_gone_and_one_that_lingers_is_not():
         slow.kill()
         slow.wait()
         quick.wait()
+
+
+@linux_only
+def test_a_watched_follow_waits_for_the_log_not_the_clock_and_never_spins(tmp_path, monkeypatch):
+    """With inotify the follow's timer is slow (the log wakes it); a health check that falls
+    due shortens the wait, and one that is overdue but not made (the server is dead, so
+    check_health skips it) still leaves a real wait: no busy loop until the laptop decides."""
+    log = tmp_path / "sglang.log"
+    log.write_bytes(b"")
+    laptop_side, agent_side = os.pipe()   # the request stream the laptop's decision would come on
+    monkeypatch.setattr(hostagent.SESSION, "requests", hostagent.RequestReader(laptop_side))
+    follow = hostagent.Follow({"op": "follow", "log": str(log), "inode": os.stat(log).st_ino, "offset": 0,
+                               "timeout": 5, "health_url": "http://127.0.0.1:9/health"})
+    try:
+        assert follow.watch is not None and follow.watch.fds()
+        follow.next_health = time.monotonic() + 60
+        assert follow.poll_wait() == follow.WATCHED_POLL_S > follow.POLL_S
+        follow.next_health = time.monotonic() + 0.1
+        assert follow.POLL_S <= follow.poll_wait() <= 0.1
+        follow.next_health = time.monotonic() - 5      # overdue, and check_health will not run it
+        assert follow.poll_wait() >= follow.POLL_S
+        follow.health_url = None
+        assert follow.poll_wait() == follow.WATCHED_POLL_S
+    finally:
+        follow.close()
+        os.close(laptop_side)
+        os.close(agent_side)

@@ -528,19 +528,22 @@ def split_http_url(url):
 def http_connect(host, port, timeout):
     import _socket   # socket.py's enums cost milliseconds at every agent start
     last = None
-    # A str host goes through the idna codec (which imports stringprep and unicodedata);
-    # for an ASCII name or address that encoding is the name itself.
-    ascii_host = host.encode("ascii") if host.isascii() else host
-    for family, kind, proto, _, addr in _socket.getaddrinfo(ascii_host, port, 0, _socket.SOCK_STREAM):
+    for family, kind, proto, _, addr in _socket.getaddrinfo(_no_idna(host), port, 0, _socket.SOCK_STREAM):
         sock = _socket.socket(family, kind, proto)
         try:
             sock.settimeout(timeout)
-            sock.connect((addr[0].encode("ascii"),) + tuple(addr[1:]) if addr[0].isascii() else addr)
+            sock.connect((_no_idna(addr[0]),) + tuple(addr[1:]))
             return sock
         except OSError as e:
             sock.close()
             last = e
     raise last or OSError("no address for %s" % host)
+
+
+def _no_idna(name):
+    """A str host goes through the idna codec (which imports stringprep and unicodedata);
+    for an ASCII name or address that encoding is the name itself."""
+    return name.encode("ascii") if name.isascii() else name
 
 
 def http_request_bytes(method, host, port, path, data):
@@ -1981,7 +1984,9 @@ class Follow(object):
             return self.POLL_S
         wait = self.WATCHED_POLL_S
         if self.health_url:   # a health check falls due: that is not a log write
-            wait = min(wait, max(0.0, self.next_health - time.monotonic()))
+            # at least POLL_S: a check that is overdue and not made (the server is dead) must
+            # not turn the wait into a spin until the laptop decides
+            wait = min(wait, max(self.POLL_S, self.next_health - time.monotonic()))
         return wait
 
     def close(self):

@@ -46,12 +46,12 @@ def agent_restart(host: Host) -> dict:
     out = {"kind": r.kind, "env": dict(r.env or {}), "workdir": r.workdir, "pidfile": r.pidfile,
            "stop_grace": r.stop_grace, "unit": r.unit, "program": r.program, "config": r.config}
     if r.kind == "command":
-        out["argv"] = [tok.replace("{python}", host.engine.python) for tok in _split(r.start)]
+        out["argv"] = [tok.replace("{python}", host.engine.python) for tok in split_command(r.start)]
     return out
 
 
 @functools.lru_cache(maxsize=1024)
-def _split(command: str) -> tuple:
+def split_command(command: str) -> tuple:
     """shlex.split, once per distinct command line: every request carries the restart
     settings, and a fleet's hosts mostly share one start command (shlex is slow)."""
     return tuple(shlex.split(command))

@@ -144,17 +144,17 @@ def _load_known_hosts(keys, path: Path) -> None:
     the fleet's connects quadratic in its size."""
     import copy
     import paramiko
+    entries = getattr(keys, "_entries", None)
+    if not isinstance(entries, list):
+        keys.load(str(path))   # a paramiko without the entry list: parse as before
+        return
     st = path.stat()
     key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
     parsed = _parsed_known_hosts.get(key)
     if parsed is None:
         parsed = paramiko.HostKeys()
         parsed.load(str(path))
-        _parsed_known_hosts[key] = parsed
-    entries = getattr(keys, "_entries", None)
-    if not isinstance(entries, list) or not isinstance(getattr(parsed, "_entries", None), list):
-        keys.load(str(path))   # a paramiko without the entry list: parse as before
-        return
+        _parsed_known_hosts[key] = parsed   # stored only when whole: other hosts' threads read it
     # copies: HostKeys.add may replace an entry's key in place
     entries.extend(copy.copy(e) for e in parsed._entries)
 

@@ -14,6 +14,7 @@ replies are the records of `protocol`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 import hashlib
 import json
@@ -30,7 +31,7 @@ from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
 from .hostcalls import HostResult, base_request  # noqa: F401  (steps.HostResult is the API)
-from .hostcalls import _split as split_command
+from .hostcalls import split_command
 from .inventory import Host
 from .patchset import NoRevisionFits, Patch
 from .remote import Remote, Transport
@@ -233,41 +234,27 @@ def load_all_named(job: Job, host: Host, names: list[str]) -> list[Patch]:
 
 # The hosts of a fleet mostly hold the same engine files, so the same bytes arrive from
 # each (zlib is deterministic) and the same patched bytes go back: each distinct file is
-# unpacked, patched and packed once per run, not once per host (a bounded memo, shared
-# by the host threads; a lost race only computes the same value twice).
+# unpacked, patched and packed once per run, not once per host.
 _MEMO_MOST = 64
-_unpacked: dict[str, bytes] = {}
-_packed: dict[bytes, str] = {}
-_applied: dict[tuple, tuple] = {}
-
-
-def _remember(memo: dict, key, value):
-    if len(memo) >= _MEMO_MOST:
-        memo.clear()
-    memo[key] = value
-    return value
+_unpack = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.unpack)
+packed = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.pack)
+_applied: dict[tuple, tuple] = {}   # (id(diff), original) -> (diff, result): a FileDiff is no dict key
 
 
 def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
     rec = (probe_reply.get("files") or {}).get(path)
-    if rec is None:
-        return None
-    text = rec["content"]
-    data = _unpacked.get(text)
-    return data if data is not None else _remember(_unpacked, text, protocol.unpack(text))
-
-
-def packed(data: bytes) -> str:
-    text = _packed.get(data)
-    return text if text is not None else _remember(_packed, data, protocol.pack(data))
+    return None if rec is None else _unpack(rec["content"])
 
 
 def apply_file(fd: diffapply.FileDiff, original: bytes | None) -> diffapply.FileResult:
     """diffapply.apply_file, once per diff and original; each caller gets its own copy
-    (make_plan rewrites a conflict's detail)."""
+    (make_plan rewrites a conflict's detail). Shared by the host threads: a lost race
+    only computes the same result twice."""
     hit = _applied.get((id(fd), original))
-    if hit is None or hit[0] is not fd:   # the diff object itself is kept, so its id is not reused
-        hit = _remember(_applied, (id(fd), original), (fd, diffapply.apply_file(fd, original)))
+    if hit is None or hit[0] is not fd:   # the diff itself is kept, so its id is not reused
+        if len(_applied) >= _MEMO_MOST:
+            _applied.clear()
+        hit = _applied[(id(fd), original)] = (fd, diffapply.apply_file(fd, original))
     return dataclasses.replace(hit[1])
 
 
