@@ -45,7 +45,11 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
             pass
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+TRACE = None   # --trace: a file that gets one line per chunk read: time, connection, direction, bytes
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
+                label: str = "") -> None:
     """Copy reader -> writer, each chunk released `delay` seconds after it was read.
     Reading never waits for writing: the queue holds what is in flight."""
     loop = asyncio.get_running_loop()
@@ -55,6 +59,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
         try:
             while True:
                 data = await reader.read(CHUNK)
+                if TRACE is not None:
+                    TRACE.write(f"{loop.time():.4f} {label} {len(data)}\n")
                 q.put_nowait((loop.time() + delay, data))
                 if not data:
                     return
@@ -120,7 +126,9 @@ class Proxy:
             return
         _nodelay(swriter)
         try:
-            await asyncio.gather(_pump(creader, swriter, self.delay), _pump(sreader, cwriter, self.delay))
+            n = self.count = getattr(self, "count", 0) + 1
+            await asyncio.gather(_pump(creader, swriter, self.delay, f"{n} >"),
+                                 _pump(sreader, cwriter, self.delay, f"{n} <"))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -181,7 +189,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-handshake-rtt", action="store_true",
                     help="connect to the target at once (no round trip for the TCP handshake)")
     ap.add_argument("--ignore-stdin", action="store_true", help="do not stop when stdin reaches EOF")
+    ap.add_argument("--trace", help="write one line per chunk read (time, connection, > or <, bytes) here")
     a = ap.parse_args(argv)
+    if a.trace:
+        global TRACE
+        TRACE = open(a.trace, "a", buffering=1)
     if a.delay_ms < 0 or a.max_seconds <= 0:
         ap.error("--delay-ms must be >= 0 and --max-seconds > 0")
     return asyncio.run(amain(a))
