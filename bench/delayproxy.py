@@ -99,6 +99,7 @@ class Proxy:
         self.ports: dict = {}
         self.servers = []
         self.conns: set = set()
+        self.connections = 0   # numbers each connection in --trace
 
     async def start(self) -> None:
         for t in self.targets:
@@ -126,7 +127,8 @@ class Proxy:
             return
         _nodelay(swriter)
         try:
-            n = self.count = getattr(self, "count", 0) + 1
+            self.connections += 1
+            n = self.connections
             await asyncio.gather(_pump(creader, swriter, self.delay, f"{n} >"),
                                  _pump(sreader, cwriter, self.delay, f"{n} <"))
         except (ConnectionError, OSError):
@@ -193,7 +195,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.trace:
         global TRACE
-        TRACE = open(a.trace, "a", buffering=1)
+        try:
+            TRACE = open(a.trace, "a", buffering=1)
+        except OSError as e:
+            ap.error(f"--trace {a.trace}: cannot write there ({e.strerror})")
     if a.delay_ms < 0 or a.max_seconds <= 0:
         ap.error("--delay-ms must be >= 0 and --max-seconds > 0")
     return asyncio.run(amain(a))
