@@ -324,3 +324,16 @@ def test_output_whose_reader_went_away_ends_without_a_traceback():
         os.close(w)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_start_up_leaves_unittest_mock_out_and_invoke_s_mock_context_still_works():
+    """The program does not load unittest.mock (and asyncio) at start; Invoke's
+    MockContext, its only user, still gets a real Mock."""
+    code = ("import sys, fleetpatch.cli\n"
+            "print(sorted(m for m in ('unittest.mock', 'asyncio') if m in sys.modules))\n"
+            "import invoke, unittest.mock\n"
+            "mc = invoke.MockContext(run={'x': invoke.Result('out')})\n"
+            "print(mc.run('x').stdout, isinstance(mc.run, unittest.mock.Mock), hasattr(unittest.mock, 'AsyncMock'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[]", "out True True"]

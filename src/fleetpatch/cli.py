@@ -25,6 +25,34 @@ import yaml  # noqa: E402
 # a few ms at every start.
 sys.modules.setdefault("invoke.vendor.yaml", yaml)
 
+
+
+def _import_invoke_without_mock() -> None:
+    """Invoke's one use of unittest.mock is `MockContext`, a helper for tests, yet
+    importing it costs every start ~25 ms (it brings asyncio and ssl along). While
+    Invoke loads, a stand-in `Mock` is there that builds the real one the moment a
+    MockContext is made; the real module is imported, as usual, by anyone else."""
+    if "unittest.mock" in sys.modules:
+        return
+    import types
+    stand_in = types.ModuleType("unittest.mock")
+
+    class Mock:
+        def __new__(cls, *args, **kwargs):
+            from unittest import mock
+            return mock.Mock(*args, **kwargs)
+
+    stand_in.Mock = Mock
+    sys.modules["unittest.mock"] = stand_in
+    try:
+        import invoke.context  # noqa: F401
+    finally:
+        if sys.modules.get("unittest.mock") is stand_in:
+            del sys.modules["unittest.mock"]
+
+
+_import_invoke_without_mock()
+
 from invoke import Collection, Program  # noqa: E402
 from invoke.exceptions import ParseError  # noqa: E402
 

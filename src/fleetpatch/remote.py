@@ -327,10 +327,18 @@ class SSHTransport:
     def open(self) -> None:
         if self._conn is not None and self._conn.is_connected:
             return
-        from . import ssh_errors
-        ssh_errors.silence_paramiko()
         h = self.host
-        conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys)
+        from . import dialer
+        # the TCP handshake's round trip passes while paramiko and Fabric load
+        early = dialer.early_dial(h.address, h.port, h.connect_timeout, through_jump=h.jump is not None)
+        try:
+            from . import ssh_errors
+            ssh_errors.silence_paramiko()
+            conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys)
+        except BaseException:
+            if early is not None:
+                early.discard()
+            raise
         banner = h.connect_timeout or ssh_errors.DEFAULT_BANNER_TIMEOUT
         conn.connect_kwargs.update(banner_timeout=banner, auth_timeout=banner)
         sock = None
@@ -338,10 +346,16 @@ class SSHTransport:
             if conn.gateway is None:
                 # our own socket (to the address ~/.ssh/config resolved), watched, so a failed
                 # handshake can tell "not SSH" from "silent"; through a gateway Fabric dials
-                sock = ssh_errors.dial(conn.host, conn.port, h.connect_timeout)
+                sock = early.take(conn.host, conn.port) if early is not None else None
+                if sock is None:
+                    sock = ssh_errors.dial(conn.host, conn.port, h.connect_timeout)
                 conn.connect_kwargs["sock"] = sock
+            elif early is not None:
+                early.discard()
             conn.open()
         except Exception as exc:  # paramiko raises a zoo; describe it once, here
+            if early is not None:
+                early.discard()
             for closing in (conn.close, getattr(sock, "close", None)):
                 try:
                     if closing is not None:

@@ -19,11 +19,11 @@ import socket
 
 import paramiko
 
+from .dialer import WatchedSocket, dial  # noqa: F401  (ssh_errors.dial is the API)
 from .errors import HostFailure, Status
 from .textsafe import safe_line
 
 DEFAULT_BANNER_TIMEOUT = 10.0
-_KEEP = 120  # bytes of a non-SSH greeting kept to quote in the message
 
 
 def silence_paramiko() -> None:
@@ -34,49 +34,6 @@ def silence_paramiko() -> None:
     log.propagate = False
     if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
         log.addHandler(logging.NullHandler())
-
-
-class WatchedSocket:
-    """A connected TCP socket that remembers the first bytes the server sent,
-    so a failed handshake can say whether the server spoke at all."""
-
-    def __init__(self, sock: socket.socket):
-        self._sock = sock
-        self.received = b""
-        self._quickack = getattr(socket, "TCP_QUICKACK", None)   # Linux
-
-    def recv(self, n: int, *flags) -> bytes:
-        data = self._sock.recv(n, *flags)
-        if len(self.received) < _KEEP:
-            self.received += data[:_KEEP - len(self.received)]
-        if self._quickack is not None:
-            # ACK what came at once (Linux drops quick-ack mode by itself, hence at every
-            # read): sshd sends small messages the client need not answer (hostkeys-00 after
-            # the login), and with its Nagle on, its next message (the channel's confirmation)
-            # waits for our ACK, which the kernel would delay 40 ms.
-            try:
-                self._sock.setsockopt(socket.IPPROTO_TCP, self._quickack, 1)
-            except OSError:
-                self._quickack = None
-        return data
-
-    def __getattr__(self, name):
-        return getattr(self._sock, name)
-
-
-def dial(address: str, port: int, timeout: float | None) -> WatchedSocket:
-    """Open the TCP connection paramiko will use (pass it as `sock=`).
-
-    TCP_NODELAY: paramiko writes each SSH message as it is ready, so the handshake is
-    full of small writes that follow one another (NEWKEYS then SERVICE_REQUEST, say); with
-    Nagle's algorithm the second waits for the first one's ACK, which the server delays
-    (40 ms on Linux) because it is waiting for that very second message."""
-    sock = socket.create_connection((address, port), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:
-        pass   # a socket that refuses it keeps Nagle: slower, not wrong
-    return WatchedSocket(sock)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
