@@ -14,7 +14,7 @@ CORE = SRC / "fleetpatch"
 LAYERS = [
     {"errors", "textsafe", "protocol", "agentboot", "dialer"},
     {"engines", "diffapply", "inventory", "router"},
-    {"patchset", "evidence", "hostagent", "ssh_errors", "lockview"},
+    {"patchset", "evidence", "hostagent", "ssh_errors", "sshauth", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},
     {"drain"},
     {"steps"},

@@ -341,6 +341,10 @@ class SSHTransport:
             raise
         banner = h.connect_timeout or ssh_errors.DEFAULT_BANNER_TIMEOUT
         conn.connect_kwargs.update(banner_timeout=banner, auth_timeout=banner)
+        from . import sshauth
+        factory = sshauth.transport_factory()   # the login one round trip sooner
+        if factory is not None:
+            conn.connect_kwargs["transport_factory"] = factory
         sock = None
         try:
             if conn.gateway is None:
