@@ -4,7 +4,9 @@ trip fewer per connection), RSA keys keep paramiko's order, and a refused key
 still falls through to the next. Real sshd, strict host keys."""
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 
 import paramiko
 import pytest
@@ -97,3 +99,39 @@ def test_an_rsa_key_keeps_paramikos_order(fleet, tmp_path):
     finally:
         authorized.write_bytes(before)
     assert ours.first(("sent", USERAUTH_REQUEST)) > ours.first(("received", SERVICE_ACCEPT))
+
+
+def test_an_agent_key_keeps_paramikos_order(fleet, tmp_path):
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        subprocess.run(["ssh-add", str(fleet.identity)], env={**os.environ, "SSH_AUTH_SOCK": str(sock)},
+                       check=True, capture_output=True)
+        os.environ["SSH_AUTH_SOCK"], before = str(sock), os.environ.get("SSH_AUTH_SOCK")
+        try:
+            keys = paramiko.Agent().get_keys()
+        finally:
+            if before is None:
+                os.environ.pop("SSH_AUTH_SOCK")
+            else:
+                os.environ["SSH_AUTH_SOCK"] = before
+        assert len(keys) == 1
+        ours = Recording(sshauth.Transport)
+        host = fleet.hosts["v1a"]
+        client = paramiko.SSHClient()
+        client.load_host_keys(str(fleet.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect("127.0.0.1", port=host.ssh_port, username="root", pkey=keys[0], look_for_keys=False,
+                       allow_agent=False, timeout=10, auth_timeout=10, transport_factory=ours.factory)
+        try:
+            assert client.get_transport().is_authenticated()
+        finally:
+            client.close()
+        assert ours.first(("sent", USERAUTH_REQUEST)) > ours.first(("received", SERVICE_ACCEPT))
+    finally:
+        agent.terminate()
+        agent.wait()

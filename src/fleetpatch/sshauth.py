@@ -7,10 +7,12 @@ the next message is read), so the signed login can follow the request at once;
 every connection then logs in one round trip sooner (50 ms on a 50 ms link).
 
 Only where the signature algorithm is the key's own type (ed25519, ecdsa, their
-certificates): an RSA key's algorithm is chosen from the server-sig-algs
-extension, which may arrive after the request went out, so RSA keys, and every
-other method, keep paramiko's order. Whatever goes wrong building the early
-login (an agent that will not sign, say) leaves the exchange to paramiko, which
+certificates) and the key is a file's, not an ssh-agent's: an RSA key's
+algorithm is chosen from the server-sig-algs extension, which may arrive after
+the request went out, and an agent may take its time to sign (a confirmation
+prompt) or fail, so RSA keys, agent keys and every other method keep
+paramiko's order. Whatever goes wrong building the early
+login (a key that will not sign, say) leaves the exchange to paramiko, which
 then does exactly what it would have done.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import threading
 
 import paramiko
+from paramiko.agent import AgentKey
 from paramiko.auth_handler import AuthHandler
 from paramiko.common import DEBUG, cMSG_USERAUTH_REQUEST
 from paramiko.message import Message
@@ -29,7 +32,7 @@ class _LoginWithTheServiceRequest(AuthHandler):
 
     def _request_auth(self):
         super()._request_auth()
-        if self.auth_method != "publickey":
+        if self.auth_method != "publickey" or isinstance(self.private_key, AgentKey):
             return
         try:
             key_type, bits = self._get_key_type_and_bits(self.private_key)
