@@ -45,6 +45,7 @@ import platform
 import re
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -737,6 +738,41 @@ def startup_times(reps: int = 3) -> dict:
     return out
 
 
+def first_connect_times(fleet: Fleet, wd: Path, reps: int = 5) -> dict:
+    """Launch of the process to its first TCP connect to the host, for `fleetpatch
+    rollout` (1 host) and for the baseline's `ssh`: a listener of the bench's own
+    stands in for the host's port and notes when the connection arrives, then
+    closes it (the tool then fails on a host that is not SSH; it is killed)."""
+    name = fleet.names[0]
+    out = {}
+    for tool in ("fleetpatch", "ssh"):
+        ts = []
+        for _ in range(reps):
+            with socket.create_server(("127.0.0.1", 0)) as lsock:
+                lsock.settimeout(10)
+                net = Net("first-connect", {name: lsock.getsockname()[1]}, fleet.known_hosts)
+                if tool == "fleetpatch":
+                    inv = write_inventory(fleet, [name], wd / "hosts-first-connect.yaml", net)
+                    argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
+                            "--canary", "0", "--inventory", str(inv)]
+                else:
+                    argv = net.ssh_argv(fleet, name, "true")
+                t0 = time.monotonic()
+                p = subprocess.Popen(argv, cwd=wd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+                try:
+                    conn, _ = lsock.accept()
+                    ts.append(time.monotonic() - t0)
+                    conn.close()
+                except OSError:   # no connection within 10 s: counted as missing
+                    pass
+                finally:
+                    p.kill()
+                    p.wait()
+        out[tool] = {"median_s": round(med(ts), 3) if ts else None, "runs_s": [round(t, 3) for t in ts]}
+    return out
+
+
 # ------------------------------------------------------------------ report
 
 def spread(xs) -> float | None:
@@ -926,6 +962,13 @@ def tables(res: dict) -> str:
         lines.append("")
         lines.append("Tool start-up alone (`--version`, median of 3): "
                      + ", ".join(f"{k} {v:.2f} s" for k, v in st.items()) + ".")
+    fc = res.get("first_connect") or {}
+    if fc.get("fleetpatch", {}).get("median_s") is not None:
+        lines.append("")
+        lines.append("Launch to the first TCP connect to the host (`fleetpatch rollout`, 1 host; the baseline's "
+                     "`ssh`; median of 5, each run's figure in brackets): "
+                     + ", ".join(f"{k} {v['median_s']:.3f} s ({', '.join(f'{t:.3f}' for t in v['runs_s'])})"
+                                 for k, v in fc.items() if v.get("median_s") is not None) + ".")
     return "\n".join(lines)
 
 
@@ -1159,6 +1202,7 @@ def main(argv=None) -> int:
                     res.setdefault("instrumented_raw", {})[key] = doc
                     log(f"instrumented fleetpatch {key}: {json.dumps(res['instrumented'][key])}")
         res["startup"] = startup_times()
+        res["first_connect"] = first_connect_times(fleet, wd)
     if not a.root:
         shutil.rmtree(root, ignore_errors=True)  # the fleet is stopped; its scratch goes too
     res["load"]["end"] = load_avg()
