@@ -1,10 +1,12 @@
 """`invoke <command>` in the repo runs the same tasks as the installed `fleetpatch` program,
 plus `invoke bench` (repo only: the benchmark in bench/)."""
-import shlex
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from invoke import task
+from invoke.exceptions import Exit
 
 from fleetpatch.cli import ns  # noqa: F401
 
@@ -22,8 +24,8 @@ REPO = Path(__file__).resolve().parent
             "instrumented": "also one instrumented fleetpatch rollout per size and net (default on)",
             "fleetpatch-before": "another fleetpatch checkout (e.g. a git worktree of an older commit), run as "
                                  "the contender fleetpatch-before: a before/after table from the same run"})
-def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,baseline-c25519,pyinfra,ansible", nets="loopback,delay",
-          delay_ms=25.0, quiet_wait=60.0, baseline_kex="", out="", instrumented=True, fleetpatch_before=""):
+def bench(c, sizes="1,8,32", repeats="3", tools="fleetpatch,baseline,baseline-c25519,pyinfra,ansible", nets="loopback,delay",
+          delay_ms="25", quiet_wait="60", baseline_kex="", out="", instrumented=True, fleetpatch_before=""):
     """Time a full rollout on the test fleet, on loopback and through a delay proxy.
 
     fleetpatch against one `ssh` per host, pyinfra and Ansible."""
@@ -39,7 +41,25 @@ def bench(c, sizes="1,8,32", repeats=3, tools="fleetpatch,baseline,baseline-c255
         argv += ["--out", out]
     if not instrumented:
         argv.append("--no-instrumented")
-    c.run(" ".join(shlex.quote(a) for a in argv), pty=False)
+    # Not c.run: on Ctrl-C Invoke would write ^C to the bench's stdin; the bench takes
+    # the signal itself and must be waited for while it stops its fleet.
+    proc = subprocess.Popen(argv)
+
+    def forward(signum, frame):
+        proc.send_signal(signum)
+
+    old_term = signal.signal(signal.SIGTERM, forward)
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                proc.send_signal(signal.SIGINT)   # if only we got it; the bench ignores a second one
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    if code:
+        raise Exit(code=128 - code if code < 0 else code)
 
 
 ns.add_task(bench)

@@ -37,6 +37,7 @@ Writes OUT/results.json and OUT/RESULTS.md and prints the tables.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import hashlib
 import json
@@ -45,6 +46,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -1037,11 +1039,11 @@ machine; from /proc, approximate). "hosts ok" is the tool's own verdict / the be
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1,8,32")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", default="3")
     ap.add_argument("--tools", default=",".join(TOOLS), help=f"any of {','.join(TOOLS)}")
     ap.add_argument("--nets", default=",".join(NETS),
                     help="loopback (straight to each sshd) and/or delay (through bench/delayproxy.py)")
-    ap.add_argument("--delay-ms", type=float, default=25.0, help="the proxy's delay each way (default 25: 50 ms RTT)")
+    ap.add_argument("--delay-ms", default="25", help="the proxy's delay each way (default 25: 50 ms RTT)")
     ap.add_argument("--fleetpatch-before", default="", metavar="CHECKOUT",
                     help="another fleetpatch checkout (e.g. a git worktree of an older commit), run as the "
                          "tool fleetpatch-before from CHECKOUT/src: a before/after table from one run")
@@ -1054,7 +1056,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-instrumented", action="store_true")
     ap.add_argument("--render", metavar="RESULTS_JSON",
                     help="only write RESULTS.md (into --out) again from an existing results.json")
-    ap.add_argument("--quiet-wait", type=float, default=60.0,
+    ap.add_argument("--quiet-wait", default="60",
                     help="before each run wait up to S seconds for the machine to be <20%% busy (0: don't)")
     a = ap.parse_args(argv)
     if a.render:
@@ -1079,8 +1081,9 @@ def main(argv=None) -> int:
         sys.exit(f"bench: unknown tool(s) {sorted(set(tools) - set(TOOLS))}; choose from {','.join(TOOLS)}")
     if not nets or set(nets) - set(NETS):
         sys.exit(f"bench: unknown net(s) {sorted(set(nets) - set(NETS))}; choose from {','.join(NETS)}")
-    if a.delay_ms < 0:
-        sys.exit("bench: --delay-ms must be >= 0")
+    a.repeats = number("--repeats", a.repeats, whole=True, minimum=1, what="a whole number of 1 or more")
+    a.delay_ms = number("--delay-ms", a.delay_ms, minimum=0, what="milliseconds, a number of 0 or more")
+    a.quiet_wait = number("--quiet-wait", a.quiet_wait, minimum=0, what="seconds, a number of 0 or more")
     if a.baseline_kex and not re.fullmatch(r"[A-Za-z0-9@.,+_-]+", a.baseline_kex):
         sys.exit(f"bench: --baseline-kex takes an OpenSSH KexAlgorithms list, not {a.baseline_kex!r}")
     Net.baseline_opts = ["-o", f"KexAlgorithms={a.baseline_kex}"] if a.baseline_kex else []
@@ -1104,6 +1107,8 @@ def main(argv=None) -> int:
     files = changed_files(diff_text)
     expect = expected_shas(diff_text, files)
     root = Path(a.root or tempfile.mkdtemp(prefix="fleetpatch-bench-"))
+    if not a.root:   # also when interrupted (by then the fleet's context has stopped it)
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
     wd = root / "work"
     wd.mkdir(parents=True, exist_ok=True)
     n_hosts = max(sizes)
@@ -1227,5 +1232,31 @@ def load_avg() -> str:
         return "-"
 
 
+def number(flag: str, text: str, *, minimum: float, what: str, whole: bool = False):
+    """A flag's value as a number, or one line naming the flag and what it takes."""
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        value = None
+    if value is None or value != value or value in (float("inf"), float("-inf")) or value < minimum:
+        sys.exit(f"bench: {flag} takes {what}, not {text!r}")
+    return value
+
+
+def _interrupted(signum, frame):
+    # Ctrl-C or SIGTERM: the fleet's context stops its sshds and servers and the proxy
+    # stops; a second signal must not cut that short and leave them running
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGINT, _interrupted)
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("bench: interrupted; the test fleet and the delay proxy were stopped, no results written",
+              file=sys.stderr)
+        sys.exit(130)
