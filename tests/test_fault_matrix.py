@@ -551,7 +551,9 @@ def test_clock_step_while_the_server_stops(lh, clock):
     exit (a rollback's restart): the server keeps its TERM grace (it is not SIGKILLed at
     once by a wall-clock deadline), the host is rolled back and the lock released."""
     pristine = engine_shas(lh)
-    host = lh.host(env={"FLEETPATCH_STANDIN_SIGTERM_POLL": "0.7"})
+    # the old server takes 2 s to exit after its SIGTERM: wide enough for the step to land
+    # inside it on a loaded machine (0.7 s was missed once, with a bench sharing the cores)
+    host = lh.host(env={"FLEETPATCH_STANDIN_SIGTERM_POLL": "2.0"})
     assert steps.deploy(job(lh, host=host)[0], host).ok
     old = lh.server_pid()
     stepped = []
