@@ -86,7 +86,7 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     for r in results.values():
         if not r.ok:
             rep.say(console, r.message, style="red")
-    text, _ = rep.last_line("status", results)
+    text, _ = rep.last_line("status", results, stop.interrupted)
     rep.say(console, text, style="bold green" if ok else "bold red")
     if stop.interrupted:
         raise KeyboardInterrupt

@@ -7,6 +7,7 @@ This module imports nothing heavy: that is its point.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -118,7 +119,11 @@ class EarlyDial:
         if (address, port) != (self.address, self.port):
             self.discard()
             return None
-        self._thread.join()
+        while self._thread.is_alive():
+            self._thread.join(0.1)
+            if first_contact_aborted():
+                self.discard()
+                raise HandshakeAborted(f"{self.address}:{self.port}")
         if self._error is not None:
             raise self._error
         return self._sock
@@ -137,3 +142,68 @@ def early_dial(address: str, port: int | None, timeout: float | None, through_ju
     if through_jump or any(_redirects(p) for p in SSH_CONFIG_FILES):
         return None
     return EarlyDial(address, port or 22, timeout)
+
+
+# Ctrl-C while a host's first connection is still being made: nothing has been sent
+# to the host yet, so the connection is dropped at once instead of waited out (up to
+# its banner timeout). Only inside `first_contact` (the thread making a host's first
+# connection of the run): every later connection (a redial to release a lock, a via
+# host putting a worker back into its router) is always let finish.
+_in_first_contact = threading.local()
+_handshaking: set = set()
+_handshaking_lock = threading.Lock()
+_aborted = threading.Event()
+
+
+class HandshakeAborted(Exception):
+    """Ctrl-C came while this host's first connection was being made."""
+
+
+@contextlib.contextmanager
+def first_contact():
+    _in_first_contact.on = True
+    try:
+        yield
+    finally:
+        _in_first_contact.on = False
+
+
+def first_contact_aborted() -> bool:
+    return getattr(_in_first_contact, "on", False) and _aborted.is_set()
+
+
+def _shutdown(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)   # paramiko's reader sees the end; its owner closes it
+    except OSError:
+        pass
+
+
+def abort_first_contacts() -> None:
+    _aborted.set()
+    with _handshaking_lock:
+        socks = list(_handshaking)
+    for sock in socks:
+        _shutdown(sock)
+
+
+def reset_first_contacts() -> None:
+    """A new stage of hosts (or a new run in the same process) starts un-aborted."""
+    _aborted.clear()
+
+
+@contextlib.contextmanager
+def handshaking(sock):
+    """The SSH handshake on `sock`: dropped by `abort_first_contacts` if it is a first contact."""
+    if sock is None or not getattr(_in_first_contact, "on", False):
+        yield
+        return
+    with _handshaking_lock:
+        _handshaking.add(sock)
+    if _aborted.is_set():
+        _shutdown(sock)
+    try:
+        yield
+    finally:
+        with _handshaking_lock:
+            _handshaking.discard(sock)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol
 
 from . import protocol
-from .errors import HostFailure
+from .errors import HostFailure, Status
 from .inventory import Host
 
 if TYPE_CHECKING:  # imported lazily: see the module's docstring
@@ -329,6 +329,8 @@ class SSHTransport:
             return
         h = self.host
         from . import dialer
+        if dialer.first_contact_aborted():
+            raise HostFailure(Status.SKIPPED, self._not_contacted())
         # the TCP handshake's round trip passes while paramiko and Fabric load
         early = dialer.early_dial(h.address, h.port, h.connect_timeout, through_jump=h.jump is not None)
         try:
@@ -356,7 +358,8 @@ class SSHTransport:
                 conn.connect_kwargs["sock"] = sock
             elif early is not None:
                 early.discard()
-            conn.open()
+            with dialer.handshaking(sock):
+                conn.open()
         except Exception as exc:  # paramiko raises a zoo; describe it once, here
             if early is not None:
                 early.discard()
@@ -366,12 +369,18 @@ class SSHTransport:
                         closing()
                 except Exception:
                     pass
+            if dialer.first_contact_aborted():
+                raise HostFailure(Status.SKIPPED, self._not_contacted()) from None
             raise ssh_errors.describe(
                 exc, where=f"{h.name} ({h.target})", address=conn.host, port=conn.port, banner_timeout=banner,
                 connect_timeout=h.connect_timeout, sock=sock, user=h.user,
                 tried=[f"publickey {h.identity_file}" if h.identity_file else "publickey (default keys)",
                        "ssh-agent"]) from None
         self._conn = conn
+
+    def _not_contacted(self) -> str:
+        return (f"{self.host.name} ({self.host.target}): not contacted: interrupted (Ctrl-C) while its SSH "
+                "connection was being made; untouched")
 
     def close(self) -> None:
         if self._conn is not None:

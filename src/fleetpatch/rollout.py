@@ -11,7 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import drain
+from . import dialer, drain
 from .errors import Status
 from .inventory import Host
 from .steps import HostResult
@@ -77,6 +77,7 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
     starting hosts once more than `budget` have failed (counted over `results`)."""
     pending = list(hosts)
     in_flight: dict[Future, Host] = {}
+    dialer.reset_first_contacts()
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="fleetpatch") as pool:
         try:
             while pending or in_flight:
@@ -98,6 +99,7 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                                  f"or {'was' if failures == 1 else 'were'} unreachable when the stop came")
         except KeyboardInterrupt:
             drain.INTERRUPTED.set()   # a host still draining goes back into its routers untouched
+            dialer.abort_first_contacts()   # a host still connecting is left untouched at once
             stop.set("interrupted (Ctrl-C): no new host was started; the hosts in flight were let finish "
                      "(or roll back)", interrupted=True)
             # Let each host in flight finish or undo its step; a second Ctrl-C is ignored here.
@@ -109,6 +111,7 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                 for fut in done:
                     host = in_flight.pop(fut)
                     results[host.name] = fut.result()
+            dialer.reset_first_contacts()
     for host in pending:
         results.setdefault(host.name, _skipped(host, stop))
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from . import diffapply, drain, lockview, protocol
+from . import dialer, diffapply, drain, lockview, protocol
 from .engines import get as get_profile
 from .engines import LaunchConfig
 from .errors import HostFailure, Status
@@ -268,7 +268,8 @@ def host_step(fn):
                         transport=transport)
         try:
             job.progress(host.name, "connect", "")
-            remote.open()
+            with dialer.first_contact():   # Ctrl-C drops it: nothing has been sent to the host yet
+                remote.open()
             result = fn(job, host, remote)
         except HostFailure as f:
             result = HostResult(host.name, False, f.status, f.message)
