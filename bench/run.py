@@ -968,7 +968,7 @@ def tables(res: dict) -> str:
     if fc.get("fleetpatch", {}).get("median_s") is not None:
         lines.append("")
         lines.append("Launch to the first TCP connect to the host (`fleetpatch rollout`, 1 host; the baseline's "
-                     "`ssh`; median of 5, each run's figure in brackets): "
+                     "`ssh`; median, each run's figure in brackets): "
                      + ", ".join(f"{k} {v['median_s']:.3f} s ({', '.join(f'{t:.3f}' for t in v['runs_s'])})"
                                  for k, v in fc.items() if v.get("median_s") is not None) + ".")
     return "\n".join(lines)
@@ -1107,7 +1107,7 @@ def main(argv=None) -> int:
     files = changed_files(diff_text)
     expect = expected_shas(diff_text, files)
     root = Path(a.root or tempfile.mkdtemp(prefix="fleetpatch-bench-"))
-    if not a.root:   # also when interrupted (by then the fleet's context has stopped it)
+    if not a.root:   # at exit, interrupted or not (by then the fleet's context has stopped it)
         atexit.register(shutil.rmtree, root, ignore_errors=True)
     wd = root / "work"
     wd.mkdir(parents=True, exist_ok=True)
@@ -1208,8 +1208,6 @@ def main(argv=None) -> int:
                     log(f"instrumented fleetpatch {key}: {json.dumps(res['instrumented'][key])}")
         res["startup"] = startup_times()
         res["first_connect"] = first_connect_times(fleet, wd)
-    if not a.root:
-        shutil.rmtree(root, ignore_errors=True)  # the fleet is stopped; its scratch goes too
     res["load"]["end"] = load_avg()
     res["bench_s"] = time.monotonic() - t_bench
     res["summary"] = summarize(runs, sizes, nets)

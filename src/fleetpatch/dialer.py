@@ -168,8 +168,12 @@ def first_contact():
         _in_first_contact.on = False
 
 
+def _in_first() -> bool:
+    return getattr(_in_first_contact, "on", False)
+
+
 def first_contact_aborted() -> bool:
-    return getattr(_in_first_contact, "on", False) and _aborted.is_set()
+    return _in_first() and _aborted.is_set()
 
 
 def _shutdown(sock) -> None:
@@ -188,14 +192,13 @@ def abort_first_contacts() -> None:
 
 
 def reset_first_contacts() -> None:
-    """A new stage of hosts (or a new run in the same process) starts un-aborted."""
     _aborted.clear()
 
 
 @contextlib.contextmanager
 def handshaking(sock):
     """The SSH handshake on `sock`: dropped by `abort_first_contacts` if it is a first contact."""
-    if sock is None or not getattr(_in_first_contact, "on", False):
+    if sock is None or not _in_first():
         yield
         return
     with _handshaking_lock:

@@ -77,7 +77,6 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
     starting hosts once more than `budget` have failed (counted over `results`)."""
     pending = list(hosts)
     in_flight: dict[Future, Host] = {}
-    dialer.reset_first_contacts()
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="fleetpatch") as pool:
         try:
             while pending or in_flight:
@@ -111,7 +110,8 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                 for fut in done:
                     host = in_flight.pop(fut)
                     results[host.name] = fut.result()
-            dialer.reset_first_contacts()
+        finally:
+            dialer.reset_first_contacts()   # the next stage, or run in this process, starts un-aborted
     for host in pending:
         results.setdefault(host.name, _skipped(host, stop))
 

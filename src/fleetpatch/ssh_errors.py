@@ -87,16 +87,16 @@ def describe(exc: BaseException, *, where: str, address: str, port: int, banner_
     if isinstance(exc, paramiko.SSHException) and text == "No existing session":
         # paramiko's wait for the handshake ended at the connect timeout (the same length as
         # the banner's, so either may end first) and it went on to log in on a dead transport
-        if sock is not None and not sock.received:
-            return _no_banner(socket.timeout(), where=where, port=port, banner_timeout=banner_timeout, sock=sock)
-        if sock is not None and sock.received.startswith(b"SSH-"):
-            version = safe_line(sock.received.split(b"\r")[0].split(b"\n")[0].decode("latin-1"))
+        if sock is None:   # through a jump host: Fabric's socket, which we cannot watch
+            return HostFailure(unreachable, f"{where}: the SSH handshake did not finish within "
+                                            f"{_secs(banner_timeout)}; check that sshd there runs and is healthy")
+        if not sock.received:
+            return _no_banner(exc, where=where, port=port, banner_timeout=banner_timeout, sock=sock)
+        if sock.received.startswith(b"SSH-"):
+            version = safe_line(sock.received.splitlines()[0].decode("latin-1"))
             return HostFailure(unreachable, f"{where}: port {port} sent the SSH banner {version!r}, then the key "
                                             f"exchange did not finish within {_secs(banner_timeout)}; check that "
                                             "sshd there is healthy (not overloaded or stopped)")
-        if sock is None:
-            return HostFailure(unreachable, f"{where}: the SSH handshake did not finish within "
-                                            f"{_secs(banner_timeout)}; check that sshd there runs and is healthy")
     banner = "protocol banner" in text or "Indecipherable protocol version" in text
     spoke_other = sock is not None and sock.received and not sock.received.startswith(b"SSH-")
     if banner or spoke_other or (isinstance(exc, EOFError) and sock is not None):
