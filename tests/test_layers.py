@@ -3,6 +3,7 @@ no module imports one above it, and no function grows past 70 lines."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,26 @@ def test_no_function_of_the_core_is_longer_than_70_lines():
                 if n >= 70:
                     long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} {n} lines")
     assert not long, "\n".join(long)
+
+
+def internals_layer_table(text: str) -> list[set[str]]:
+    """docs/internals.md's layer table as LAYERS is written: one set of module names per row, in order.
+    A row is `| N | `mod`, `mod` | job |`; only the second cell's backticked names count."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].isdigit():
+            rows.append((int(cells[0]), set(re.findall(r"`([^`]+)`", cells[1]))))
+    assert [n for n, _ in rows] == list(range(len(rows))), \
+        f"docs/internals.md: the layer rows must be numbered 0, 1, 2, ... in order; found {[n for n, _ in rows]}"
+    return [mods for _, mods in rows]
+
+
+def test_the_internals_layer_table_is_LAYERS():
+    doc = SRC.parent / "docs" / "internals.md"
+    table = internals_layer_table(doc.read_text())
+    if table != LAYERS:
+        want = "\n".join(f"| {i} | {', '.join(f'`{m}`' for m in sorted(layer))} | ... |"
+                         for i, layer in enumerate(LAYERS))
+        raise AssertionError(f"docs/internals.md's layer table differs from LAYERS in tests/test_layers.py; "
+                             f"its rows should read (modules in any order, job as it is):\n{want}")
