@@ -96,7 +96,7 @@ class Interp:
         return Path(str(self.root) + inner) if self.root else Path(inner)
 
     def run(self, args, env=None, check=True):
-        cmd = (["chroot", str(self.root)] if self.root else []) + self.argv + list(args)
+        cmd = ([shutil.which("chroot") or "/usr/sbin/chroot", str(self.root)] if self.root else []) + self.argv + list(args)
         full = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         full.update(env or {})
         return subprocess.run(cmd, capture_output=True, text=True, env=full, check=check, timeout=300)
@@ -105,8 +105,10 @@ class Interp:
 def trixie_root() -> Path:
     """The Debian trixie root, built once (debootstrap, about 30 s) and kept in a fixed place."""
     if (TRIXIE / "usr/bin/python3").exists():
+        if os.geteuid() != 0 or not shutil.which("chroot"):
+            pytest.skip("Python 3.13 lines mode runs the trixie root with chroot: run as root")
         return TRIXIE
-    if os.geteuid() != 0 or not shutil.which("debootstrap"):
+    if os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("chroot"):
         pytest.skip("Python 3.13 lines mode needs a Debian trixie root: run as root with debootstrap installed")
     TRIXIE.parent.mkdir(parents=True, exist_ok=True)
     with open(TRIXIE.parent / ".trixie.lock", "w") as lock:
