@@ -295,3 +295,72 @@ def test_a_stale_probe_of_a_killed_run_is_found_and_removed(interp, work):
     removed = probe_install.remove(str(site))
     assert sorted(removed) == sorted([probe_install.pth_name(old), f".{probe_install.pth_name('cut-short')}.tmp"])
     assert snapshot(site) == before
+
+
+TRACER = '''import json, sys
+import torch                       # the stand-in below: its compiler says when it is "compiling"
+import toypkg.hot as hot
+
+torch.compiler.compiling = True    # the first call of step() happens while tracing
+hot.step(3)
+torch.compiler.compiling = False
+hot.step(5)                        # then it runs for real
+hot.loop(3)
+print(json.dumps({"ok": True}))
+'''
+
+STAND_IN_TORCH = '''class compiler:
+    compiling = False
+
+    @staticmethod
+    def is_compiling():
+        return compiler.compiling
+
+
+class cuda:
+    @staticmethod
+    def is_initialized():
+        return False
+'''
+
+
+def test_a_line_first_seen_while_traced_is_recorded_as_traced_then_as_run(interp, work):
+    inner, host = work
+    (host / "tracer.py").write_text(TRACER)
+    (host / "standin").mkdir()
+    (host / "standin" / "torch.py").write_text(STAND_IN_TORCH)
+    site_inner, token, plan, added = deploy(interp, inner, host)
+    try:
+        done = interp.run([f"{inner}/tracer.py"], env={"PYTHONPATH": f"{inner}/standin:{inner}/inst"})
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    assert json.loads(done.stdout) == {"ok": True}
+    files = probe_install.read_records(str(host / "probe"))
+    traced = [json.loads(v) for k, v in files.items() if k.split("/")[1].startswith("T-")]
+    assert traced and all(t["traced"] == "torch.compile" for t in traced)
+    block = execution_block(files, plan, added)
+    assert LINE_OF["return i * 2"] in block["ran"]["toypkg/hot.py"]   # it ran for real later
+    assert LINE_OF["return i * 2"] not in block["traced"].get("toypkg/hot.py", [])
+
+
+def test_taken_monitoring_tool_ids_make_the_probe_fall_back_to_functions(interp, work):
+    if interp.name != "py3.13-lines":
+        pytest.skip("sys.monitoring tool ids exist on Python 3.12+")
+    inner, host = work
+    site_inner = site_dir(interp)
+    taker = interp.host(site_inner) / "aaa-fptest-take-tools.pth"
+    taker.write_text("import sys; sys.monitoring.use_tool_id(3, 'a'); sys.monitoring.use_tool_id(4, 'b')\n")
+    try:
+        _, token, plan, added = deploy(interp, inner, host)
+        try:
+            result, _ = run_server(interp, inner, f"{inner}/inst")
+        finally:
+            probe_install.remove(str(interp.host(site_inner)), token)
+    finally:
+        taker.unlink()
+    assert result["total"] == EXPECTED_TOTAL
+    files = probe_install.read_records(str(host / "probe"))
+    block = execution_block(files, plan, added)
+    assert block["mode"] == "functions" and LINE_OF["return i * 2"] in block["ran"]["toypkg/hot.py"]
+    notes = {json.loads(v)["note"] for k, v in files.items() if k.endswith("/process.json")}
+    assert notes == {"no free sys.monitoring tool id (4, 3 taken)"}
