@@ -13,7 +13,7 @@ CORE = SRC / "fleetpatch"
 
 # Lower layers first: a module may import only modules of its own or a lower layer.
 LAYERS = [
-    {"errors", "textsafe", "protocol", "agentboot", "dialer"},
+    {"errors", "textsafe", "protocol", "agentboot", "dialer", "runtime", "install", "verdict"},  # runtime, install, verdict: probe/
     {"engines", "diffapply", "inventory", "router"},
     {"patchset", "evidence", "hostagent", "ssh_errors", "sshauth", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},

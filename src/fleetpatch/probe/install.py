@@ -1,0 +1,202 @@
+"""Host side of the probe (stdlib only): the plan, the site directory, install, removal, records.
+
+Layout, for one run token:
+
+- ``<probe dir>/runtime.py``: the probe's code (runtime.py of this package);
+- ``<probe dir>/plan.json``: what it watches (`make_plan`);
+- ``<probe dir>/records/``: 0o1777, where each server process writes (runtime.py says what);
+- ``<site dir>/zzz-fleetpatch-probe-<token>.pth``: the one line that starts it. site
+  reads ``.pth`` files in name order, so this one comes last and its finder
+  goes in front of those that other ``.pth`` files put in ``sys.meta_path``.
+
+The probe's code stays out of the site directory, so that no bytecode cache is
+ever written there: the ``.pth`` line compiles it from the probe dir. Removing
+the ``.pth`` leaves the site directory as it was (names, bytes and modes); the
+probe dir, records included, stays until the next restart clears it. A
+``.pth`` whose name starts with `PTH_PREFIX` but whose token is not the current
+run's is a stale probe (a killed run): `stale_probes` finds it and `remove`
+takes it out.
+"""
+import json
+import os
+import re
+
+PTH_PREFIX = "zzz-fleetpatch-probe-"
+PTH_SUFFIX = ".pth"
+RUNTIME_NAME = "runtime.py"
+PLAN_NAME = "plan.json"
+RECORDS_NAME = "records"
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+# What the agent runs with the server's interpreter (`python -c SITE_QUERY`); its output goes to `site_dir_from`.
+SITE_QUERY = (
+    "import json, site, sys, sysconfig\n"
+    "try:\n    pkgs = site.getsitepackages()\nexcept Exception:\n    pkgs = []\n"
+    "print(json.dumps({'site_packages': pkgs, 'purelib': sysconfig.get_paths().get('purelib'), "
+    "'path': sys.path, 'executable': sys.executable, 'version': list(sys.version_info[:3]), "
+    "'no_site': bool(sys.flags.no_site)}))\n"
+)
+
+
+class ProbeInstallError(Exception):
+    """The probe cannot go into this interpreter; the message says why."""
+
+
+def site_dir_from(info):
+    """The site directory whose .pth files this interpreter reads at start, from SITE_QUERY's JSON.
+
+    The first of site.getsitepackages() that is on sys.path (site adds only
+    those that exist), else purelib when it is on sys.path."""
+    if isinstance(info, (str, bytes)):
+        info = json.loads(info)
+    on_path = [p for p in info.get("path") or [] if p]
+    for candidate in list(info.get("site_packages") or []) + [info.get("purelib")]:
+        if candidate and candidate in on_path:
+            return candidate
+    raise ProbeInstallError(
+        "%s reads no site directory at start (site-packages: %s; sys.path: %s)"
+        % (info.get("executable") or "the interpreter", ", ".join(info.get("site_packages") or []) or "none",
+           ", ".join(on_path) or "empty"))
+
+
+def module_name(path):
+    """'sglang/srt/managers/tp_worker.py' -> 'sglang.srt.managers.tp_worker' (a package's __init__.py: the package)."""
+    parts = path[:-3].split("/") if path.endswith(".py") else path.split("/")
+    if parts and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def make_plan(added, package_parent, watch=(), mode=None):
+    """The probe's plan: `added` {path: [line numbers]} of the patched files, `watch` paths
+    (siblings) to report as imported without lines; `package_parent` the directory that holds
+    the package (the files' expected location is package_parent/path)."""
+    modules = {}
+    for path in sorted(set(added) | set(watch)):
+        if not path.endswith(".py"):
+            continue
+        modules[module_name(path)] = {
+            "path": path,
+            "expected": os.path.join(package_parent, path),
+            "lines": sorted({int(n) for n in added.get(path, ())}),
+        }
+    plan = {"version": 1, "modules": modules}
+    if mode:
+        plan["mode"] = mode
+    return plan
+
+
+def pth_name(token):
+    return PTH_PREFIX + token + PTH_SUFFIX
+
+
+def pth_line(runtime_path):
+    """The .pth line: compile and run the probe from its own dir; a missing file or any error is silent."""
+    body = ("try:\n with open(%r, 'rb') as f: s = f.read()\n"
+            " exec(compile(s, %r, 'exec'), {'__name__': 'fleetpatch_probe', '__file__': %r, "
+            "'__builtins__': __builtins__, '__fleetpatch_probe_boot__': True})\n"
+            "except Exception:\n pass\n") % (runtime_path, runtime_path, runtime_path)
+    return "import sys; exec(%r)\n" % body
+
+
+def runtime_source():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), RUNTIME_NAME), "rb") as f:
+        return f.read()
+
+
+def write_atomic(path, data, mode):
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None):
+    """Put the probe in: probe dir (runtime, plan, records 0o1777), then the .pth, each atomically.
+
+    Returns {"pth": path, "probe_dir": path}. The probe dir's parents must be
+    traversable by the server's user. `probe_dir_seen`: the probe dir as the
+    server sees it, where that differs (a chroot or container mount)."""
+    if not TOKEN_RE.match(token):
+        raise ProbeInstallError("bad probe token %r" % token)
+    if not os.path.isdir(site_dir):
+        raise ProbeInstallError("site directory %s does not exist" % site_dir)
+    os.makedirs(probe_dir, exist_ok=True)
+    os.chmod(probe_dir, 0o755)
+    records = os.path.join(probe_dir, RECORDS_NAME)
+    os.makedirs(records, exist_ok=True)
+    os.chmod(records, 0o1777)
+    runtime_path = os.path.join(probe_dir, RUNTIME_NAME)
+    write_atomic(runtime_path, source if source is not None else runtime_source(), 0o644)
+    write_atomic(os.path.join(probe_dir, PLAN_NAME), json.dumps(plan, sort_keys=True).encode("utf-8"), 0o644)
+    pth = os.path.join(site_dir, pth_name(token))
+    seen = os.path.join(probe_dir_seen, RUNTIME_NAME) if probe_dir_seen else runtime_path
+    write_atomic(pth, pth_line(seen).encode("utf-8"), 0o644)
+    return {"pth": pth, "probe_dir": probe_dir}
+
+
+def probe_pths(site_dir):
+    """Names of every probe .pth in the site directory (this run's and stale ones)."""
+    try:
+        names = os.listdir(site_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith(PTH_PREFIX) and n.endswith(PTH_SUFFIX))
+
+
+def token_of(pth):
+    return pth[len(PTH_PREFIX):-len(PTH_SUFFIX)]
+
+
+def stale_probes(site_dir, current=None):
+    """Probe .pth names left by another run (a killed laptop, Ctrl-C) than token `current`."""
+    return [n for n in probe_pths(site_dir) if token_of(n) != current]
+
+
+def remove(site_dir, token=None):
+    """Take the probe's .pth out (token None: every probe .pth, stale ones included), and any
+    temporary file of an interrupted install. Returns the names removed."""
+    removed = []
+    for name in sorted(os.listdir(site_dir)) if os.path.isdir(site_dir) else []:
+        probe = name.startswith(PTH_PREFIX) and name.endswith(PTH_SUFFIX)
+        leftover = name.startswith("." + PTH_PREFIX) and name.endswith(PTH_SUFFIX + ".tmp")
+        if not (probe or leftover):
+            continue
+        shown = name[1:-4] if leftover else name
+        if token is not None and token_of(shown) != token:
+            continue
+        try:
+            os.unlink(os.path.join(site_dir, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def read_records(probe_dir, limit=4 << 20):
+    """{"<pid>-<ns>/<name>": bytes} of the records (at most `limit` bytes in all; temporary files left out)."""
+    records = os.path.join(probe_dir, RECORDS_NAME)
+    out = {}
+    total = 0
+    for proc in sorted(os.listdir(records)) if os.path.isdir(records) else []:
+        folder = os.path.join(records, proc)
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            if name.startswith("."):
+                continue
+            try:
+                with open(os.path.join(folder, name), "rb") as f:
+                    data = f.read(64 << 10)
+            except OSError:
+                continue
+            total += len(data)
+            if total > limit:
+                return out
+            out[proc + "/" + name] = data
+    return out

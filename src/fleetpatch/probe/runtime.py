@@ -1,0 +1,501 @@
+"""fleetpatch's probe: the code that runs INSIDE the server's interpreter (Python 3.8+, stdlib only).
+
+A ``.pth`` line in the interpreter's site directory executes this file at every
+interpreter start (spawned children included: multiprocessing spawn runs site
+again). It reads ``plan.json`` beside this file: per patched module, the file it
+must be loaded from and the line numbers that the revision adds or changes.
+It records, as small JSON files below ``records/<pid>-<start ns>/`` beside the
+plan, each written once:
+
+- ``process.json``: this process (pid, ppid, argv, executable, mode);
+- ``M-<module>.json``: a patched (or watched) module imported, and its file;
+- ``L-<module>-<line>.json`` (lines mode, Python 3.12+ ``sys.monitoring``):
+  an added line ran;
+- ``F-<module>-<k>.json`` (functions mode, 3.8-3.11, or 3.12+ with no free
+  monitoring tool id): a function, class body or module body that holds added
+  lines started running; it lists the added lines it holds;
+- ``T-...`` like ``L-``/``F-``, when the first run happened while torch.compile
+  traced it or a CUDA graph was being captured;
+- ``disabled``: the probe turned itself off, and why.
+
+How it hooks only the patched modules: a finder first in ``sys.meta_path``
+answers only for the planned module names; for them it lets the real finders
+find the spec and wraps its loader, so that the module's code object is
+prepared before it runs. Lines mode sets LINE events locally on the code
+objects that hold added lines, under a free tool id, and the callback returns
+DISABLE after each line's first event, so a hot loop pays once. Functions
+mode compiles the module from its source with one guard statement at the
+start of each body that holds an added line (``if P[k]: P[0](k)``, P a list
+in the module's globals under ``__fleetpatch_probe__``); the guard's flag is
+cleared on the first call, so later calls pay one list look-up. Nothing else
+in the process pays, and no global trace function is set.
+
+It never raises into the server: an error of its own turns it off and is
+recorded in ``disabled``. It never writes bytecode caches and never changes
+what a module computes. Records are created 0o666 in per-process directories
+0o777 below a ``records`` directory the installer made 0o1777, so a server
+that runs as another user can write them and the installer's user can clear
+them.
+"""
+import ast
+import json
+import os
+import sys
+import time
+
+PROBE_NAME = "__fleetpatch_probe__"   # the guard list in a patched module's globals (functions mode)
+FREE_TOOL_IDS = (4, 3)                # sys.monitoring ids no standard tool claims (0 debugger, 1 coverage, 2 profiler, 5 optimizer)
+TOOL_NAME = "fleetpatch-probe"
+ARGV_KEPT = 24
+ARG_CHARS = 300
+
+
+def traced_now():
+    """Why the code running now is only being traced or captured ('' when it really runs).
+
+    torch is only looked at when the process already imported it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    try:
+        compiler = getattr(torch, "compiler", None)
+        is_compiling = getattr(compiler, "is_compiling", None)
+        if is_compiling is None:
+            is_compiling = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
+        if is_compiling is not None and is_compiling():
+            return "torch.compile"
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_initialized() and cuda.is_current_stream_capturing():
+            return "CUDA graph capture"
+    except Exception:
+        return ""
+    return ""
+
+
+def describe_error(exc):
+    """One line: the exception and the probe line that raised it."""
+    tb = exc.__traceback__
+    where = ""
+    while tb is not None:
+        where = " (probe line %d)" % tb.tb_lineno
+        tb = tb.tb_next
+    return ("%s: %s%s" % (type(exc).__name__, exc, where))[:1000]
+
+
+def same_file(a, b):
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except Exception:
+        return a == b
+
+
+def code_lines(code):
+    """The line numbers a code object holds (its own, not its nested code objects')."""
+    if hasattr(code, "co_lines"):
+        return {line for _, _, line in code.co_lines() if line is not None}
+    import dis
+    return {line for _, line in dis.findlinestarts(code)}
+
+
+def nested_codes(code):
+    """The code object and every code object nested in it (functions, classes, lambdas, comprehensions)."""
+    found = [code]
+    todo = [code]
+    while todo:
+        for const in todo.pop().co_consts:
+            if hasattr(const, "co_code"):
+                found.append(const)
+                todo.append(const)
+    return found
+
+
+class Records:
+    """This process's records directory, made on first use (again after a fork)."""
+
+    def __init__(self, root):
+        self.root = root
+        self.dir = None
+
+    def forget(self):
+        self.dir = None
+
+    def mine(self):
+        if self.dir is None:
+            path = os.path.join(self.root, "%d-%d" % (os.getpid(), time.time_ns()))
+            os.mkdir(path)
+            os.chmod(path, 0o777)
+            self.dir = path
+        return self.dir
+
+    def write(self, name, obj):
+        folder = self.mine()
+        tmp = os.path.join(folder, "." + name + ".tmp")
+        data = json.dumps(obj, sort_keys=True).encode("utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            os.fchmod(fd, 0o666)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(folder, name))
+
+
+class Watched:
+    """One planned module: where it must come from and its added lines."""
+
+    def __init__(self, name, spec):
+        self.name = name
+        self.path = str(spec.get("path") or "")
+        self.expected = spec.get("expected")
+        self.lines = frozenset(int(n) for n in spec.get("lines") or ())
+
+
+def scopes(tree):
+    """(node, qualname, first line, last line) of the module and of every class and function in it."""
+    out = [(tree, "<module>", 1, float("inf"))]
+    todo = [(tree, "")]
+    while todo:
+        node, prefix = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qual = prefix + child.name
+                out.append((child, qual, child.lineno, child.end_lineno))
+                todo.append((child, qual + ("." if isinstance(child, ast.ClassDef) else ".<locals>.")))
+            else:
+                todo.append((child, prefix))
+    return out
+
+
+def units_holding(tree, lines):
+    """[(node, qualname, first line, [added lines it holds directly])] for bodies holding added lines.
+
+    A line belongs to the innermost class or function whose span holds it;
+    decorators and lambdas belong to the body around them."""
+    all_scopes = scopes(tree)
+    held = {}
+    for line in sorted(lines):
+        inside = [s for s in all_scopes if s[2] <= line <= s[3]]
+        if inside:
+            best = max(inside, key=lambda s: s[2])
+            held.setdefault(id(best[0]), (best, []))[1].append(line)
+    return [(s[0], s[1], s[2], found) for s, found in held.values()]
+
+
+def guard_statement(k, line):
+    """``if P[k]: P[0](k)`` placed at `line` (the line of the statement it precedes)."""
+    guard = ast.parse("if %s[%d]:\n    %s[0](%d)\n" % (PROBE_NAME, k, PROBE_NAME, k)).body[0]
+    for node in ast.walk(guard):
+        if "lineno" in node._attributes:
+            node.lineno = node.end_lineno = line
+            node.col_offset = node.end_col_offset = 0
+    return guard
+
+
+def insert_guard(node, k):
+    """Put the guard first in the body, after a docstring and (module) __future__ imports."""
+    body = node.body
+    at = 0
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        at = 1
+    if isinstance(node, ast.Module):
+        while at < len(body) and isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__":
+            at += 1
+    line = body[at].lineno if at < len(body) else body[-1].lineno
+    body.insert(at, guard_statement(k, line))
+
+
+class Finder:
+    """First in sys.meta_path; answers only for the planned module names."""
+
+    fleetpatch_probe = True     # how a second start in the same process knows one runs already
+
+    def __init__(self, probe):
+        self.probe = probe
+
+    def find_spec(self, name, path=None, target=None):
+        probe = self.probe
+        if not probe.on or name not in probe.modules:
+            return None
+        return probe.find_spec(self, name, path, target)
+
+    def invalidate_caches(self):
+        return None
+
+
+class Loader:
+    """Wraps the real loader of a planned module for its exec_module only."""
+
+    def __init__(self, real, probe):
+        self.real = real
+        self.probe = probe
+
+    def __getattr__(self, attr):
+        return getattr(self.real, attr)
+
+    def create_module(self, spec):
+        create = getattr(self.real, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module):
+        self.probe.exec_module(self.real, module)
+
+
+class Probe:
+    """The probe of one process. Every entry point catches its own errors and turns the probe off."""
+
+    def __init__(self, home):
+        self.home = home
+        self.records = Records(os.path.join(home, "records"))
+        self.on = True
+        self.modules = {}
+        self.mode = "functions"
+        self.note = ""
+        self.tool = None
+        self.watch = {}       # lines mode: id(code) -> (code, module, added lines in it)
+        self.done = set()     # what this process recorded: ("L", module, line), ("F", module, k), ...
+        self.guards = {}      # functions mode: module -> guard list [callback, flag1, flag2, ...]
+        self.units = {}       # functions mode: module -> [(qualname, first line, lines)], index k-1
+
+    # ------------------------------------------------------------------ start and stop
+
+    def start(self):
+        with open(os.path.join(self.home, "plan.json"), "rb") as f:
+            plan = json.loads(f.read().decode("utf-8"))
+        self.modules = {name: Watched(name, spec) for name, spec in plan["modules"].items()}
+        self.pick_mode(plan.get("mode"))
+        self.write_process()
+        for name in self.modules:
+            if name in sys.modules:   # imported before site ran: seen, but not watched
+                module = sys.modules[name]
+                self.record_import(name, getattr(module, "__file__", None), "imported before the probe loaded")
+        sys.meta_path.insert(0, Finder(self))
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self.forked)
+
+    def pick_mode(self, wanted):
+        self.mode = "functions"
+        if wanted == "functions":
+            self.note = "functions mode asked for by the plan"
+            return
+        monitoring = getattr(sys, "monitoring", None)
+        if monitoring is None:
+            self.note = "Python %d.%d has no sys.monitoring" % sys.version_info[:2]
+            return
+        for tool in FREE_TOOL_IDS:
+            if monitoring.get_tool(tool) is None:
+                monitoring.use_tool_id(tool, TOOL_NAME)
+                monitoring.register_callback(tool, monitoring.events.LINE, self.line_event)
+                self.tool = tool
+                self.mode = "lines"
+                return
+        self.note = "no free sys.monitoring tool id (%s taken)" % ", ".join(str(t) for t in FREE_TOOL_IDS)
+
+    def write_process(self, forked_from=None):
+        argv = [str(a)[:ARG_CHARS] for a in getattr(sys, "argv", [])[:ARGV_KEPT]]
+        self.records.write("process.json", {
+            "pid": os.getpid(), "ppid": os.getppid(), "argv": argv, "executable": sys.executable,
+            "python": "%d.%d.%d" % sys.version_info[:3], "mode": self.mode, "note": self.note,
+            "tool": self.tool, "forked_from": forked_from, "t": time.time()})
+
+    def disable(self, reason):
+        """Stop watching everything and say why; never raises."""
+        if not self.on:
+            return
+        self.on = False
+        for guards in self.guards.values():
+            for k in range(1, len(guards)):
+                guards[k] = False
+        try:
+            if self.tool is not None:
+                monitoring = sys.monitoring
+                for code, _, _ in self.watch.values():
+                    monitoring.set_local_events(self.tool, code, 0)
+                monitoring.register_callback(self.tool, monitoring.events.LINE, None)
+                monitoring.free_tool_id(self.tool)
+        except Exception:
+            pass
+        try:
+            self.records.write("disabled", {"reason": reason, "pid": os.getpid(), "t": time.time()})
+        except Exception:
+            pass
+
+    def forked(self):
+        """A forked child records as a process of its own: new directory, every watch armed again."""
+        if not self.on:
+            return
+        try:
+            parent = self.records.dir
+            self.records.forget()
+            self.done.clear()
+            for guards in self.guards.values():
+                for k in range(1, len(guards)):
+                    guards[k] = True
+            if self.tool is not None:
+                sys.monitoring.restart_events()
+            self.write_process(forked_from=os.path.basename(parent) if parent else None)
+        except Exception as exc:
+            self.disable("after a fork: " + describe_error(exc))
+
+    # ------------------------------------------------------------------ imports
+
+    def find_spec(self, me, name, path, target):
+        try:
+            after = False
+            for finder in list(sys.meta_path):
+                if finder is me:
+                    after = True
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if not after or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                        return None
+                    spec.loader = Loader(spec.loader, self)
+                    return spec
+            return None
+        except Exception as exc:
+            self.disable("finding %s: %s" % (name, describe_error(exc)))
+            return None
+
+    def exec_module(self, real, module):
+        spec = module.__spec__
+        spec.loader = real          # the module's own code sees its real loader
+        module.__loader__ = real
+        code = None
+        if self.on:
+            try:
+                code = self.prepare(real, module, spec)
+            except Exception as exc:
+                self.disable("preparing %s: %s" % (spec.name, describe_error(exc)))
+                code = None
+        if code is None:
+            real.exec_module(module)
+        else:
+            exec(code, module.__dict__)
+
+    def prepare(self, real, module, spec):
+        """The code object to run for this module, watched; None: let the real loader run it."""
+        watched = self.modules[spec.name]
+        origin = spec.origin
+        expected = watched.expected
+        if expected and origin and not same_file(origin, expected):
+            self.record_import(spec.name, origin, "loaded from another file")
+            return None
+        self.record_import(spec.name, origin, "")
+        if not watched.lines:
+            return None
+        if self.mode == "lines":
+            get_code = getattr(real, "get_code", None)
+            code = get_code(spec.name) if get_code is not None else None
+            if code is not None:
+                self.watch_code(watched, code)
+            return code
+        get_source = getattr(real, "get_source", None)
+        source = get_source(spec.name) if get_source is not None else None
+        if source is None:
+            self.record_note(spec.name, "no source to watch its functions")
+            return None
+        return self.rewrite(watched, source, origin or watched.path, module)
+
+    def record_import(self, name, origin, note):
+        key = ("M", name)
+        if key in self.done:
+            return
+        self.done.add(key)
+        watched = self.modules[name]
+        self.records.write("M-%s.json" % name, {
+            "module": name, "path": watched.path, "file": origin, "expected": watched.expected,
+            "same": not note, "note": note, "pid": os.getpid(), "t": time.time()})
+
+    def record_note(self, name, note):
+        self.records.write("N-%s.json" % name, {"module": name, "note": note, "pid": os.getpid(), "t": time.time()})
+
+    # ------------------------------------------------------------------ lines mode
+
+    def watch_code(self, watched, code):
+        monitoring = sys.monitoring
+        line_event = monitoring.events.LINE
+        for each in nested_codes(code):
+            added = watched.lines & code_lines(each)
+            if added:
+                self.watch[id(each)] = (each, watched.name, added)
+                monitoring.set_local_events(self.tool, each, line_event)
+
+    def line_event(self, code, line):
+        try:
+            entry = self.watch.get(id(code))
+            if entry is not None and entry[0] is code and line in entry[2]:
+                how = traced_now()
+                kind = "T" if how else "L"
+                key = (kind, entry[1], line)
+                if key not in self.done:
+                    self.done.add(key)
+                    watched = self.modules[entry[1]]
+                    self.records.write("%s-%s-%d.json" % (kind, entry[1], line), {
+                        "module": entry[1], "path": watched.path, "line": line, "traced": how,
+                        "pid": os.getpid(), "t": time.time()})
+                if how:
+                    return None     # keep watching: the line may still run for real later
+        except Exception as exc:
+            self.disable("recording a line: " + describe_error(exc))
+        return sys.monitoring.DISABLE
+
+    # ------------------------------------------------------------------ functions mode
+
+    def rewrite(self, watched, source, filename, module):
+        tree = ast.parse(source, filename)
+        units = units_holding(tree, watched.lines)
+        name = watched.name
+
+        def hit(k):
+            self.unit_hit(name, k)
+
+        guards = [hit] + [True] * len(units)
+        for k, (node, _, _, _) in enumerate(units, 1):
+            insert_guard(node, k)
+        code = compile(tree, filename, "exec", dont_inherit=True)
+        self.units[name] = [(qual, first, lines) for _, qual, first, lines in units]
+        self.guards[name] = guards
+        module.__dict__[PROBE_NAME] = guards
+        return code
+
+    def unit_hit(self, name, k):
+        try:
+            guards = self.guards[name]
+            how = traced_now()
+            if not how:
+                guards[k] = False   # later calls pay one list look-up
+            kind = "T" if how else "F"
+            key = (kind, name, k)
+            if key in self.done:
+                return
+            self.done.add(key)
+            qual, first, lines = self.units[name][k - 1]
+            self.records.write("%s-%s-%d.json" % (kind, name, k), {
+                "module": name, "path": self.modules[name].path, "unit": qual, "first_line": first,
+                "lines": sorted(lines), "traced": how, "pid": os.getpid(), "t": time.time()})
+        except Exception as exc:
+            self.disable("recording a call: " + describe_error(exc))
+
+
+def boot(probe_file):
+    """Start the probe of this process from the plan beside `probe_file`; never raises."""
+    probe = None
+    try:
+        # site may read the same .pth twice (a venv's lib64 -> lib link, a sitecustomize
+        # calling addsitedir): one probe per process
+        if any(getattr(finder, "fleetpatch_probe", False) is True for finder in sys.meta_path):
+            return None
+        probe = Probe(os.path.dirname(os.path.abspath(probe_file)))
+        probe.start()
+    except Exception as exc:
+        if probe is not None:
+            probe.disable("starting: " + describe_error(exc))
+    return probe
+
+
+if globals().get("__fleetpatch_probe_boot__"):
+    boot(__file__)

@@ -1,0 +1,366 @@
+"""The probe in real interpreters: functions mode on this machine's Python 3.11 (in a venv made
+for the test), lines and functions mode on Debian trixie's Python 3.13 (a debootstrap root, run
+with chroot). Each test runs a small "server" that imports a patched module with a hot loop,
+spawns a child with multiprocessing spawn, and prints what it computed; the probe's records are
+then judged by the laptop-side verdict."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fleetpatch.probe import install as probe_install
+from fleetpatch.probe.verdict import NEVER_IMPORTED, NOT_CHANGED, execution_block, parse_records
+
+TRIXIE = Path(os.environ.get("FLEETPATCH_TRIXIE_ROOT", "/var/cache/fleetpatch-test/trixie-root"))
+
+HOT = '''"""A patched module: a hot loop, a function only a spawned child runs, one that never runs."""
+import os
+
+
+def loop(n):
+    total = 0
+    for i in range(n):
+        total += step(i)  # added
+    return total
+
+
+def step(i):
+    if i % 2:
+        return i * 2  # added
+    return i
+
+
+def child_entry(path):
+    value = step(3) + LEVEL  # added
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def unused():
+    return 42  # added
+
+
+class Holder:
+    def method(self):
+        return 1
+
+
+LEVEL = 7  # added
+'''
+
+SERVER = '''import json, multiprocessing, sys
+import toypkg.hot as hot
+import toypkg.other
+
+
+def main():
+    total = hot.loop(20000)
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=hot.child_entry, args=(sys.argv[1],))
+    child.start()
+    child.join()
+    with open(sys.argv[1]) as f:
+        from_child = f.read()
+    print(json.dumps({"total": total, "child_exit": child.exitcode, "from_child": from_child,
+                      "hot_file": hot.__file__, "globals_seen": sorted(k for k in vars(hot) if "probe" in k)}))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+EXPECTED_TOTAL = sum(i * 2 if i % 2 else i for i in range(20000))
+HOT_ADDED = [n for n, line in enumerate(HOT.splitlines(), 1) if line.endswith("# added")]
+LINE_OF = {key: next(n for n, line in enumerate(HOT.splitlines(), 1) if key in line and line.endswith("# added"))
+           for key in ("total += step", "return i * 2", "value = step(3)", "return 42", "LEVEL = 7")}
+
+
+class Interp:
+    """A Python to run the server with: argv prefix, and the root its paths are seen under."""
+
+    def __init__(self, argv, root: Path | None, name: str, mode: str | None):
+        self.argv = argv
+        self.root = root
+        self.name = name
+        self.mode = mode      # plan mode: None (the best the interpreter has) or "functions"
+
+    def host(self, inner: str) -> Path:
+        return Path(str(self.root) + inner) if self.root else Path(inner)
+
+    def run(self, args, env=None, check=True):
+        cmd = ([shutil.which("chroot") or "/usr/sbin/chroot", str(self.root)] if self.root else []) + self.argv + list(args)
+        full = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        full.update(env or {})
+        return subprocess.run(cmd, capture_output=True, text=True, env=full, check=check, timeout=300)
+
+
+def trixie_root() -> Path:
+    """The Debian trixie root, built once (debootstrap, about 30 s) and kept in a fixed place."""
+    if (TRIXIE / "usr/bin/python3").exists():
+        if os.geteuid() != 0 or not shutil.which("chroot"):
+            pytest.skip("Python 3.13 lines mode runs the trixie root with chroot: run as root")
+        return TRIXIE
+    if os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("chroot"):
+        pytest.skip("Python 3.13 lines mode needs a Debian trixie root: run as root with debootstrap installed")
+    TRIXIE.parent.mkdir(parents=True, exist_ok=True)
+    with open(TRIXIE.parent / ".trixie.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (TRIXIE / "usr/bin/python3").exists():
+            build = TRIXIE.with_name(TRIXIE.name + ".build")
+            shutil.rmtree(build, ignore_errors=True)
+            done = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "trixie", str(build),
+                                   "http://deb.debian.org/debian"], capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.skip(f"debootstrap of trixie failed (no Debian mirror?): {done.stderr.strip()[-300:]}")
+            build.rename(TRIXIE)
+    return TRIXIE
+
+
+@pytest.fixture(params=["py3.11-functions", "py3.13-lines", "py3.13-functions"])
+def interp(request, tmp_path):
+    if request.param.startswith("py3.11"):
+        if sys.version_info[:2] != (3, 11):
+            pytest.skip("this machine's Python is not 3.11")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+        yield Interp([str(tmp_path / "venv/bin/python")], None, request.param, None)
+        return
+    root = trixie_root()
+    mode = "functions" if request.param.endswith("functions") else None
+    yield Interp(["/usr/bin/python3"], root, request.param, mode)
+
+
+@pytest.fixture
+def work(interp):
+    """A scratch dir the server sees (inside the chroot where there is one): inst/, copy/, probe/."""
+    inner = f"/tmp/fptest-{uuid.uuid4().hex[:10]}"
+    host = interp.host(inner)
+    host.mkdir(parents=True)
+    for where in ("inst", "copy"):
+        pkg = host / where / "toypkg"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "hot.py").write_text(HOT)
+        (pkg / "other.py").write_text("VALUE = 1\n")
+    (host / "server.py").write_text(SERVER)
+    yield inner, host
+    shutil.rmtree(host, ignore_errors=True)
+
+
+def snapshot(folder: Path) -> dict:
+    """Names, bytes and modes of everything below `folder`."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            out[str(p.relative_to(folder))] = (st.st_mode, p.read_bytes() if p.is_file() else None)
+    return out
+
+
+def site_dir(interp) -> str:
+    out = interp.run(["-c", probe_install.SITE_QUERY]).stdout
+    return probe_install.site_dir_from(json.loads(out))
+
+
+def deploy(interp, inner, host, plan_mode=None):
+    """Install the probe watching toypkg (hot: patched; other: a sibling; never: never imported)."""
+    added = {"toypkg/hot.py": HOT_ADDED, "toypkg/never.py": [3]}
+    plan = probe_install.make_plan(added, f"{inner}/inst", watch=["toypkg/other.py"], mode=plan_mode or interp.mode)
+    site_inner = site_dir(interp)
+    token = uuid.uuid4().hex[:12]
+    probe_install.install(str(interp.host(site_inner)), str(host / "probe"), token, plan,
+                          probe_dir_seen=f"{inner}/probe")
+    return site_inner, token, plan, added
+
+
+def run_server(interp, inner, pythonpath):
+    done = interp.run([f"{inner}/server.py", f"{inner}/child.out"], env={"PYTHONPATH": pythonpath})
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_the_probe_records_the_lines_that_ran_in_the_server_and_its_spawned_child(interp, work):
+    inner, host = work
+    site_inner = site_dir(interp)
+    before = snapshot(interp.host(site_inner))
+    _, token, plan, added = deploy(interp, inner, host)
+    result, stderr = run_server(interp, inner, f"{inner}/inst")
+
+    # the server computed what it computes without the probe, and nothing of the probe shows
+    assert result["total"] == EXPECTED_TOTAL and result["child_exit"] == 0 and result["from_child"] == "13"
+    assert "Error" not in stderr and "Traceback" not in stderr, stderr
+    files = probe_install.read_records(str(host / "probe"))
+    block = execution_block(files, plan, added)
+    assert not any(name.endswith("/disabled") for name in files), files
+    want_mode = "functions" if interp.name.endswith("functions") else "lines"
+    assert block["mode"] == want_mode, block
+    ran = set(block["ran"]["toypkg/hot.py"])
+    assert {LINE_OF["total += step"], LINE_OF["return i * 2"], LINE_OF["value = step(3)"],
+            LINE_OF["LEVEL = 7"]} <= ran
+    assert LINE_OF["return 42"] not in ran
+    assert ran <= set(HOT_ADDED)
+    assert block["imported"]["toypkg.hot"] == f"{inner}/inst/toypkg/hot.py"
+    assert block["not_run"] == {"toypkg/never.py": NEVER_IMPORTED, "toypkg/other.py": NOT_CHANGED}
+
+    # the child's own line is recorded under the child's pid, not the server's
+    procs = parse_records(files)
+    server = [p for p in procs.values() if p["process"] and p["process"]["argv"][:1] == [f"{inner}/server.py"]]
+    assert len(server) == 1
+    server_pid = server[0]["process"]["pid"]
+    children = [p for p in procs.values() if p["process"] and p["process"]["ppid"] == server_pid
+                and any(name.startswith(("L-", "F-")) for name, _ in p["records"])]
+    assert len(children) == 1, procs
+    child_lines = {o.get("line") for n, o in children[0]["records"] if n.startswith("L-")}
+    child_lines |= {n for name, o in children[0]["records"] if name.startswith("F-") for n in o["lines"]}
+    assert LINE_OF["value = step(3)"] in child_lines
+    server_lines = {o.get("line") for n, o in server[0]["records"] if n.startswith("L-")}
+    server_lines |= {n for name, o in server[0]["records"] if name.startswith("F-") for n in o["lines"]}
+    assert LINE_OF["value = step(3)"] not in server_lines
+    assert server_pid in block["pids"] and children and len(block["pids"]) >= 2
+
+    # a hot loop wrote each record once
+    assert sum(1 for name in files if name.startswith(f"{server_pid}-") and "toypkg.hot" in name) <= len(HOT_ADDED) + 1
+
+    # out again: the site directory is as it was, byte for byte
+    assert probe_install.remove(str(interp.host(site_inner)), token) == [probe_install.pth_name(token)]
+    assert snapshot(interp.host(site_inner)) == before
+    again, _ = run_server(interp, inner, f"{inner}/inst")
+    assert again["globals_seen"] == []
+    assert probe_install.read_records(str(host / "probe")).keys() == files.keys()
+
+
+def test_a_module_loaded_from_another_file_is_named_with_both_paths(interp, work):
+    inner, host = work
+    site_inner, token, plan, added = deploy(interp, inner, host)
+    try:
+        result, _ = run_server(interp, inner, f"{inner}/copy:{inner}/inst")
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    assert result["total"] == EXPECTED_TOTAL and result["hot_file"] == f"{inner}/copy/toypkg/hot.py"
+    block = execution_block(probe_install.read_records(str(host / "probe")), plan, added)
+    assert block["ran"] == {}
+    assert block["not_run"]["toypkg/hot.py"] == (
+        f"loaded from another file ({inner}/copy/toypkg/hot.py instead of {inner}/inst/toypkg/hot.py)")
+    assert block["imported"]["toypkg.hot"] == f"{inner}/copy/toypkg/hot.py"
+    # nothing was instrumented in the copy: the server ran it untouched
+    assert result["globals_seen"] == []
+
+
+def test_a_bad_plan_turns_the_probe_off_and_the_server_runs_as_without_it(interp, work):
+    inner, host = work
+    site_inner, token, plan, added = deploy(interp, inner, host)
+    (host / "probe" / "plan.json").write_text("{not json")
+    try:
+        result, stderr = run_server(interp, inner, f"{inner}/inst")
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    assert result["total"] == EXPECTED_TOTAL and result["child_exit"] == 0 and result["globals_seen"] == []
+    assert "Traceback" not in stderr
+    files = probe_install.read_records(str(host / "probe"))
+    reasons = [json.loads(data)["reason"] for name, data in files.items() if name.endswith("/disabled")]
+    assert reasons and all("starting: JSONDecodeError" in r for r in reasons), reasons
+    block = execution_block(files, plan, added)
+    assert block["mode"] == "unavailable" and "turned itself off" in block["message"]
+    assert block["not_run"]["toypkg/hot.py"] == NEVER_IMPORTED
+
+
+def test_a_records_dir_the_server_cannot_write_leaves_the_server_untouched(interp, work):
+    inner, host = work
+    site_inner, token, plan, added = deploy(interp, inner, host)
+    shutil.rmtree(host / "probe" / "records")
+    (host / "probe" / "records").write_text("not a directory")
+    try:
+        result, stderr = run_server(interp, inner, f"{inner}/inst")
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    assert result["total"] == EXPECTED_TOTAL and result["from_child"] == "13"
+    assert "Traceback" not in stderr
+
+
+def test_a_stale_probe_of_a_killed_run_is_found_and_removed(interp, work):
+    inner, host = work
+    site_inner = site_dir(interp)
+    site = interp.host(site_inner)
+    before = snapshot(site)
+    _, old, _, _ = deploy(interp, inner, host)
+    (site / f".{probe_install.pth_name('cut-short')}.tmp").write_text("half")   # an install cut short
+    assert probe_install.stale_probes(str(site), current="another-run") == [probe_install.pth_name(old)]
+    removed = probe_install.remove(str(site))
+    assert sorted(removed) == sorted([probe_install.pth_name(old), f".{probe_install.pth_name('cut-short')}.tmp"])
+    assert snapshot(site) == before
+
+
+TRACER = '''import json, sys
+import torch                       # the stand-in below: its compiler says when it is "compiling"
+import toypkg.hot as hot
+
+torch.compiler.compiling = True    # the first call of step() happens while tracing
+hot.step(3)
+torch.compiler.compiling = False
+hot.step(5)                        # then it runs for real
+hot.loop(3)
+print(json.dumps({"ok": True}))
+'''
+
+STAND_IN_TORCH = '''class compiler:
+    compiling = False
+
+    @staticmethod
+    def is_compiling():
+        return compiler.compiling
+
+
+class cuda:
+    @staticmethod
+    def is_initialized():
+        return False
+'''
+
+
+def test_a_line_first_seen_while_traced_is_recorded_as_traced_then_as_run(interp, work):
+    inner, host = work
+    (host / "tracer.py").write_text(TRACER)
+    (host / "standin").mkdir()
+    (host / "standin" / "torch.py").write_text(STAND_IN_TORCH)
+    site_inner, token, plan, added = deploy(interp, inner, host)
+    try:
+        done = interp.run([f"{inner}/tracer.py"], env={"PYTHONPATH": f"{inner}/standin:{inner}/inst"})
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    assert json.loads(done.stdout) == {"ok": True}
+    files = probe_install.read_records(str(host / "probe"))
+    traced = [json.loads(v) for k, v in files.items() if k.split("/")[1].startswith("T-")]
+    assert traced and all(t["traced"] == "torch.compile" for t in traced)
+    block = execution_block(files, plan, added)
+    assert LINE_OF["return i * 2"] in block["ran"]["toypkg/hot.py"]   # it ran for real later
+    assert LINE_OF["return i * 2"] not in block["traced"].get("toypkg/hot.py", [])
+
+
+def test_taken_monitoring_tool_ids_make_the_probe_fall_back_to_functions(interp, work):
+    if interp.name != "py3.13-lines":
+        pytest.skip("sys.monitoring tool ids exist on Python 3.12+")
+    inner, host = work
+    site_inner = site_dir(interp)
+    taker = interp.host(site_inner) / "aaa-fptest-take-tools.pth"
+    taker.write_text("import sys; sys.monitoring.use_tool_id(3, 'a'); sys.monitoring.use_tool_id(4, 'b')\n")
+    try:
+        _, token, plan, added = deploy(interp, inner, host)
+        try:
+            result, _ = run_server(interp, inner, f"{inner}/inst")
+        finally:
+            probe_install.remove(str(interp.host(site_inner)), token)
+    finally:
+        taker.unlink()
+    assert result["total"] == EXPECTED_TOTAL
+    files = probe_install.read_records(str(host / "probe"))
+    block = execution_block(files, plan, added)
+    assert block["mode"] == "functions" and LINE_OF["return i * 2"] in block["ran"]["toypkg/hot.py"]
+    notes = {json.loads(v)["note"] for k, v in files.items() if k.endswith("/process.json")}
+    assert notes == {"no free sys.monitoring tool id (4, 3 taken)"}
