@@ -1,10 +1,16 @@
 """`fleetpatch demo` end to end, as a user runs it (a subprocess, no TTY), and
-`fleetpatch demo --down` leaving nothing behind."""
+`fleetpatch demo --down` leaving nothing behind.
+
+The demo keeps its state in one per-user folder ($XDG_STATE_HOME/fleetpatch/demo;
+the tests point $XDG_STATE_HOME at a temporary folder): the commands it prints
+work from any folder, `--down` finds the fleet from any folder, and a second
+`demo` never silently wipes what the user deployed on the demo fleet."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,8 +33,8 @@ needs_fleet = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD), reason="needs root and /usr/sbin/sshd")
 
 
-def fleetpatch(*args, cwd, timeout=300):
-    env = {**os.environ, "COLUMNS": "200", demo_run.STARTUP_DELAY_ENV: "0.2"}
+def fleetpatch(*args, cwd, timeout=300, **extra_env):
+    env = {**os.environ, "COLUMNS": "200", demo_run.STARTUP_DELAY_ENV: "0.2", **extra_env}
     env.pop("FLEETPATCH_INVENTORY", None)
     proc = subprocess.run([sys.executable, "-m", "fleetpatch", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
@@ -102,12 +108,37 @@ def test_down_without_a_fleet_is_a_no_op(tmp_path):
     assert "nothing to stop" in out
 
 
+def test_the_demo_s_state_is_one_per_user_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert demo_run.default_root() == tmp_path / "state" / "fleetpatch" / "demo"
+    assert demo_run.down_command(demo_run.default_root()) == "fleetpatch demo --down"
+    assert demo_run.down_command(tmp_path / "x") == f"fleetpatch demo --down --root {tmp_path / 'x'}"
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")  # the XDG spec: ignored unless absolute
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert demo_run.default_root() == tmp_path / "home" / ".local" / "state" / "fleetpatch" / "demo"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert demo_run.default_root() == tmp_path / "home" / ".local" / "state" / "fleetpatch" / "demo"
+    # --down from any folder looks in that one place, and says where it looked
+    (tmp_path / "somewhere").mkdir()
+    code, out = fleetpatch("demo", "--down", cwd=tmp_path / "somewhere", XDG_STATE_HOME=str(tmp_path / "state"))
+    assert code == 0, out
+    assert f"No demo fleet is recorded in {tmp_path / 'state' / 'fleetpatch' / 'demo'}: nothing to stop." in out
+    assert not (tmp_path / "state").exists() and not any((tmp_path / "somewhere").iterdir())
+
+
 @needs_fleet
 def test_demo_up_then_down(tmp_path):
-    root = tmp_path / "demo"
+    """One demo run, then what a user does with it from other folders: the printed
+    commands, a second `demo` after a rollback (refused, nothing changed), `--down`."""
+    xdg = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    root = tmp_path / "state" / "fleetpatch" / "demo"
+    here, elsewhere, third = tmp_path / "here", tmp_path / "elsewhere", tmp_path / "third"
+    for d in (here, elsewhere, third):
+        d.mkdir()
     try:
-        code, out = fleetpatch("demo", "--root", str(root), cwd=tmp_path)
+        code, out = fleetpatch("demo", cwd=here, **xdg)
         assert code == 0, out
+        assert not any(here.iterdir()), "the demo writes nothing in the folder it was started from"
         state = json.loads((root / "fleet.json").read_text())
         assert sorted(state["hosts"]) == ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a04"]
         assert state["running"]
@@ -167,7 +198,11 @@ def test_demo_up_then_down(tmp_path):
         assert "The demo fleet stays up" in summary
         export = f"  export FLEETPATCH_INVENTORY={root / 'hosts.yaml'}"
         assert export in summary.splitlines(), summary
-        assert "fleetpatch demo --down --root" in summary
+        assert "`fleetpatch demo --down` takes it down." in summary
+        try_lines = [ln.strip() for ln in summary.splitlines() if ln.startswith("  fleetpatch ")]
+        rollback_cmd, status_cmd = try_lines
+        assert rollback_cmd.startswith("fleetpatch rollback --patch v2-only-beacon --patches /"), rollback_cmd
+        assert f"--inventory {root / 'hosts.yaml'}" in rollback_cmd and status_cmd.endswith(str(root / "hosts.yaml"))
 
         # it keeps running after the command, and the printed line points everyday commands at it
         fleet = Fleet.attach(root)
@@ -181,21 +216,62 @@ def test_demo_up_then_down(tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr  # gpu-a03/a04 keep the forced patch, no drift
         assert "gpu-a04" in proc.stdout and "v2-only-beacon@1" in proc.stdout
 
-        assert_down_removes_everything(tmp_path, root, fleet, state, ports)
+        # the printed commands work from another folder, as printed
+        code, status_out = run_printed(status_cmd, elsewhere)
+        assert code == 0, status_out
+        assert demo_run._refuse_rerun(root, "fleetpatch demo --down") is None, "untouched: a rerun may restart it"
+        code, rollback_out = run_printed(rollback_cmd, elsewhere)
+        assert code == 0, rollback_out
+        assert "OK: rollback succeeded on all 2 hosts" in rollback_out, rollback_out
+
+        # a second demo now would wipe what the user did: refused, nothing changed
+        before = demo_run._host_digests(fleet)
+        code, again = fleetpatch("demo", cwd=elsewhere, **xdg)
+        assert code == 2, again
+        flat = " ".join(again.split())
+        assert f"a demo fleet is already running in {root}" in flat, again
+        assert "the SGLang files of gpu-a03, gpu-a04 changed since the demo ended" in flat, again
+        assert "nothing was changed" in flat and "`fleetpatch demo --down`, then `fleetpatch demo`" in flat, again
+        assert f"export FLEETPATCH_INVENTORY={root / 'hosts.yaml'}" in flat, again
+        assert "Starting the fleet" not in again
+        assert demo_run._host_digests(fleet) == before and fleet.is_running()
+        assert json.loads((root / "fleet.json").read_text()) == state, "the same fleet, not a new one"
+
+        assert_down_removes_everything(third, root, fleet, state, ports, down=("demo", "--down"), env=xdg)
+        assert not (tmp_path / "state" / "fleetpatch").exists()
     finally:
         if (root / "fleet.json").exists():
             Fleet.attach(root).stop()
 
 
-def assert_down_removes_everything(cwd, root, fleet, state, ports):
+def run_printed(command: str, cwd: Path):
+    """A command line the demo printed, run as printed (no FLEETPATCH_INVENTORY), from `cwd`."""
+    argv = shlex.split(command)
+    assert argv[0] == "fleetpatch", command
+    env = {k: v for k, v in os.environ.items() if k != "FLEETPATCH_INVENTORY"}
+    proc = subprocess.run([sys.executable, "-m", "fleetpatch", *argv[1:]], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env={**env, "COLUMNS": "200"}, stdin=subprocess.DEVNULL)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def fleet_processes(state: dict) -> list[int]:
+    """Every process in one of the fleet's mount namespaces (its sshds, servers and sessions)."""
+    inos = {h["ns_ino"] for h in state["hosts"].values() if h.get("ns_ino")}
+    return [pid for pid in fleetmod._pids() if fleetmod._ns_ino(pid) in inos and fleetmod._alive(pid)]
+
+
+def assert_down_removes_everything(cwd, root, fleet, state, ports, down=None, env=None):
     mount_point = fleet.mount_point
     router = demo_traffic.read_record(root)
     if ROUTER:  # it outlives the demo command, in front of the fleet its inventory names
         assert router is not None and not router_process_gone(router)
         ports = ports + demo_traffic.ports(router)
         assert set(demo_traffic.ports(router)) <= set(fleetmod._listening_ports())
-    code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=cwd)
+    assert fleet_processes(state), "the fleet runs before --down"
+    down = down or ("demo", "--down", "--root", str(root))
+    code, out = fleetpatch(*down, cwd=cwd, **(env or {}))
     assert code == 0, out
+    assert not fleet_processes(state), "no process of the fleet is left"
     assert "Stopped the demo fleet" in out
     if ROUTER:
         assert f"Stopped the router {router['url']} (pid {router['pid']})." in out
@@ -212,7 +288,7 @@ def assert_down_removes_everything(cwd, root, fleet, state, ports):
     else:
         assert not os.path.exists(mount_point), out
         assert f"Removed the empty mount point {mount_point}" in out
-    code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=cwd)
+    code, out = fleetpatch(*down, cwd=cwd, **(env or {}))
     assert code == 0, out
     assert "nothing to stop" in out
 

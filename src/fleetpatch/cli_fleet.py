@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 from invoke.exceptions import Exit
@@ -68,12 +69,14 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
     finish(console, "rollout", results, started, report, stop, extra={"stages": stages})
 
 
-@command(help={"down": "stop the demo fleet and remove what it created on this machine",
-               "root": "where the demo fleet lives (default .fleetpatch/demo)"})
-def demo(c, down=False, root=".fleetpatch/demo"):
+@command(help={"down": "stop the demo fleet and remove what it created on this machine (from any folder)",
+               "root": "where the demo fleet lives (default $XDG_STATE_HOME/fleetpatch/demo, else "
+                       "~/.local/state/fleetpatch/demo)"})
+def demo(c, down=False, root=None):
     """Run the demo: a local fleet of 4 sshd hosts, the shipped patch rolled out under traffic through sglang-router (when installed), a one-path patch caught twice."""
     from fleetpatch_demo import run as demo_run  # the demo's fleet code is only loaded for this command
-    code = demo_run.down(Path(root)) if down else demo_run.up(Path(root))
+    where = Path(os.path.expanduser(root)) if root else None   # None: the demo's per-user state folder
+    code = demo_run.down(where) if down else demo_run.up(where)
     if code:
         raise Exit(code=code)
 

@@ -52,7 +52,10 @@ Rules:
   CRLF was converted to Windows line endings after it was made (an editor, or
   git's ``core.autocrlf``); it is refused before any host is asked, since no
   hunk of it would match an LF file. A diff *of* a CRLF file keeps LF
-  structure lines (as ``git diff`` and ``diff -u`` write it) and is applied.
+  structure lines (as ``git diff`` and ``diff -u`` write it) and is applied;
+  but a hunk line ending in CRLF for a file that the engine profile knows to
+  end its lines in LF (`refuse_crlf_hunks`) is a diff whose hunk lines alone
+  were converted, and is refused before any host is asked too.
 - Paths: inside the package, no ``..``, not absolute, no control characters,
   no ``__pycache__``.
 """
@@ -62,7 +65,7 @@ import datetime
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
@@ -81,6 +84,7 @@ __all__ = [
     "apply_file",
     "split_lines",
     "describe_offsets",
+    "refuse_crlf_hunks",
 ]
 
 _DEV_NULL = "/dev/null"
@@ -115,6 +119,7 @@ class Hunk:
     target_start: int = 0      # 1-based line in the patched file, as the header says
     prefix_context: int = 0    # context lines before the first change
     suffix_context: int = 0    # context lines after the last change
+    crlf_line: Optional[int] = None   # line of the .diff of the hunk's first line ending in CRLF
 
     @property
     def short_header(self) -> str:
@@ -326,6 +331,8 @@ def _build_hunk(uhunk, lines: Sequence[str], origin: str, path: str, number: int
         target_start=uhunk.target_start,
         prefix_context=prefix,
         suffix_context=suffix,
+        crlf_line=next((ln.diff_line_no for ln in body if ln.line_type != "\\" and ln.value.endswith("\r\n")),
+                       None),
     )
 
 
@@ -425,6 +432,27 @@ def _refuse_crlf(lines: Sequence[str], origin: str) -> None:
                 "lines would match the engine's files, which end in LF (\\n). Convert the .diff to LF line endings "
                 "(dos2unix FILE, or regenerate it with git diff) and rerun; a diff of a file that really has CRLF "
                 "line endings keeps LF on its header lines, as git diff and diff -u write it")
+def refuse_crlf_hunks(files: Sequence[FileDiff], origin: str, ending_of: Callable[[str], Optional[str]],
+                      engine: str) -> None:
+    """A hunk line ending in CRLF, for a file whose lines end in LF in every version the engine
+    profile knows (`ending_of(path) == "\\n"`): its headers are LF, so `parse_diff` took it for
+    a diff of a CRLF file, but only its hunk lines were converted (a copy and paste, an editor)
+    and no host's file would match it."""
+    for fd in files:
+        if ending_of(fd.path) != "\n":
+            continue
+        for number, hunk in enumerate(fd.hunks, 1):
+            if hunk.crlf_line is None:
+                continue
+            raise DiffError(
+                origin, hunk.crlf_line,
+                f"this line of hunk {number} of {fd.path} ends in CRLF (\\r\\n) while the diff's headers end in "
+                f"LF, but {posixpath.basename(fd.path)} ends its lines in LF (\\n) in every {engine} version "
+                "fleetpatch knows: the hunk's lines were converted to Windows line endings after the diff was made (by an "
+                "editor, or a copy and paste), so no host's file would match them. Convert the .diff to LF line "
+                "endings (dos2unix FILE, or regenerate it with git diff) and rerun", fd.path)
+
+
 def _operation(pf, origin: str, at: int, shown: str) -> str:
     """modify, create or delete: /dev/null on one side (git), or diff -N's epoch-dated whole-file hunk."""
     src, tgt = pf.source_file or "", pf.target_file or ""

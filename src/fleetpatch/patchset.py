@@ -24,6 +24,7 @@ no fitting revision is a per-host failure (`NoRevisionFits`), not exit 2.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -36,7 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 import fleetpatch
 
-from .diffapply import CREATE, DELETE, DiffError, FileDiff, parse_diff
+from .diffapply import CREATE, DELETE, DiffError, FileDiff, parse_diff, refuse_crlf_hunks
 from .errors import FleetpatchError, UsageError
 from .inventory import decode_utf8, load_yaml, _got, _keyname
 
@@ -45,6 +46,7 @@ __all__ = [
     "NoRevisionFits",
     "Marker",
     "Revision",
+    "Superseded",
     "Patch",
     "search_dirs",
     "parse_ref",
@@ -56,9 +58,12 @@ __all__ = [
 
 MANIFEST = "patch.yaml"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TOP_KEYS = ("name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path",
-             "smoke_expect")
+_TOP_KEYS = ("name", "summary", "engine", "revisions", "markers", "executed", "expect", "smoke_expect", "forbid",
+             "allow_single_path", "superseded")
 _REV_KEYS = ("rev", "diff", "engine_versions")
+_MARKER_KEYS = ("regex",)
+_SUPERSEDED_KEYS = ("engine_versions", "use")
+EXECUTED = ("any", "off")   # patch.yaml's `executed:`: the probe may judge execution, or markers alone
 
 
 class PatchError(UsageError):
@@ -72,6 +77,24 @@ class PatchError(UsageError):
 
 def _perr(file: str, key: Optional[str], reason: str) -> PatchError:
     return PatchError(f"{file}: {key}: {reason}" if key else f"{file}: {reason}", file=file, key=key)
+
+
+def _did_you_mean(word: Any, known: Sequence[str]) -> str:
+    """' (did you mean 'X'?)' for the known word closest to `word`, case ignored; '' when none is close."""
+    if not isinstance(word, str) or not word.strip():
+        return ""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(word.strip().lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
+def _refuse_unknown_keys(file: str, prefix: str, node: dict, known: Sequence[str], shape: str = "") -> None:
+    """Exit 2 on the first key of `node` that is not in `known`, naming it and the likely one."""
+    for k in node:
+        if k not in known:
+            where = f"{prefix}.{_keyname(k)}" if prefix else _keyname(k)
+            raise _perr(file, where, f"unknown key{_did_you_mean(k, known)}; "
+                                     f"{shape or 'known keys: ' + ', '.join(known)}")
 
 
 class NoRevisionFits(FleetpatchError):
@@ -95,6 +118,21 @@ class Marker:
         if self.literal is not None:
             return f'"{self.literal}"'
         return f"regex /{self.regex}/"
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """patch.yaml's `superseded:`: from these engine versions on, upstream has the change; `use` says how."""
+
+    engine_versions: SpecifierSet
+    spec_text: str             # as written in patch.yaml
+    use: str                   # what to use instead, e.g. "--speculative-adaptive"
+
+    def admits(self, engine_version: str) -> bool:
+        try:
+            return self.engine_versions.contains(Version(str(engine_version)), prereleases=True)
+        except InvalidVersion:
+            return False
 
 
 @dataclass
@@ -133,6 +171,9 @@ class Patch:
     # lines the log must show after the smoke request of a router-aware restart:
     # proof that the patched code ran for a request, not only at start-up
     smoke_expect: List[str] = field(default_factory=list)
+    # "any": the probe may judge whether the patched code ran (the default); "off": markers alone
+    executed: str = "any"
+    superseded: Optional[Superseded] = None
 
     @property
     def manifest(self) -> Path:
@@ -272,19 +313,23 @@ def _str_list(file: str, key: str, value: Any) -> List[str]:
     return [_str(file, f"{key}[{i}]", v) for i, v in enumerate(value)]
 
 
-def _marker(file: str, name: Any, value: Any) -> Marker:
+def _marker(file: str, name: Any, value: Any, profile) -> Marker:
+    known = list(getattr(profile, "path_names", lambda: [])() or [])
+    example = known[0] if known else "EAGLEWorker"
     if not isinstance(name, str) or not name.strip():
-        raise _perr(file, f"markers.{_got(name)}", "a marker's key must be a code path name, e.g. EAGLEWorker")
+        raise _perr(file, f"markers.{_got(name)}", f"a marker's key must be a code path name, e.g. {example}")
     key = f"markers.{_keyname(name)}"
+    if known and name not in known:
+        engine = getattr(profile, "kind", "") or "the engine"
+        noun = getattr(profile, "path_noun", "") or "code path"
+        raise _perr(file, key, f"{engine} has no {noun} {name!r}{_did_you_mean(name, known)}; a marker's key "
+                               f"is the code path it proves ran, one of: {', '.join(known)}")
     if isinstance(value, str):
         if not value.strip():
             raise _perr(file, key, "must not be empty: an empty marker would match every line")
         return Marker(path=name, literal=value)
     if isinstance(value, dict):
-        extra = [k for k in value if k != "regex"]
-        if extra:
-            raise _perr(file, f"{key}.{_keyname(extra[0])}",
-                        'unknown key; a marker is a literal string or {regex: "..."}')
+        _refuse_unknown_keys(file, key, value, _MARKER_KEYS, 'a marker is a literal string or {regex: "..."}')
         if "regex" not in value:
             raise _perr(file, f"{key}.regex", 'required: a marker is a literal string or {regex: "..."}')
         rx = _str(file, f"{key}.regex", value["regex"])
@@ -299,7 +344,68 @@ def _marker(file: str, name: Any, value: Any) -> Marker:
     raise _perr(file, key, f'expected a literal string or {{regex: "..."}}, got {_got(value)}')
 
 
-def _read_diff(folder: Path, file: str, key: str, name: Any, package: str) -> Tuple[Path, str, str, List[FileDiff]]:
+def _markers(file: str, node: Any, profile) -> Dict[str, Marker]:
+    """`markers:` checked: known code paths only, and no two paths with the same marker."""
+    if node is None:
+        return {}
+    if not isinstance(node, dict):
+        raise _perr(file, "markers", f"expected a mapping of code path -> marker, got {_got(node)}")
+    markers: Dict[str, Marker] = {}
+    for name, value in node.items():
+        marker = _marker(file, name, value, profile)
+        for other in markers.values():
+            if (other.literal, other.regex) == (marker.literal, marker.regex):
+                raise _perr(file, f"markers.{_keyname(name)}",
+                            f"the same marker as markers.{_keyname(other.path)} ({marker.describe()}): a line it "
+                            f"matches would not tell {other.path} from {name}. Give each path a line that only "
+                            "its own code logs")
+        markers[name] = marker
+    return markers
+
+
+def _spec(file: str, key: str, spec_text: Any) -> SpecifierSet:
+    """A non-empty PEP 440 specifier string (`engine_versions`)."""
+    if not isinstance(spec_text, str):
+        raise _perr(file, key, f"expected a PEP 440 specifier string such as \"==0.5.9\", got {_got(spec_text)} "
+                               "(quote it)")
+    try:
+        spec = SpecifierSet(spec_text)
+    except InvalidSpecifier:
+        raise _perr(file, key, f"{spec_text!r} is not a PEP 440 version specifier (e.g. \"==0.5.9\", "
+                               f"\">=0.5.8,<0.5.10\")") from None
+    if not spec_text.strip():
+        raise _perr(file, key, 'must not be empty: say which engine versions it is for, e.g. "==0.5.9"')
+    return spec
+
+
+def _executed(file: str, value: Any) -> str:
+    """`executed: any|off` (YAML reads a bare off as false)."""
+    if value is None or value == "any":
+        return "any"
+    if value is False or value == "off":
+        return "off"
+    raise _perr(file, "executed", f"expected any (the default: the probe may judge execution) or off (markers "
+                                  f"alone), got {_got(value)}")
+
+
+def _superseded(file: str, node: Any) -> Optional[Superseded]:
+    """`superseded: {engine_versions, use}`: from which engine versions on upstream has the change."""
+    if node is None:
+        return None
+    if not isinstance(node, dict):
+        raise _perr(file, "superseded", f'expected a mapping {{engine_versions: ">=...", use: "..."}}, '
+                                        f"got {_got(node)}")
+    _refuse_unknown_keys(file, "superseded", node, _SUPERSEDED_KEYS)
+    for k in _SUPERSEDED_KEYS:
+        if node.get(k) is None:
+            raise _perr(file, f"superseded.{k}", "required but missing")
+    spec = _spec(file, "superseded.engine_versions", node["engine_versions"])
+    use = _str(file, "superseded.use", node["use"]).strip()
+    return Superseded(engine_versions=spec, spec_text=node["engine_versions"].strip(), use=use)
+
+
+def _read_diff(folder: Path, file: str, key: str, name: Any, profile,
+               package: str) -> Tuple[Path, str, str, List[FileDiff]]:
     diff_name = _str(file, key, name)
     if re.search(r"[\x00-\x1f\x7f]", diff_name):
         raise _perr(file, key, f"{diff_name!r} contains a control character; give the name of a .diff file in "
@@ -322,6 +428,9 @@ def _read_diff(folder: Path, file: str, key: str, name: Any, package: str) -> Tu
     text = data.decode("utf-8", "surrogateescape")
     try:
         files = parse_diff(text, shown, package=package)
+        ending_of = getattr(profile, "line_ending", None)
+        if ending_of is not None:
+            refuse_crlf_hunks(files, shown, ending_of, getattr(profile, "kind", "") or package)
     except DiffError as exc:
         err = PatchError(str(exc), file=shown, key=None)
         err.diff_error = exc  # type: ignore[attr-defined]
@@ -396,9 +505,7 @@ def _read_manifest(folder: Path) -> tuple:
         raise _perr(file, None, "empty; expected name, engine, revisions, markers")
     if not isinstance(doc, dict):
         raise _perr(file, None, f"expected a mapping at the top, got {_got(doc)}")
-    for k in doc:
-        if k not in _TOP_KEYS:
-            raise _perr(file, _keyname(k), f"unknown key; known keys: {', '.join(_TOP_KEYS)}")
+    _refuse_unknown_keys(file, "", doc, _TOP_KEYS)
     for k in ("name", "engine", "revisions"):
         if doc.get(k) is None:
             raise _perr(file, k, "required but missing")
@@ -411,9 +518,7 @@ def _revision(file: str, folder: Path, i: int, node, seen: Dict[int, str], marke
     key = f"revisions[{i}]"
     if not isinstance(node, dict):
         raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
-    for k in node:
-        if k not in _REV_KEYS:
-            raise _perr(file, f"{key}.{_keyname(k)}", f"unknown key; known keys: {', '.join(_REV_KEYS)}")
+    _refuse_unknown_keys(file, key, node, _REV_KEYS)
     for k in _REV_KEYS:
         if node.get(k) is None:
             raise _perr(file, f"{key}.{k}", "required but missing")
@@ -424,19 +529,8 @@ def _revision(file: str, folder: Path, i: int, node, seen: Dict[int, str], marke
         raise _perr(file, f"{key}.rev", f"revision {rev} is listed twice (also {seen[rev]})")
     seen[rev] = key
     spec_text = node["engine_versions"]
-    if not isinstance(spec_text, str):
-        raise _perr(file, f"{key}.engine_versions",
-                    f"expected a PEP 440 specifier string such as \"==0.5.9\", got {_got(spec_text)} (quote it)")
-    try:
-        spec = SpecifierSet(spec_text)
-    except InvalidSpecifier:
-        raise _perr(file, f"{key}.engine_versions",
-                    f"{spec_text!r} is not a PEP 440 version specifier (e.g. \"==0.5.9\", \">=0.5.8,<0.5.10\")"
-                    ) from None
-    if not spec_text.strip():
-        raise _perr(file, f"{key}.engine_versions",
-                    'must not be empty: say which engine versions the diff is for, e.g. "==0.5.9"')
-    path, diff_text, sha, files = _read_diff(folder, file, f"{key}.diff", node["diff"], package)
+    spec = _spec(file, f"{key}.engine_versions", spec_text)
+    path, diff_text, sha, files = _read_diff(folder, file, f"{key}.diff", node["diff"], profile, package)
     _check_rules(file, _display(path), rev, files, markers, asp, profile, spec)
     return Revision(rev=rev, diff_file=path, diff_text=diff_text, diff_sha256=sha,
                     engine_versions=spec, files=files, spec_text=spec_text.strip())
@@ -455,12 +549,9 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
         raise _perr(file, "engine", f"this patch is for {engine!r}, but the engine profile is {kind!r}")
     package = getattr(profile, "package", None) or engine
 
-    markers_node = doc.get("markers")
-    if markers_node is None:
-        markers_node = {}
-    if not isinstance(markers_node, dict):
-        raise _perr(file, "markers", f"expected a mapping of code path -> marker, got {_got(markers_node)}")
-    markers = {m.path: m for m in (_marker(file, k, v) for k, v in markers_node.items())}
+    markers = _markers(file, doc.get("markers"), profile)
+    executed = _executed(file, doc.get("executed"))
+    superseded = _superseded(file, doc.get("superseded"))
 
     expect = _str_list(file, "expect", doc.get("expect"))
     forbid = _str_list(file, "forbid", doc.get("forbid"))
@@ -482,4 +573,5 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
         revisions.append(_revision(file, folder, i, node, seen, markers, asp, profile, package))
     revisions.sort(key=lambda r: r.rev)
     return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
-                 expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder, smoke_expect=smoke_expect)
+                 expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder, smoke_expect=smoke_expect,
+                 executed=executed, superseded=superseded)

@@ -245,12 +245,88 @@ class View:
             cells = [cell(host)] + ([cell(row.get("stage", ""))] if staged else []) + [
                 cell(row["phase"]), cell(took), cell(row["detail"])]
             table.add_row(*cells, style=style)
-        return Group(table, self.bar)
+        return Group(keep_whole(table), self.bar)
+
+
+# ----------------------------------------------------------------- table columns
+
+# The columns a user reads a table by: never cut on a narrow terminal (the others fold).
+WHOLE_COLUMNS = ("host", "status", "reachable", "phase")
+# Below this many characters a folded column is no longer readable (a header such as
+# "verification" breaks mid-word): then one block per row.
+_FOLD_FLOOR = 12
+
+
+def keep_whole(table: "Table") -> "FittedTable":
+    """The table with its WHOLE_COLUMNS never cut: they never wrap and are as wide as
+    their widest cell (rich's last resort on a narrow terminal shrinks every column,
+    then re-measures each to at least its min_width); the other columns fold their
+    text onto more lines instead of ending it in "…". Call it once the rows are added."""
+    from rich.cells import cell_len
+
+    for column in table.columns:
+        if column.header in WHOLE_COLUMNS:
+            column.no_wrap = True
+            column.min_width = max([column.min_width or 0, cell_len(str(column.header))]
+                                   + [cell_len(str(c)) for c in column.cells])
+        else:
+            column.overflow = "fold"
+    return FittedTable(table)
+
+
+class FittedTable:
+    """A rich renderable: the table when the terminal can show it with its whole
+    columns whole and every other column at least _FOLD_FLOOR wide; on a narrower
+    terminal, one block per row (its whole columns on the first line, the other
+    columns as "header: value" pairs below), so nothing is cut either way."""
+
+    def __init__(self, table: "Table"):
+        self.table = table
+
+    def needed_width(self) -> int:
+        """What a default-box table needs: its whole columns in full, the others up to
+        _FOLD_FLOOR (or their own min_width), each with its padding and border."""
+        from rich.cells import cell_len
+
+        need = 1
+        for column in self.table.columns:
+            widest = max([cell_len(str(column.header))] + [cell_len(str(c)) for c in column.cells])
+            floor = widest if column.header in WHOLE_COLUMNS else min(widest, _FOLD_FLOOR)
+            need += max(floor, column.min_width or 0) + 3
+        return need
+
+    def __rich_console__(self, console, options):
+        if self.needed_width() <= options.max_width:
+            yield self.table
+            return
+        yield from self.blocks()
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        return Measurement.get(console, options, self.table)
+
+    def blocks(self):
+        from rich.padding import Padding
+        from rich.text import Text
+
+        table = self.table
+        if table.title:
+            yield Text(str(table.title), style="italic")
+        columns = [(str(c.header), list(c.cells)) for c in table.columns]
+        for i, row in enumerate(table.rows):
+            whole = [str(cells[i]) if n == 0 else f"{header}: {cells[i]}"
+                     for n, (header, cells) in enumerate(columns) if header in WHOLE_COLUMNS]
+            rest = [f"{header}: {cells[i]}" for header, cells in columns
+                    if header not in WHOLE_COLUMNS and str(cells[i]) not in ("", "-")]
+            yield Text("  ".join(whole), style=row.style or "", overflow="fold")
+            if rest:
+                yield Padding(Text("; ".join(rest), overflow="fold"), (0, 0, 0, 2), expand=False)
 
 
 # ----------------------------------------------------------------- outcome
 
-def summary_table(task: str, results: dict) -> "Table":
+def summary_table(task: str, results: dict) -> "FittedTable":
     from rich.table import Table
 
     table = Table(title=f"fleetpatch {task}: summary")
@@ -260,7 +336,7 @@ def summary_table(task: str, results: dict) -> "Table":
         table.add_row(cell(name), cell(r.status), cell(r.engine_version or "-"), cell(r.patch or "-"),
                       cell(r.executed_path or "-"), cell(f"{r.duration_s:.1f}s"), cell(str(r.round_trips)),
                       style="green" if r.ok else "bold red")
-    return table
+    return keep_whole(table)
 
 
 def last_line(task: str, results: dict, interrupted: bool = False) -> tuple[str, bool]:
@@ -354,7 +430,7 @@ def last_verification(last: dict) -> str:
     return f"{last.get('status', '?')}: {what}, {last.get('at', '?')}"
 
 
-def status_table(results: dict) -> "Table":
+def status_table(results: dict) -> "FittedTable":
     from rich.table import Table
 
     table = Table(title="fleetpatch status")
@@ -375,4 +451,4 @@ def status_table(results: dict) -> "Table":
             cell(last_verification(d.get("last_verification") or {})),
             cell((d.get("lock_state") or {}).get("cell") or "-"),
             style="" if r.ok else "bold red")
-    return table
+    return keep_whole(table)

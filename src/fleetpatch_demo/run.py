@@ -2,6 +2,16 @@
 motivating failure caught twice (by the pre-flight check, and - forced - by the
 log verification).
 
+The demo's state (fleet record, host trees, keys, inventory, reports) lives in
+one per-user place, ``default_root()``: ``$XDG_STATE_HOME/fleetpatch/demo``,
+else ``~/.local/state/fleetpatch/demo``; every command the demo prints names
+it by its absolute path, so it works from any folder, and ``--down`` finds the
+fleet from any folder.  A second ``up`` over a recorded fleet starts again from
+pristine hosts only when the hosts' SGLang files are exactly as the last demo
+left them (``END_RECORD``); otherwise (a patch deployed or rolled back since,
+or a demo that did not finish there) it refuses and changes nothing, saying how
+to keep using the fleet or take it down first.
+
 ``up(root)`` builds 4 real sshd hosts with SGLang 0.5.9 files (see ``fleet.py``),
 two on the spec-v2 path and two not, leaves them running (detached), and runs
 the real ``fleetpatch`` commands against them as subprocesses, exactly as a user
@@ -46,7 +56,6 @@ from . import traffic as trafficmod
 from .fleet import Fleet, FleetError, HostSpec
 from .wheels import cache_dir
 
-DEFAULT_ROOT = Path(".fleetpatch/demo")
 DEMO_PATCHES = Path(__file__).resolve().with_name("patches")
 SHIPPED_PATCH = "dynamic-spec-disable"
 ONE_PATH_PATCH = "v2-only-beacon"
@@ -55,9 +64,27 @@ V2_HOSTS = ["gpu-a01", "gpu-a02"]      # SGLANG_ENABLE_SPEC_V2=True, --speculati
 V1_HOSTS = ["gpu-a03", "gpu-a04"]      # no env, --speculative-eagle-topk 4: EAGLEWorker runs
 STARTUP_DELAY_ENV = "FLEETPATCH_DEMO_STARTUP_DELAY"
 DEPLOY_TIMEOUT = "20"
+# What the hosts' SGLang files were when the demo last finished: a rerun may start
+# again from pristine hosts only when they still are.
+END_RECORD = "demo-end.json"
 # What up() and Fleet write under the demo's root (removed by down()).
 CREATED_IN_ROOT = (fleetmod.STATE_FILE, fleetmod.STATE_FILE + ".tmp", "hosts.yaml", "reports", "keys", "hosts",
-                   trafficmod.RECORD, trafficmod.RECORD + ".tmp", trafficmod.LOG)
+                   trafficmod.RECORD, trafficmod.RECORD + ".tmp", trafficmod.LOG, END_RECORD)
+
+
+def default_root() -> Path:
+    """The demo's per-user state folder: $XDG_STATE_HOME/fleetpatch/demo, else
+    ~/.local/state/fleetpatch/demo (a relative $XDG_STATE_HOME is ignored, as the
+    XDG spec says)."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state) if os.path.isabs(state) else Path(os.path.expanduser("~")) / ".local" / "state"
+    return base / "fleetpatch" / "demo"
+
+
+def down_command(root: Path) -> str:
+    """The command that takes the fleet at `root` down, from any folder."""
+    root = Path(root).absolute()
+    return "fleetpatch demo --down" + ("" if root == default_root().absolute() else f" --root {shlex.quote(str(root))}")
 
 
 def _console() -> Console:
@@ -110,11 +137,8 @@ def _specs(delay: float) -> list[HostSpec]:
 
 
 def _show_path(p: Path) -> str:
-    """p as the user would type it from here: relative when below the current folder."""
-    try:
-        return str(p.relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
+    """p as a command the user may run from any folder needs it: absolute."""
+    return str(Path(p).absolute())
 
 
 # ---------------------------------------------------------------- steps
@@ -206,10 +230,53 @@ def _tree_hashes(fleet: Fleet, names: list[str]) -> dict:
     return out
 
 
+def _host_digests(fleet: Fleet) -> dict:
+    """{host: sha256 of all its SGLang files}: what a deploy or a rollback changes."""
+    out: dict = {}
+    for (name, rel), digest in sorted(_tree_hashes(fleet, list(fleet.hosts)).items()):
+        out.setdefault(name, hashlib.sha256()).update(f"{rel}\0{digest}\n".encode())
+    return {name: h.hexdigest() for name, h in out.items()}
+
+
+def _refuse_rerun(root: Path, down_cmd: str) -> list[str] | None:
+    """None when a demo may start at `root`: no fleet recorded there, or one whose hosts'
+    SGLang files are exactly as the last demo left them (then it starts again from
+    pristine hosts and loses nothing). Else the lines that say why not and what to do."""
+    if not (root / fleetmod.STATE_FILE).exists():
+        return None
+    try:
+        fleet = Fleet.attach(root)
+        running = fleet.is_running()
+        now = _host_digests(fleet)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an unreadable record: nothing of it can be used or stopped; up says so and goes on
+    try:
+        ended = json.loads((root / END_RECORD).read_text())["hosts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        ended = None
+    if ended == now:
+        return None
+    if ended is None:
+        why = ("the demo did not finish there (it was interrupted or misbehaved), so what its hosts carry "
+               "may be yours")
+    else:
+        changed = sorted(n for n in set(now) | set(ended) if now.get(n) != ended.get(n))
+        why = (f"the SGLang files of {', '.join(changed)} changed since the demo ended there (a patch was "
+               "deployed or rolled back)")
+    rerun = down_cmd.replace(" --down", "", 1)
+    return [f"fleetpatch demo: a demo fleet is already {'running' if running else 'recorded (stopped)'} in "
+            f"{root}, and {why}. Starting the demo again would put pristine SGLang files back on every host "
+            "and lose that, so nothing was changed.",
+            "To keep using it, point the everyday commands at it:",
+            f"  {_point_at(root / 'hosts.yaml')}",
+            "  fleetpatch status",
+            f"To start over instead: `{down_cmd}`, then `{rerun}`."]
+
+
 # ---------------------------------------------------------------- up
 
 
-def up(root: Path = DEFAULT_ROOT) -> int:
+def up(root: Path | None = None) -> int:
     console = _console()
     problems = _prerequisites()
     if problems:
@@ -225,9 +292,15 @@ def up(root: Path = DEFAULT_ROOT) -> int:
     sshd = _find_sshd()
     if sshd != fleetmod.SSHD:  # sshd on PATH only: fleet.py defaults to /usr/sbin/sshd
         fleetmod.SSHD = sshd
-    root = Path(root).absolute()
+    root = Path(root or default_root()).absolute()
     shown_root = _show_path(root)
-    down_cmd = "fleetpatch demo --down" + ("" if root == DEFAULT_ROOT.absolute() else f" --root {shlex.quote(shown_root)}")
+    down_cmd = down_command(root)
+    refusal = _refuse_rerun(root, down_cmd)
+    if refusal:
+        console.print(refusal[0], style="bold red", markup=False)
+        for line in refusal[1:]:
+            console.print(line, markup=False)
+        return 2
     started = time.monotonic()
     ctx: dict = {}
     try:
@@ -396,13 +469,18 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     if (root / fleetmod.STATE_FILE).exists():
         try:
             old = Fleet.attach(root)
-            if old.is_running():
-                console.print(f"A demo fleet is already running in {shown_root}: stopping it first "
-                              "(the demo always starts from pristine hosts).", markup=False)
+            if old.is_running():  # _refuse_rerun found its hosts as the last demo left them
+                console.print(f"A demo fleet is already running in {shown_root}, as the last demo left it (no "
+                              "patch was deployed or rolled back there since): stopping it and starting again "
+                              "from pristine hosts.", markup=False)
             old.stop()
         except (OSError, ValueError, KeyError, TypeError) as e:
             console.print(f"(ignoring an unreadable fleet record in {shown_root}: {e})", markup=False)
 
+    try:
+        (root / END_RECORD).unlink()  # written again only when this run finishes
+    except FileNotFoundError:
+        pass
     if not (cache_dir() / "trees" / SGLANG_VERSION / ".complete").exists():
         console.print(f"First run: downloading the sglang {SGLANG_VERSION} wheel with pip "
                       "(once; it is cached) ...")
@@ -537,6 +615,7 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         c = ctx["traffic"]
         console.print(f"Router traffic during the rollout: {c['sent']} requests sent, {c[trafficmod.OK]} served, "
                       f"{c[trafficmod.FAILED]} failed, {c[trafficmod.CUT]} cut.", markup=False)
+    (root / END_RECORD).write_text(json.dumps({"hosts": _host_digests(fleet)}, indent=1) + "\n")
     console.print(f"The demo behaved as expected in {time.monotonic() - started:.0f}s; steps 3 and 4 are "
                   "meant to fail, that is the point.", style="bold green")
     console.print(f"The demo fleet is still running ({', '.join(V1_HOSTS)} keep {ONE_PATH_PATCH}: deploy-patch "
@@ -565,9 +644,9 @@ def _misbehaved(console: Console, step: Step, down_cmd: str) -> int:
 # ---------------------------------------------------------------- down
 
 
-def down(root: Path = DEFAULT_ROOT) -> int:
+def down(root: Path | None = None) -> int:
     console = _console()
-    root = Path(root).absolute()
+    root = Path(root or default_root()).absolute()
     shown_root = _show_path(root)
     router_doc = trafficmod.read_record(root)
     router_said = trafficmod.stop_router(root)  # first: it would health-check servers going away
@@ -656,8 +735,8 @@ def _remove_created(root: Path, mount_point: str) -> list[str]:
                    + (f"; kept what it did not create: {', '.join(left)}." if left else "."))
     try:
         parent = root.parent
-        if parent.name == ".fleetpatch" and not any(parent.iterdir()):
-            parent.rmdir()
+        if (parent.name == ".fleetpatch" or root == default_root().absolute()) and not any(parent.iterdir()):
+            parent.rmdir()  # the empty .../fleetpatch (or a former default's .fleetpatch) the demo made
     except OSError:
         pass
     if os.path.isdir(mount_point):

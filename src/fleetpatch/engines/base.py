@@ -176,6 +176,18 @@ class EngineProfile:
     def paths_of_file(self, path: str) -> List[str]:
         raise NotImplementedError
 
+    def path_names(self) -> List[str]:
+        """Every code path name the profile knows, in any version (the keys a patch's
+        markers may use); empty when the profile does not say, and then no marker
+        name is refused."""
+        return []
+
+    def line_ending(self, path: str) -> Optional[str]:
+        """The line ending every line of `path` has in every version the profile knows
+        ("\\n"), or None when the profile does not know the file: a diff whose
+        lines end otherwise could never match it."""
+        return None
+
     def file_of_path(self, path_name: Optional[str], version: Optional[str] = None) -> Optional[str]:
         raise NotImplementedError
 

@@ -610,6 +610,14 @@ class SGLangProfile(EngineProfile):
         p = self._norm_path(path)
         return [name for name, f in PATH_FILES.items() if f == p]
 
+    def path_names(self) -> List[str]:
+        return list(PATH_FILES)
+
+    def line_ending(self, path: str) -> Optional[str]:
+        """LF for the files the profile knows (the wheels' are LF throughout; a few
+        other SGLang files, e.g. srt/models/apertus.py, are CRLF); None for the rest."""
+        return "\n" if self._norm_path(path) in self.fetch_files(None) else None
+
     def file_of_path(self, path_name: Optional[str], version: Optional[str] = None) -> Optional[str]:
         """The file of a code path; None when the path does not exist in `version`.
         For an unknown (or no) version the canonical file is returned."""
