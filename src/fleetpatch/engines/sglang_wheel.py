@@ -380,6 +380,8 @@ def download(version: str, dest: Optional[Path] = None) -> Path:
 
 
 def _flat(prefix: str, value, out: Dict[str, object]) -> None:
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "worker" in v for v in value):
+        value = {v["worker"]: {"when": " and ".join(v["when"]), "file": v["file"]} for v in value}
     if isinstance(value, dict):
         for k in value:
             _flat(f"{prefix}.{k}" if prefix else str(k), value[k], out)
@@ -411,7 +413,7 @@ def differences(old: dict, new: dict) -> List[str]:
 
 
 def _only_lines(key: str, a, b) -> bool:
-    if key.endswith(("lines", ".line")) and all(isinstance(x, int) for x in (a if isinstance(a, list) else [a])) \
+    if (key.endswith(("lines", ".line")) or ".signature_lines." in key) and all(isinstance(x, int) for x in (a if isinstance(a, list) else [a])) \
             and all(isinstance(x, int) for x in (b if isinstance(b, list) else [b])):
         return bool(a) == bool(b)
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
@@ -419,3 +421,45 @@ def _only_lines(key: str, a, b) -> bool:
                             else x for x in xs]
         return strip(a) == strip(b)
     return False
+
+
+# ----------------------------------------------------------------- the maintainer's view
+def write_release(version: str, facts_dir: Path = FACTS_DIR, wheel: Optional[Path] = None) -> Tuple[Path, List[str]]:
+    """Download (or reuse) the wheel, write the release's facts file, and say what
+    differs from the previous release's facts."""
+    text = regenerate(version, wheel or download(version), facts_dir)
+    out = facts_dir / f"{version}.json"
+    out.write_text(text)
+    prev = previous_release(version, facts_dir)
+    if prev is None:
+        return out, ["(no earlier release to compare with)"]
+    old = json.loads((facts_dir / f"{prev}.json").read_text())
+    return out, [f"differences from {prev}:"] + (differences(old, json.loads(text)) or ["  none"])
+
+
+def supported_table(facts_dir: Path = FACTS_DIR) -> str:
+    """The README's table of supported releases, as markdown, from the facts files."""
+    rows = ["| release | speculative workers (create_worker) | v1/v2 sibling files | path decided by "
+            "| ServerArgs dump | ready line from |", "| --- | --- | --- | --- | --- | --- |"]
+    for v in shipped_releases(facts_dir):
+        doc = json.loads((facts_dir / f"{v}.json").read_text())
+        x, r = doc["extracted"], doc["reviewed"]
+        workers = ", ".join(sorted(x["created"]))
+        pairs = ", ".join(f"{a.rsplit('/', 1)[1]}/{b.rsplit('/', 1)[1]}" for a, b in x["siblings"]) or "none"
+        dump = x["server_args_dump"]
+        shape = "`server_args=ServerArgs(...)`" if dump["shape"] == "ServerArgs(...)" else "`server_args={...}`"
+        shape += ", redacted" if dump["redacted"] else ""
+        ready = " + ".join("Rust server" if s["source"].endswith(".so") else s["source"].rsplit("/", 1)[1]
+                           for s in x["ready"])
+        status = "" if r.get("status") == "reviewed" else f" ({r.get('status')})"
+        rows.append(f"| {v}{status} | {workers} | {pairs} | {_POLICY_TEXT.get(r['policy'], r['policy'])} "
+                    f"| {shape} | {ready} |")
+    return "\n".join(rows) + "\n"
+
+
+_POLICY_TEXT = {
+    "v2-opt-in": "SGLANG_ENABLE_SPEC_V2 opts in to v2 (topk > 1 refused on v2)",
+    "v2-default": "v2 by default; topk > 1, SGLANG_ENABLE_SPEC_V2=false or --disable-overlap-schedule: v1",
+    "v2-only-env": "v2 only; SGLANG_ENABLE_SPEC_V2=false or --disable-overlap-schedule: synchronous",
+    "v2-only": "v2 only; --disable-overlap-schedule: synchronous",
+}
