@@ -253,7 +253,8 @@ def core_modules():
     skip = {"engines/sglang.py"}
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel not in skip and not rel.startswith(("demo/", "patches/")):
+        # engines/sglang_facts.py and sglang_wheel.py are the profile's own modules (its facts)
+        if rel not in skip and not rel.startswith(("demo/", "patches/", "engines/sglang_")):
             yield rel, path
 
 

@@ -296,7 +296,7 @@ def test_expect_lines():
 
 def test_unknown_version_never_verifies():
     window = [dump("0.5.15", "EAGLE", False), tp(V2_MARK, 0), ready("0.5.15")]
-    v = J(obs(window), "0.5.23", V2_LAUNCH)
+    v = J(obs(window), "0.5.24", V2_LAUNCH)   # newer than the profile
     assert v.status == "not-executed" and v.final and v.executed_path is None
     assert "not in fleetpatch's engine profile" in v.cause
     assert "a marker proves nothing unless it belongs to the path that runs" in v.message

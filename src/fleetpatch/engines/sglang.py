@@ -1,10 +1,12 @@
 """The SGLang engine profile: files, code paths, routing and log signatures.
 
-Everything here was read out of the released PyPI wheels
-(`pip download --no-deps sglang==<v>`) for 0.5.7 through 0.5.15; the tests in
-tests/test_engine_profile.py check every string, file, class and line number
-below against those wheels again.  Paths are relative to the directory that
-holds the `sglang` package (site-packages).
+What each release has (files, worker classes and where `create_worker` takes
+them from, siblings, algorithms, the lines that show the path, the ready line,
+the ServerArgs dump's shape) is data: engines/sglang_releases/<release>.json,
+generated from the release's PyPI wheel by `invoke engine-facts --version X`
+(sglang_wheel.py reads the wheel with ast, never imports it) and loaded by
+sglang_facts.py.  This module holds the routing logic those facts feed.
+Paths are relative to the directory that holds the `sglang` package.
 
 How SGLang picks its speculative worker, by version range
 ---------------------------------------------------------
@@ -28,11 +30,13 @@ for the worker class.  For the EAGLE family the choice is made only by
                   V2 class; SGLANG_ENABLE_SPEC_V2 false only selects non-overlap
                   (synchronous) scheduling.  The logic moved to
                   sglang/srt/arg_groups/speculative_hook.py.
-* 0.5.14 - 0.5.15 SGLANG_ENABLE_SPEC_V2 is removed (a warning if set); DFLASH and
-                  FROZEN_KV_MTP use V2 workers; NGRAMWorker is a BaseSpecWorker.
+* 0.5.14 - 0.5.23 SGLANG_ENABLE_SPEC_V2 is removed (a warning if set, to 0.5.20); DFLASH
+                  and FROZEN_KV_MTP use V2 workers; NGRAMWorker is a BaseSpecWorker;
+                  DSPARK (0.5.16+) and UNO (0.5.20+) join; overlapped or synchronous
+                  (--disable-overlap-schedule) v2 is the only question.
 
-A version outside these ranges is *unknown*: `knows()` is False and nothing is
-guessed (0.5.16+ must be checked against its wheel and added here).
+A release without facts is *unknown*: `knows()` is False and nothing is guessed
+(`version_note()` says how the path is judged instead).
 """
 from __future__ import annotations
 
@@ -46,7 +50,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from . import sglang_facts as facts
 from .base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Resolution, Signature
+from .sglang_facts import Release
 
 SPEC = "sglang/srt/speculative/"
 SERVER_ARGS = "sglang/srt/server_args.py"
@@ -58,346 +64,57 @@ HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 ENGINE = "sglang/srt/entrypoints/engine.py"
 SCHEDULER = "sglang/srt/managers/scheduler.py"
 
-# ----------------------------------------------------------------- code paths
-# Code path name (the worker class) -> the file its class lives in.  The
-# mapping never changed across 0.5.7 - 0.5.15; whether the file exists in a
-# version is in VersionRange.files.
-PATH_FILES: Dict[str, str] = {
-    "EAGLEWorker": SPEC + "eagle_worker.py",
-    "EAGLEWorkerV2": SPEC + "eagle_worker_v2.py",
-    "MultiLayerEagleWorker": SPEC + "multi_layer_eagle_worker.py",
-    "MultiLayerEagleWorkerV2": SPEC + "multi_layer_eagle_worker_v2.py",
-    "StandaloneWorker": SPEC + "standalone_worker.py",
-    "StandaloneWorkerV2": SPEC + "standalone_worker_v2.py",
-    "NGRAMWorker": SPEC + "ngram_worker.py",
-    "DFlashWorker": SPEC + "dflash_worker.py",                 # 0.5.11 - 0.5.13
-    "DFlashWorkerV2": SPEC + "dflash_worker_v2.py",            # 0.5.14+
-    "FrozenKVMTPWorker": SPEC + "frozen_kv_mtp_worker.py",     # 0.5.12 - 0.5.13
-    "FrozenKVMTPWorkerV2": SPEC + "frozen_kv_mtp_worker_v2.py",  # 0.5.12+ (reached from 0.5.14)
-}
-
-# Files that serve the same role on the v1 and the v2 path.
-SIBLING_PAIRS: List[Tuple[str, str]] = [
-    (SPEC + "eagle_worker.py", SPEC + "eagle_worker_v2.py"),
-    (SPEC + "multi_layer_eagle_worker.py", SPEC + "multi_layer_eagle_worker_v2.py"),
-    (SPEC + "standalone_worker.py", SPEC + "standalone_worker_v2.py"),
-]
-
-# Families of algorithms; each maps to a (v1 worker, v2 worker) pair per range.
+# ----------------------------------------------------------------- releases
+# Every release's files, worker classes, siblings, algorithms and recognised lines come
+# from its facts file (engines/sglang_releases/<release>.json, generated from the wheel).
+PATH_FILES = facts.PATH_FILES            # worker class -> its file (every known release)
+SIBLING_PAIRS = facts.SIBLING_PAIRS      # files that serve one role on the v1 and the v2 path
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
-
 ENV_SPEC_V2 = "SGLANG_ENABLE_SPEC_V2"
-# sglang.srt.environ.EnvBool.parse (environ.py:116-121 in 0.5.7/0.5.8, 122-127 in
-# 0.5.9-0.5.13): value.lower() in these lists, anything else (also "" and " true")
-# warns "Invalid value for ..." and falls back to the default.
+# sglang.srt.environ.EnvBool.parse: value.lower() in these lists, anything else (also "" and
+# " true") warns "Invalid value for ..." and falls back to the default (checked per release).
 ENV_TRUE = ("true", "1", "yes", "y")
 ENV_FALSE = ("false", "0", "no", "n")
-
 READY_LINE = "The server is fired up and ready to roll!"
-DUMP_PREFIX = "server_args=ServerArgs("
-TRACEBACK = "Traceback (most recent call last):"
-
-
-# ----------------------------------------------------------------- signatures
-def _sig(key, text, source, lines, sets=(), means="", regex=None, probe=None) -> Signature:
-    return Signature(key, text, source, tuple(sorted(lines.items(), key=lambda kv: Version(kv[0]))),
-                     tuple(sets), means, regex, probe)
-
-
-W1_TEXT = ("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. "
-           "You can set env SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler.")
-W2_TEXT = "Spec v2 is enabled for eagle/eagle3 speculative decoding and overlap schedule is turned on."
-W3_TEXT = ("The overlap scheduler and mixed chunked prefill are disabled because of "
-           "using ngram speculative decoding.")
-
-# 0.5.7 - 0.5.10: ServerArgs._handle_speculative_decoding (server_args.py)
-W1_OPT_IN = _sig("W1", W1_TEXT, SERVER_ARGS,
-                 {"0.5.7": 2018, "0.5.8": 2158, "0.5.9": 2386, "0.5.10": 3017},
-                 [("overlap", False)], "spec v1: the overlap scheduler is disabled")
-W2_OPT_IN = _sig("W2", W2_TEXT, SERVER_ARGS,
-                 {"0.5.7": 2006, "0.5.8": 2146, "0.5.9": 2374, "0.5.10": 3005},
-                 [("overlap", True)], "spec v2 with overlap scheduling")
-W3_OLD = _sig("W3", W3_TEXT, SERVER_ARGS,
-              {"0.5.7": 2110, "0.5.8": 2251, "0.5.9": 2481, "0.5.10": 3114, "0.5.11": 3598, "0.5.12": 3887},
-              [("algorithm", "NGRAM"), ("overlap", False)], "NGRAM speculative decoding")
-MULTI_LAYER_FORCED = _sig("MULTI_LAYER", "Spec v2 is enabled for multi-layer EAGLE speculative decoding.",
-                          SERVER_ARGS, {"0.5.7": 1225, "0.5.8": 1332, "0.5.9": 1414, "0.5.10": 1803},
-                          [("multi_layer", True)], "the model forces multi-layer EAGLE (and spec v2)")
-ENV_INVALID = _sig("ENV_INVALID", "Invalid value for SGLANG_ENABLE_SPEC_V2:", ENVIRON,
-                   {"0.5.7": 64, "0.5.8": 64, "0.5.9": 70, "0.5.10": 70, "0.5.11": 70, "0.5.12": 70,
-                    "0.5.13": 70},
-                   (), "SGLANG_ENABLE_SPEC_V2 is not a boolean: sglang used its default",
-                   probe="Invalid value for ")
-
-# 0.5.11 - 0.5.12: spec v2 by default (server_args.py)
-W1_DEFAULT = _sig("W1", "Spec v1 is used for eagle/eagle3/standalone speculative decoding because ", SERVER_ARGS,
-                  {"0.5.11": 3477, "0.5.12": 3765}, [("overlap", False)],
-                  "spec v1: the overlap scheduler is disabled")
-W2_DEFAULT = _sig("W2", "Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding.",
-                  SERVER_ARGS, {"0.5.11": 3482, "0.5.12": 3770}, [("overlap", True)],
-                  "spec v2 with overlap scheduling")
-DFLASH_V1 = _sig("DFLASH", "Overlap scheduler is disabled when using DFLASH speculative decoding "
-                 "(spec v2 is not supported yet).", SERVER_ARGS, {"0.5.11": 3438, "0.5.12": 3707},
-                 [("algorithm", "DFLASH"), ("overlap", False)], "DFLASH speculative decoding")
-FROZEN_V1 = _sig("FROZEN_KV_MTP", "Overlap scheduler is disabled when using Frozen-KV MTP speculative decoding "
-                 "(spec v2 is not supported yet).", SERVER_ARGS, {"0.5.12": 3725},
-                 [("algorithm", "FROZEN_KV_MTP"), ("overlap", False)], "Frozen-KV MTP speculative decoding")
-
-# 0.5.13: arg_groups/speculative_hook.py, V2 workers only
-W1_SYNC_0513 = _sig("W1", "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
-                    "speculative decoding.", SPEC_HOOK, {"0.5.13": 298}, [("overlap", False)],
-                    "spec v2 without overlap scheduling (synchronous)")
-W2_0513 = _sig("W2", "Overlap spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding.",
-               SPEC_HOOK, {"0.5.13": 303}, [("overlap", True)], "spec v2 with overlap scheduling")
-W3_0513 = _sig("W3", W3_TEXT, SPEC_HOOK, {"0.5.13": 428}, [("algorithm", "NGRAM"), ("overlap", False)],
-               "NGRAM speculative decoding")
-DFLASH_0513 = _sig("DFLASH", DFLASH_V1.text, SPEC_HOOK, {"0.5.13": 242},
-                   [("algorithm", "DFLASH"), ("overlap", False)], "DFLASH speculative decoding")
-FROZEN_0513 = _sig("FROZEN_KV_MTP", FROZEN_V1.text, SPEC_HOOK, {"0.5.13": 261},
-                   [("algorithm", "FROZEN_KV_MTP"), ("overlap", False)], "Frozen-KV MTP speculative decoding")
-
-# 0.5.14 - 0.5.15: arg_groups/speculative_hook.py; no "overlap on" warning any more
-W1_SYNC = _sig("W1", W1_SYNC_0513.text, SPEC_HOOK, {"0.5.14": 278, "0.5.15": 337}, [("overlap", False)],
-               "spec v2 without overlap scheduling (synchronous)")
-W3_NEW = _sig("W3", "The mixed chunked prefill are disabled because of using ngram speculative decoding.",
-              SPEC_HOOK, {"0.5.14": 451, "0.5.15": 509}, [("algorithm", "NGRAM")], "NGRAM speculative decoding")
-ENV_REMOVED = _sig("ENV_REMOVED", "SGLANG_ENABLE_SPEC_V2 has been removed: speculative decoding always runs "
-                   "the V2 worker.", SPEC_HOOK, {"0.5.14": 71, "0.5.15": 77}, (),
-                   "SGLANG_ENABLE_SPEC_V2 is set but ignored")
-
-# The ServerArgs dump, INFO: logger.info(f"{server_args=}") in entrypoints/engine.py
-# (_launch_subprocesses; the other hit is Engine.__init__).
-DUMP = _sig("DUMP", DUMP_PREFIX, ENGINE,
-            {"0.5.7": 918, "0.5.8": 960, "0.5.9": 1031, "0.5.10": 648, "0.5.11": 679, "0.5.12": 773,
-             "0.5.13": 787, "0.5.14": 784, "0.5.15": 796},
-            (), "the final ServerArgs", probe="server_args=")
-READY = _sig("READY", READY_LINE, HTTP_SERVER,
-             {"0.5.7": 1634, "0.5.8": 1665, "0.5.9": 1836, "0.5.10": 1929, "0.5.11": 2032, "0.5.12": 2033,
-              "0.5.13": 2089, "0.5.14": 2145, "0.5.15": 2169}, (), "the server is ready")
-
-# ----------------------------------------------------------------- failures
-F_SCHEDULER = _sig("SCHEDULER_EXCEPTION", "Scheduler hit an exception:", SCHEDULER,
-                   {"0.5.7": 2963, "0.5.8": 2995, "0.5.9": 3190, "0.5.10": 3620, "0.5.11": 3938,
-                    "0.5.12": 4045, "0.5.13": 4066, "0.5.14": 4231, "0.5.15": 4333},
-                   means="a scheduler process crashed", probe="Scheduler hit an exception: ")
-F_DEAD = _sig("SCHEDULER_DEAD", "Rank N scheduler is dead.", ENGINE, {"0.5.7": 977, "0.5.8": 850, "0.5.9": 897},
-              means="a scheduler process died during startup", regex=r"Rank \d+ scheduler is dead\.",
-              probe=" scheduler is dead. Please check if there are relevant logs.")
-F_DIED = _sig("SCHEDULER_DIED", "Rank N scheduler died during initialization", ENGINE,
-              {"0.5.10": 1186, "0.5.11": 1220, "0.5.12": 1319, "0.5.13": 1339, "0.5.14": 1336, "0.5.15": 1361},
-              means="a scheduler process died during startup", regex=r"Rank \d+ scheduler died during initialization",
-              probe=" scheduler died during initialization ")
-F_INIT = _sig("INIT_FAILED", "Initialization failed. Please see the error messages above.", ENGINE,
-              {"0.5.7": 985, "0.5.8": 858, "0.5.9": 905, "0.5.10": 1212, "0.5.11": 1246, "0.5.12": 1345,
-               "0.5.13": 1365, "0.5.14": 1362, "0.5.15": 1387}, means="startup failed")
-F_SIGQUIT = _sig("SIGQUIT", "Received sigquit from a child process. It usually means the child failed.", ENGINE,
-                 {"0.5.7": 806, "0.5.8": 823, "0.5.9": 870, "0.5.10": 1153, "0.5.11": 1187, "0.5.12": 1286,
-                  "0.5.13": 1306, "0.5.14": 1303, "0.5.15": 1328}, means="a child process failed")
-TOPK_V2_ERROR = "Spec v2 currently only supports topk = 1 for speculative decoding."
-F_TOPK = _sig("TOPK_V2", TOPK_V2_ERROR, SERVER_ARGS,
-              {"0.5.7": 2013, "0.5.8": 2153, "0.5.9": 2381, "0.5.10": 3012},
-              means="spec v2 was asked for with --speculative-eagle-topk > 1")
-PP_ERROR_OLD = ("Pipeline parallelism is not compatible with overlap schedule, speculative decoding, "
-                "mixed chunked prefill.")
-PP_ERROR_NEW = "Pipeline parallelism is not compatible with overlap schedule, speculative decoding"
-F_PP_OLD = _sig("PP", PP_ERROR_OLD, SERVER_ARGS, {"0.5.7": 4545, "0.5.8": 4814, "0.5.9": 5141, "0.5.10": 6074},
-                means="pipeline parallelism with speculative decoding")
-F_PP_NEW = _sig("PP", PP_ERROR_NEW, SERVER_ARGS,
-                {"0.5.11": 6789, "0.5.12": 7253, "0.5.13": 7426, "0.5.14": 6654, "0.5.15": 6575},
-                means="pipeline parallelism with speculative decoding")
-# Not SGLang's own strings: Python and argparse.
-F_TRACEBACK = Signature("TRACEBACK", TRACEBACK, "<python>", (), means="a Python exception")
-F_ARGPARSE = Signature("ARGPARSE", "error: argument / unrecognized arguments", "<argparse>", (),
-                       means="the command line was rejected",
-                       regex=r"\berror: (argument -|unrecognized arguments: |the following arguments are required)")
-
+DUMP_PREFIX = "server_args=ServerArgs("          # the dataclass repr, up to 0.5.18
+DUMP_DICT_PREFIX = "server_args={"               # resolved_dict(), 0.5.19+ (redacted from 0.5.22)
+TRACEBACK = facts.TRACEBACK
+SIG = facts.SIGNATURES
+DUMP, READY = SIG["DUMP"], SIG["READY"]
+TOPK_V2_ERROR = SIG["F_TOPK"].text
+PP_ERROR_OLD, PP_ERROR_NEW = SIG["F_PP_OLD"].text, SIG["F_PP_NEW"].text
 DFLASH_PP_ERROR = "Currently DFLASH speculative decoding only supports pp_size == 1."
+F_TRACEBACK, F_ARGPARSE = facts.F_TRACEBACK, facts.F_ARGPARSE
+VersionRange = Release
+RANGES: Tuple[Release, ...] = facts.RELEASES
 
 
-# ----------------------------------------------------------------- ranges
-@dataclass(frozen=True)
-class VersionRange:
-    name: str
-    specifier: str                        # PEP 440
-    verified: Tuple[str, ...]             # versions whose wheels this entry was checked against
-    policy: str                           # "v2-opt-in" | "v2-default" | "v2-only-env" | "v2-only"
-    env_default: Optional[bool]           # SGLANG_ENABLE_SPEC_V2 default; None: the variable is gone
-    v2_algorithms: Tuple[str, ...]        # v2-opt-in: algorithms SGLANG_ENABLE_SPEC_V2 moves to v2
-    algorithms: Tuple[str, ...]           # builtin algorithms (after NEXTN -> EAGLE)
-    algorithm_choices: Optional[Tuple[str, ...]]  # argparse choices (exact case); None: free text, uppercased
-    multi_layer_any_algorithm: bool       # 0.5.7: scheduler.py checks enable_multi_layer_eagle first
-    workers: Tuple[Tuple[str, Tuple[Optional[str], Optional[str]]], ...]  # family -> (v1, v2)
-    bases: Tuple[Tuple[str, str], ...]    # worker class -> worker class it inherits from
-    files: Tuple[str, ...]                # what `fetch` copies (all exist in this range)
-    signatures: Tuple[Signature, ...]     # path evidence in the log
-    failures: Tuple[Signature, ...]
-    pp_error: str
+def _range_of(version: str) -> Optional[Release]:
+    name = facts.release_of(version)
+    return facts.BY_NAME[name] if name else None
 
-    def contains(self, version: str) -> bool:
-        try:
-            return SpecifierSet(self.specifier).contains(Version(version), prereleases=False)
-        except InvalidVersion:
-            return False
-
-    @property
-    def worker_map(self) -> Dict[str, Tuple[Optional[str], Optional[str]]]:
-        return dict(self.workers)
-
-    @property
-    def path_names(self) -> List[str]:
-        return [n for n, f in PATH_FILES.items() if f in self.files]
-
-
-@functools.lru_cache(maxsize=256)
-def _range_of(version: str) -> Optional["VersionRange"]:
-    # cached: planning and judging ask for a host's range again and again, and packaging
-    # parses each range's specifier anew every time (12,000 lookups in a 32-host rollout)
-    for rng in RANGES:
-        if rng.contains(version):
-            return rng
-    return None
-
-
-def _files(*paths: str, extra: Sequence[str] = ()) -> Tuple[str, ...]:
-    base = [SERVER_ARGS, ENVIRON, SPEC_INFO, *extra]
-    return tuple(base + [PATH_FILES[p] for p in paths])
-
-
-_COMMON_FAILURES = (F_SCHEDULER, F_INIT, F_SIGQUIT, F_TRACEBACK, F_ARGPARSE)
-
-R_0_5_7 = VersionRange(
-    name="0.5.7", specifier=">=0.5.7,<0.5.8", verified=("0.5.7",), policy="v2-opt-in", env_default=False,
-    v2_algorithms=("EAGLE", "EAGLE3"),
-    algorithms=("EAGLE", "EAGLE3", "STANDALONE", "NGRAM"),
-    algorithm_choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"),
-    multi_layer_any_algorithm=True,
-    workers=(("eagle", ("EAGLEWorker", "EAGLEWorkerV2")),
-             ("multi_layer_eagle", ("MultiLayerEagleWorker", "MultiLayerEagleWorkerV2")),
-             ("standalone", ("StandaloneWorker", None)),
-             ("ngram", ("NGRAMWorker", None))),
-    bases=(("StandaloneWorker", "EAGLEWorker"),),
-    files=_files("EAGLEWorker", "EAGLEWorkerV2", "MultiLayerEagleWorker", "MultiLayerEagleWorkerV2",
-                 "StandaloneWorker", "NGRAMWorker"),   # (the multi-layer dispatch is in managers/scheduler.py)
-    signatures=(W1_OPT_IN, W2_OPT_IN, W3_OLD, MULTI_LAYER_FORCED, ENV_INVALID),
-    failures=_COMMON_FAILURES + (F_DEAD, F_TOPK, F_PP_OLD),
-    pp_error=PP_ERROR_OLD,
-)
-
-R_0_5_8 = VersionRange(
-    name="0.5.8-0.5.10", specifier=">=0.5.8,<0.5.11", verified=("0.5.8", "0.5.9", "0.5.10"), policy="v2-opt-in",
-    env_default=False, v2_algorithms=("EAGLE", "EAGLE3", "STANDALONE"),
-    algorithms=("EAGLE", "EAGLE3", "STANDALONE", "NGRAM"),
-    algorithm_choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"),
-    multi_layer_any_algorithm=False,
-    workers=(("eagle", ("EAGLEWorker", "EAGLEWorkerV2")),
-             ("multi_layer_eagle", ("MultiLayerEagleWorker", "MultiLayerEagleWorkerV2")),
-             ("standalone", ("StandaloneWorker", "StandaloneWorkerV2")),
-             ("ngram", ("NGRAMWorker", None))),
-    bases=(("StandaloneWorker", "EAGLEWorker"), ("StandaloneWorkerV2", "EAGLEWorkerV2")),
-    files=_files("EAGLEWorker", "EAGLEWorkerV2", "MultiLayerEagleWorker", "MultiLayerEagleWorkerV2",
-                 "StandaloneWorker", "StandaloneWorkerV2", "NGRAMWorker"),
-    signatures=(W1_OPT_IN, W2_OPT_IN, W3_OLD, MULTI_LAYER_FORCED, ENV_INVALID),
-    failures=_COMMON_FAILURES + (F_DEAD, F_DIED, F_TOPK, F_PP_OLD),   # F_DEAD to 0.5.9, F_DIED from 0.5.10
-    pp_error=PP_ERROR_OLD,
-)
-
-R_0_5_11 = VersionRange(
-    name="0.5.11", specifier=">=0.5.11,<0.5.12", verified=("0.5.11",), policy="v2-default", env_default=True,
-    v2_algorithms=EAGLE_FAMILY,
-    algorithms=("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH"),
-    algorithm_choices=("DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"),
-    multi_layer_any_algorithm=False,
-    workers=(("eagle", ("EAGLEWorker", "EAGLEWorkerV2")),
-             ("multi_layer_eagle", ("MultiLayerEagleWorker", "MultiLayerEagleWorkerV2")),
-             ("standalone", ("StandaloneWorker", "StandaloneWorkerV2")),
-             ("ngram", ("NGRAMWorker", None)),
-             ("dflash", ("DFlashWorker", None))),
-    bases=(("StandaloneWorker", "EAGLEWorker"), ("StandaloneWorkerV2", "EAGLEWorkerV2")),
-    files=_files("EAGLEWorker", "EAGLEWorkerV2", "MultiLayerEagleWorker", "MultiLayerEagleWorkerV2",
-                 "StandaloneWorker", "StandaloneWorkerV2", "NGRAMWorker", "DFlashWorker"),
-    signatures=(W1_DEFAULT, W2_DEFAULT, W3_OLD, DFLASH_V1, ENV_INVALID),
-    failures=_COMMON_FAILURES + (F_DIED, F_PP_NEW),
-    pp_error=PP_ERROR_NEW,
-)
-
-R_0_5_12 = VersionRange(
-    name="0.5.12", specifier=">=0.5.12,<0.5.13", verified=("0.5.12",), policy="v2-default", env_default=True,
-    v2_algorithms=EAGLE_FAMILY,
-    algorithms=("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "FROZEN_KV_MTP"),
-    algorithm_choices=None,
-    multi_layer_any_algorithm=False,
-    workers=(("eagle", ("EAGLEWorker", "EAGLEWorkerV2")),
-             ("multi_layer_eagle", ("MultiLayerEagleWorker", "MultiLayerEagleWorkerV2")),
-             ("standalone", ("StandaloneWorker", "StandaloneWorkerV2")),
-             ("ngram", ("NGRAMWorker", None)),
-             ("dflash", ("DFlashWorker", None)),
-             ("frozen_kv_mtp", ("FrozenKVMTPWorker", None))),   # FrozenKVMTPWorkerV2 exists, never created
-    bases=(("StandaloneWorker", "EAGLEWorker"), ("StandaloneWorkerV2", "EAGLEWorkerV2"),
-           ("FrozenKVMTPWorkerV2", "FrozenKVMTPWorker")),
-    files=_files("EAGLEWorker", "EAGLEWorkerV2", "MultiLayerEagleWorker", "MultiLayerEagleWorkerV2",
-                 "StandaloneWorker", "StandaloneWorkerV2", "NGRAMWorker", "DFlashWorker",
-                 "FrozenKVMTPWorker", "FrozenKVMTPWorkerV2", extra=(SPEC_REGISTRY,)),
-    signatures=(W1_DEFAULT, W2_DEFAULT, W3_OLD, DFLASH_V1, FROZEN_V1, ENV_INVALID),
-    failures=_COMMON_FAILURES + (F_DIED, F_PP_NEW),
-    pp_error=PP_ERROR_NEW,
-)
-
-R_0_5_13 = VersionRange(
-    name="0.5.13", specifier=">=0.5.13,<0.5.14", verified=("0.5.13",), policy="v2-only-env", env_default=True,
-    v2_algorithms=EAGLE_FAMILY,
-    algorithms=("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "FROZEN_KV_MTP"),
-    algorithm_choices=None,
-    multi_layer_any_algorithm=False,
-    workers=(("eagle", (None, "EAGLEWorkerV2")),
-             ("multi_layer_eagle", (None, "MultiLayerEagleWorkerV2")),
-             ("standalone", (None, "StandaloneWorkerV2")),
-             ("ngram", ("NGRAMWorker", None)),
-             ("dflash", ("DFlashWorker", None)),
-             ("frozen_kv_mtp", ("FrozenKVMTPWorker", None))),
-    bases=(("StandaloneWorkerV2", "EAGLEWorkerV2"), ("FrozenKVMTPWorkerV2", "FrozenKVMTPWorker")),
-    files=_files("EAGLEWorkerV2", "MultiLayerEagleWorkerV2", "StandaloneWorkerV2", "NGRAMWorker",
-                 "DFlashWorker", "FrozenKVMTPWorker", "FrozenKVMTPWorkerV2",
-                 extra=(SPEC_REGISTRY, SPEC_HOOK)),
-    signatures=(W1_SYNC_0513, W2_0513, W3_0513, DFLASH_0513, FROZEN_0513, ENV_INVALID),
-    failures=_COMMON_FAILURES + (F_DIED, F_PP_NEW),
-    pp_error=PP_ERROR_NEW,
-)
-
-R_0_5_14 = VersionRange(
-    name="0.5.14-0.5.15", specifier=">=0.5.14,<0.5.16", verified=("0.5.14", "0.5.15"), policy="v2-only",
-    env_default=None, v2_algorithms=EAGLE_FAMILY,
-    algorithms=("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "FROZEN_KV_MTP"),
-    algorithm_choices=None,
-    multi_layer_any_algorithm=False,
-    workers=(("eagle", (None, "EAGLEWorkerV2")),
-             ("multi_layer_eagle", (None, "MultiLayerEagleWorkerV2")),
-             ("standalone", (None, "StandaloneWorkerV2")),
-             ("ngram", (None, "NGRAMWorker")),
-             ("dflash", (None, "DFlashWorkerV2")),
-             ("frozen_kv_mtp", (None, "FrozenKVMTPWorkerV2"))),
-    bases=(("StandaloneWorkerV2", "EAGLEWorkerV2"), ("FrozenKVMTPWorkerV2", "EAGLEWorkerV2")),
-    files=_files("EAGLEWorkerV2", "MultiLayerEagleWorkerV2", "StandaloneWorkerV2", "NGRAMWorker",
-                 "DFlashWorkerV2", "FrozenKVMTPWorkerV2", extra=(SPEC_REGISTRY, SPEC_HOOK)),
-    signatures=(W1_SYNC, W3_NEW, ENV_REMOVED),
-    failures=_COMMON_FAILURES + (F_DIED, F_PP_NEW),
-    pp_error=PP_ERROR_NEW,
-)
-
-RANGES: Tuple[VersionRange, ...] = (R_0_5_7, R_0_5_8, R_0_5_11, R_0_5_12, R_0_5_13, R_0_5_14)
 
 
 # ----------------------------------------------------------------- facts
+# A field as the repr (`name=value`, up to 0.5.18) or the dict (`'name': value`, 0.5.19+) shows it.
 _DUMP_FIELDS = {
-    "speculative_algorithm": re.compile(r"(?<![A-Za-z0-9_])speculative_algorithm=(None|'([^']*)')"),
-    "enable_multi_layer_eagle": re.compile(r"(?<![A-Za-z0-9_])enable_multi_layer_eagle=(True|False)"),
-    "disable_overlap_schedule": re.compile(r"(?<![A-Za-z0-9_])disable_overlap_schedule=(True|False)"),
+    name: re.compile(rf"(?:(?<![A-Za-z0-9_]){name}=|['\"]{name}['\"]:\s*)({value})")
+    for name, value in (("speculative_algorithm", r"None|'([^']*)'"),
+                        ("enable_multi_layer_eagle", "True|False"), ("disable_overlap_schedule", "True|False"))
 }
 
 
+def dump_start(line: str) -> int:
+    """Where the ServerArgs dump starts in a log line (-1: the line is not one)."""
+    at = line.find(DUMP_PREFIX)
+    return at if at >= 0 else line.find(DUMP_DICT_PREFIX)
+
+
 def parse_dump(line: str) -> Dict[str, object]:
-    """The routing fields of a `server_args=ServerArgs(...)` line, by ServerArgs field name."""
+    """The routing fields of the ServerArgs dump, by field name, whatever the release's
+    shape: `server_args=ServerArgs(...)` or `server_args={...}` (redacted or not)."""
     out: Dict[str, object] = {}
-    start = line.find(DUMP_PREFIX)
+    start = dump_start(line)
     if start < 0:
         return out
     body = line[start:]
@@ -406,7 +123,7 @@ def parse_dump(line: str) -> Dict[str, object]:
         if not m:
             continue
         if name == "speculative_algorithm":
-            out[name] = None if m.group(1) == "None" else m.group(2)
+            out[name] = None if m.group(1) == "None" else m.group(1)[1:-1]
         else:
             out[name] = m.group(1) == "True"
     return out
@@ -419,6 +136,12 @@ def _fields_text(fields: Dict[str, object]) -> str:
             v = fields[name]
             parts.append(f"{name}={v!r}" if isinstance(v, str) else f"{name}={v}")
     return ", ".join(parts)
+
+
+def _dump_evidence(line: str, fields: Dict[str, object]) -> str:
+    if DUMP_PREFIX in line:
+        return f"{DUMP_PREFIX}... {_fields_text(fields)} ...)"
+    return f"{DUMP_DICT_PREFIX}... {_fields_text(fields)} ...}}"
 
 
 def _norm_algorithm(name: Optional[str]) -> Optional[str]:
@@ -546,7 +269,7 @@ class SGLangProfile(EngineProfile):
     # "overlap" (bool: overlap scheduling on, i.e. not disable_overlap_schedule)
     fact_keys = ("algorithm", "multi_layer", "overlap")
     path_noun, path_noun_short = "speculative decoding worker", "speculative worker"
-    whole_evidence = (DUMP_PREFIX + "...",)   # log_facts' summary of the (very long) ServerArgs dump
+    whole_evidence = (DUMP_PREFIX + "...", DUMP_DICT_PREFIX + "...")   # log_facts' summary of the (very long) ServerArgs dump
     ranges = RANGES
 
     def __init__(self) -> None:
@@ -556,11 +279,54 @@ class SGLangProfile(EngineProfile):
     def range_for(self, version: Optional[str]) -> Optional[VersionRange]:
         return _range_of(str(version)) if version else None
 
-    def knows(self, version: str) -> bool:
+    def knows(self, version: Optional[str]) -> bool:
+        """Whether `version` is a release the profile has facts for (PEP 440: `0.5.23+cu128`
+        is 0.5.23; a pre-release or dev build, or a release without facts, is not known)."""
         return self.range_for(version) is not None
 
+    def release_of(self, version: Optional[str]) -> Optional[str]:
+        """The known release `version` is ("0.5.23+cu128" -> "0.5.23"); None when not known."""
+        return facts.release_of(version)
+
     def known_versions(self) -> str:
-        return "0.5.7 - 0.5.15"
+        return f"{RANGES[0].name} \u2013 {RANGES[-1].name}"
+
+    def version_status(self, version: Optional[str]) -> str:
+        """"known", "newer", "older", "pre-release" (also dev builds), "unreleased" (between
+        known releases, e.g. a post release without facts), "missing" or "invalid"."""
+        if self.knows(version):
+            return "known"
+        if version is None or not str(version).strip():
+            return "missing"
+        v = facts.parse(version)
+        if v is None:
+            return "invalid"
+        if v.is_prerelease or v.is_devrelease:
+            return "pre-release"
+        if Version(v.public) > Version(RANGES[-1].name):
+            return "newer"
+        return "older" if Version(v.public) < Version(RANGES[0].name) else "unreleased"
+
+    def add_release_command(self, version: Optional[str]) -> str:
+        """The maintainer command that adds a release's facts (run in a fleetpatch checkout)."""
+        return f"invoke engine-facts --version {version or '<version>'}"
+
+    def version_note(self, version: Optional[str]) -> Optional[str]:
+        """None for a known release; else one line saying why the path will not be predicted,
+        and how it is judged instead (never the text "None")."""
+        status = self.version_status(version)
+        if status == "known":
+            return None
+        known, shown = self.known_versions(), str(version).strip() if version is not None else ""
+        what = {"newer": f"SGLang {shown} is newer than the profile ({known})",
+                "older": f"SGLang {shown} is older than the profile ({known})",
+                "pre-release": f"SGLang {shown} is a pre-release or dev build, which the profile ({known}) "
+                               "does not know",
+                "unreleased": f"SGLang {shown} is not a release the profile knows ({known})",
+                "missing": f"the host does not say which SGLang it runs (no version in its dist-info; "
+                           f"the profile knows {known})",
+                "invalid": f"SGLang version {shown!r} is not a PEP 440 version (the profile knows {known})"}[status]
+        return what + ": the path will be judged by what runs (the probe) and the markers."
 
     # ---------------------------------------------------------- files and paths
     def fetch_files(self, version: Optional[str]) -> List[str]:
@@ -581,7 +347,7 @@ class SGLangProfile(EngineProfile):
         rng = self.range_for(version)
         if rng is None:
             return list(self.sibling_pairs)
-        return [(a, b) for a, b in self.sibling_pairs if a in rng.files and b in rng.files]
+        return list(rng.siblings)
 
     def siblings_for(self, specifier) -> List[Tuple[str, str]]:
         """The sibling pairs present in any known version a PEP 440 specifier
@@ -623,11 +389,10 @@ class SGLangProfile(EngineProfile):
         For an unknown (or no) version the canonical file is returned."""
         if not path_name or path_name not in PATH_FILES:
             return None
-        f = PATH_FILES[path_name]
         rng = self.range_for(version)
         if rng is None:
-            return f
-        return f if f in rng.files else None
+            return PATH_FILES[path_name]
+        return dict(rng.paths).get(path_name)
 
     def ancestors(self, path_name: Optional[str], version: Optional[str]) -> List[str]:
         """Worker classes `path_name` inherits from (nearest first): code in their
@@ -670,8 +435,8 @@ class SGLangProfile(EngineProfile):
             return None
         if multi_layer and (rng.multi_layer_any_algorithm or algo in ("EAGLE", "EAGLE3")):
             return "multi_layer_eagle"
-        return {"EAGLE": "eagle", "EAGLE3": "eagle", "STANDALONE": "standalone", "NGRAM": "ngram",
-                "DFLASH": "dflash", "FROZEN_KV_MTP": "frozen_kv_mtp"}.get(algo)
+        # a release's worker families are named after the algorithm (reviewed facts)
+        return "eagle" if algo == "EAGLE3" else algo.lower()
 
     def resolve(self, version: Optional[str], values: Dict[str, object]) -> Resolution:
         """The worker class for a set of facts (see Facts.values)."""
@@ -707,10 +472,10 @@ class SGLangProfile(EngineProfile):
         dump = Facts("log")
         for i, line in enumerate(lines):
             n = first_line_no + i
-            if DUMP_PREFIX in line:
+            if dump_start(line) >= 0:
                 fields = parse_dump(line)
                 if fields:
-                    ev = Evidence("log", n, f"{DUMP_PREFIX}... {_fields_text(fields)} ...)")
+                    ev = Evidence("log", n, _dump_evidence(line, fields))
                     dump = Facts("log")  # the last dump in the window is the current boot
                     if "speculative_algorithm" in fields:
                         dump.values["algorithm"] = fields["speculative_algorithm"]
@@ -961,6 +726,10 @@ def _multi_layer_note(q: _Launch, algo: str) -> str:
 def _pp_failure(q: _Launch, algo: str) -> Optional[Prediction]:
     """Pipeline parallelism: ServerArgs.check_server_args asserts; DFLASH refuses earlier (0.5.11+)."""
     if q.args.pp <= 1:
+        return None
+    if q.rng.pp_error is None:   # 0.5.21+: some combinations start; the release decides at startup
+        q.notes.append(f"--pp-size {q.args.pp}: sglang {q.version} decides at startup whether pipeline "
+                       "parallelism can run with this speculative decoding (the log decides)")
         return None
     return q.refuse(f"--pp-size {q.args.pp}: pipeline parallelism cannot be combined with speculative decoding: "
                     "the server would not start", DFLASH_PP_ERROR if algo == "DFLASH" else q.rng.pp_error,
