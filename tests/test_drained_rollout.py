@@ -303,3 +303,18 @@ def test_bake_watches_each_batch_and_a_host_failing_it_stops_the_rollout(op, fle
     assert "more than --max-failures 0" in run.report["stopped"]
     assert url_of(fleet, "d1") not in listed(router.url)
     assert took >= 6 + 4, took   # d0 baked its full 6 s before d1 started
+
+
+def test_without_batch_a_router_sets_the_batch_and_progress_drains_before_the_restart(op, fleet, router):
+    """No --batch under a router: the batch is what --max-unavailable allows (was: refused,
+    'use a smaller batch'); each host's progress says drain before restart."""
+    run = op.run("rollout", "--patch", "dynamic-spec-disable", "--group", "all", "--canary", "0",
+                 "--max-unavailable", "4", timeout=170)
+    assert run.code == 0, run
+    assert [len(s) for s in run.report["stages"]] == [4, 4], run.report["stages"]
+    for name in NAMES:
+        lines = [ln for ln in run.output.splitlines() if f" {name} " in ln]
+        drain = next(i for i, ln in enumerate(lines) if " drain " in ln)
+        restart = next(i for i, ln in enumerate(lines) if " restart" in ln)
+        assert drain < restart, "\n".join(lines)
+    assert all(listed(router.url).values())

@@ -214,8 +214,7 @@ def test_rollback_is_judged_by_the_same_rules(patch):
 def test_judge_is_the_same_call_for_both_engines(patch):
     window = [toy("decoder selected: fast"), toy("fast decoder patched"), toy(toy_engine.READY)]
     obs = Observation(window, 1, None, True, True, 10.0, False)
-    old = evidence.judge(obs, TOY, "2.1", launch("--decoder", "fast"), patch.markers, patch.expect, patch.forbid,
-                         LABEL, HOST)
+    old = evidence.judge(obs, Subject(TOY, "2.1", launch("--decoder", "fast"), HOST), Check.of(patch, LABEL))
     assert old == evidence.verdict(obs, Subject(TOY, "2.1", launch("--decoder", "fast"), HOST),
                                    Check.of(patch, LABEL))
 

@@ -21,7 +21,7 @@ from fleetpatch import evidence
 from fleetpatch_demo.wheels import wheel_path
 from fleetpatch.engines import get
 from fleetpatch.engines.sglang import LaunchConfig
-from fleetpatch.evidence import Observation, judge
+from fleetpatch.evidence import Check, Observation, Subject, judge
 
 try:
     from fleetpatch.patchset import Marker
@@ -131,9 +131,10 @@ def obs(lines, first=1, server_info=None, alive=True, healthy=True, since_ready=
     return Observation(list(lines), first, server_info, alive, healthy, since_ready, timed_out)
 
 
-def J(o, version="0.5.9", lc=V1_LAUNCH, markers=None, expect=(), forbid=FORBID, **kw):
-    return judge(o, PROFILE, version, lc, MARKERS if markers is None else markers, list(expect), list(forbid),
-                 LABEL, HOST, **kw)
+def J(o, version="0.5.9", lc=V1_LAUNCH, markers=None, expect=(), forbid=FORBID, want_markers=True, settle_s=2.0):
+    check = Check(LABEL, dict(MARKERS if markers is None else markers), [e for e in expect if e],
+                  [f for f in forbid if f], want_markers)
+    return judge(o, Subject(PROFILE, version, lc, HOST, settle_s), check)
 
 
 def tp(text, rank, ts="2026-01-05 10:11:40"):

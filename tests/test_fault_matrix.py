@@ -167,7 +167,7 @@ hostagent.main(json.loads(sys.stdin.readline()))
 
 
 def run_killed_agent(lh: LocalHost, req: dict, where: str, nth: int, package: str) -> int:
-    src = str(Path(steps.__file__).resolve().parents[1])
+    src = str(Path(steps.__file__).resolve().parents[2])
     code = AGENT_HARNESS.format(src=src, where=where, nth=nth, package=package)
     proc = subprocess.run([str(lh.python), "-c", code], input=json.dumps(req) + "\n", text=True,
                           capture_output=True, timeout=60)
@@ -287,7 +287,7 @@ def test_fleetpatch_killed(lh, phase):
     run's lock (its pid is provably gone) and converges."""
     pristine = engine_shas(lh)
     state = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(lh).items()}
-    code = LAPTOP.format(tests=str(Path(__file__).parent), src=str(Path(steps.__file__).resolve().parents[1]),
+    code = LAPTOP.format(tests=str(Path(__file__).parent), src=str(Path(steps.__file__).resolve().parents[2]),
                          state=state)
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)

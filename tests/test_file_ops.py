@@ -219,7 +219,7 @@ def test_the_journal_undoes_a_create_and_a_delete_of_an_agent_killed_before_the_
                files=steps.apply_files(reply, plan), lock_token=None)
     harness = f"""
 import json, os, signal, sys
-sys.path.insert(0, {str(steps.__file__.rsplit('/', 2)[0])!r})
+sys.path.insert(0, {str(steps.__file__.rsplit('/', 3)[0])!r})
 from fleetpatch import hostagent
 real_rename = os.rename
 def rename(src, dst):

@@ -240,7 +240,7 @@ def kill_agent_at(lh: LocalHost, host, j, when: str) -> subprocess.CompletedProc
                rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256, files=files, lock_token=None)
     harness = f"""
 import json, os, signal, sys
-sys.path.insert(0, {str(steps.__file__.rsplit('/', 2)[0])!r})
+sys.path.insert(0, {str(steps.__file__.rsplit('/', 3)[0])!r})
 from fleetpatch import hostagent
 when, package = {when!r}, {probe["package_dir"]!r}
 real_rename, renames = os.rename, []

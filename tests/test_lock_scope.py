@@ -41,7 +41,7 @@ def around_call(monkeypatch, op, before=None, after=None):
 
 
 def inject_probe_reply(mp, lh):
-    mp.setattr(steps, "_deploy_locked", boom)
+    mp.setattr(steps.deploying, "_deploy_locked", boom)
 
 
 def inject_plan(mp, lh):
@@ -57,7 +57,7 @@ def inject_apply_reply(mp, lh):
 
 
 def inject_restart(mp, lh):
-    mp.setattr(steps, "launch_after_restart", boom)
+    mp.setattr(steps.deploying, "launch_after_restart", boom)
 
 
 def inject_follow(mp, lh):
@@ -65,7 +65,7 @@ def inject_follow(mp, lh):
 
 
 def inject_ledger_update(mp, lh):
-    mp.setattr(steps, "ledger_update", boom)
+    mp.setattr(steps.follow, "ledger_update", boom)
 
 
 INJECTIONS = [  # (where, the state the engine files must be in afterwards)
@@ -117,11 +117,11 @@ def test_the_lock_is_held_until_the_rollback_ends(lh, monkeypatch):
     seen = []
     orig = steps.follow_and_judge
 
-    def spy(remote, host, job_, **kw):
-        seen.append((kw["want_markers"], lh.lock.exists()))
-        return orig(remote, host, job_, **kw)
+    def spy(run, watch):
+        seen.append((watch.want_markers, lh.lock.exists()))
+        return orig(run, watch)
 
-    monkeypatch.setattr(steps, "follow_and_judge", spy)
+    monkeypatch.setattr(steps.follow, "follow_and_judge", spy)
     j, host = job(lh, "crash-in-init", on_failure="rollback")
     r = steps.deploy(j, host)
     assert r.status == "rolled-back", r.message

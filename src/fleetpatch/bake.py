@@ -13,16 +13,15 @@ from .router import RouterError
 
 
 @steps.host_step
-def _watch(job, host, remote) -> "steps.HostResult":
-    seconds = job.bake_s
-    job.progress(host.name, "bake", f"{seconds:g}s")
-    forbid = list(getattr(job.patch, "forbid", None) or [])
-    out = remote.call("bake", dict(steps.base_request(host, job), seconds=seconds, forbid=forbid),
-                      timeout=seconds + 60)
+def _watch(run: "steps.HostRun") -> "steps.HostResult":
+    seconds = run.job.bake_s
+    run.progress("bake", f"{seconds:g}s")
+    forbid = list(getattr(run.job.patch, "forbid", None) or [])
+    out = run.remote.call("bake", run.request(seconds=seconds, forbid=forbid), timeout=seconds + 60)
     if out.get("ok"):
-        return steps.HostResult(host.name, True, Status.VERIFIED, f"{host.name}: baked {seconds:g} s")
-    return steps.HostResult(host.name, False, Status.ERROR,
-                            f"{host.name}: failed during the bake (--bake {seconds:g}): {out.get('problem')}")
+        return run.result(True, Status.VERIFIED, f"{run.name}: baked {seconds:g} s")
+    return run.result(False, Status.ERROR,
+                      f"{run.name}: failed during the bake (--bake {seconds:g}): {out.get('problem')}")
 
 
 def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.HostResult":

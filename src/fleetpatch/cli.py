@@ -88,7 +88,7 @@ def task_flags(name: str) -> dict[str, bool]:
     flags = {}
     for arg in ns[name].get_arguments():
         for n in arg.names:
-            flags["--" + n.replace("_", "-")] = arg.takes_value
+            flags[("-" if len(n) == 1 else "--") + n.replace("_", "-")] = arg.takes_value
     return flags
 
 

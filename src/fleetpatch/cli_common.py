@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from invoke import task
+from invoke.tasks import Task
 from invoke.exceptions import Exit
 
 from . import report as rep
@@ -41,6 +43,8 @@ HELP = {
     "max_unavailable": "router section: at most N workers out of a router at once (default: the hosts worked "
                        "on at once); a run that could take more, or a router's last healthy worker, is refused",
     "no_router": "restart as if the inventory had no router section (no drain, no smoke request)",
+    "verbose": "print each host's evidence: the log lines seen (with their line numbers) and the server "
+               "facts (launch flags and env, /server_info) that decided the path",
 }
 
 # The placeholder shown after each flag in `--help` (Invoke would say STRING).
@@ -51,7 +55,32 @@ METAVAR = {"inventory": "PATH", "hosts": "A,B", "group": "GROUP", "report": "PAT
 
 PATCH_NEEDED = "the patch to use, NAME or NAME@REV (see patches/ or fleetpatch's shipped patches)"
 
-COMMON = ("inventory", "hosts", "group", "report", "parallel", "patches", "accept_new_host_keys")
+COMMON = ("inventory", "hosts", "group", "report", "parallel", "patches", "accept_new_host_keys", "verbose")
+SHORT_FLAGS = {"verbose": "v"}   # the only short flags of a command (no automatic ones)
+
+
+@dataclass
+class Common:
+    """The flags every host command has (COMMON), as given."""
+
+    inventory: str | None = None
+    hosts: str | None = None
+    group: str | None = None
+    report: str | None = None
+    parallel: str | None = None
+    patches: str | None = None
+    accept_new_host_keys: bool = False
+    verbose: bool = False
+
+
+class FleetpatchTask(Task):
+    """An Invoke task whose short flags are SHORT_FLAGS only."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        if name in SHORT_FLAGS:
+            opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
+        return opts
 ROUTER = ("drain_timeout", "max_unavailable", "no_router")
 
 
@@ -90,7 +119,7 @@ def command(**task_kw):
             except KeyboardInterrupt as e:
                 raise Exit(code=exit_code(e)) from None
 
-        return task(body, positional=[], auto_shortflags=False, **task_kw)
+        return task(body, positional=[], auto_shortflags=False, klass=FleetpatchTask, **task_kw)
 
     return wrap
 
@@ -108,6 +137,8 @@ def print_help(fn, helps_: dict) -> None:
     rows = []
     for p in list(inspect.signature(fn).parameters.values())[1:]:
         flag = "--" + p.name.replace("_", "-")
+        if p.name in SHORT_FLAGS:
+            flag = f"-{SHORT_FLAGS[p.name]}, {flag}"
         if not isinstance(p.default, bool):
             flag += "=" + METAVAR.get(p.name, "VALUE")
         rows.append((flag, helps_.get(p.name, "")))
@@ -172,8 +203,11 @@ def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=No
     return inv, selected, dirs, patch_obj, rev
 
 
-def finish(console, task_name, results, started, report_path, stop=None, extra=None) -> None:
-    """Print the outcome, write the report, end with the right exit code."""
+def finish(console, task_name, results, started, flags: Common, stop=None, extra=None) -> None:
+    """Print the outcome (with -v each host's evidence), write the report, end with the right exit code."""
+    report_path = flags.report
+    if flags.verbose:
+        rep.print_evidence(console, results)
     stopped = stop.describe(results) if stop is not None else None
     rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
                       interrupted=bool(stop is not None and stop.interrupted))
@@ -208,20 +242,22 @@ def make_drainer(selected, stages, router: dict | None, preflight: bool = True, 
     return drain.Drainer(drain_timeout=router["drain_timeout"], max_unavailable=router.get("max_unavailable"))
 
 
-def run_hosts(task_name: str, step, *, inventory, hosts, group, report_path, parallel, patches,
-              patch=None, changes_hosts=False, router: dict | None = None, **job_kw) -> None:
-    parallel_n = count("parallel", parallel, minimum=1)
+def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=False, router: dict | None = None,
+              **job_kw) -> None:
+    """Run `step` over the selected hosts, at most --parallel at once, and finish."""
+    parallel_n = count("parallel", flags.parallel, minimum=1)
     job_kw["timeout"] = seconds("timeout", job_kw.get("timeout"))
-    inv, selected, dirs, patch_obj, rev = prepare(inventory=inventory, hosts=hosts, group=group, patches=patches,
-                                                  patch=patch, changes_hosts=changes_hosts, report=report_path)
+    inv, selected, dirs, patch_obj, rev = prepare(inventory=flags.inventory, hosts=flags.hosts, group=flags.group,
+                                                  patches=flags.patches, patch=patch, changes_hosts=changes_hosts,
+                                                  report=flags.report)
     at_once = fleet.default_parallel(len(selected), parallel_n)
     drainer = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)], router,
                            preflight=changes_hosts, require_listed=task_name != "rollback")
     console = rep.make_console()
     started = rep.now_iso()
     job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, drain=drainer,
-                    inventory_arg=inventory, **job_kw)
+                    inventory_arg=flags.inventory, accept_new_host_keys=flags.accept_new_host_keys, **job_kw)
     with rep.View(task_name, [h.name for h in selected], console=console) as view:
         job.progress = view.progress
         results, stop = fleet.run_all(selected, functools.partial(step, job), parallel_n)
-    finish(console, task_name, results, started, report_path, stop)
+    finish(console, task_name, results, started, flags, stop)

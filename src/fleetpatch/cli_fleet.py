@@ -9,10 +9,10 @@ from invoke.exceptions import Exit
 
 from . import report as rep
 from . import rollout as fleet
-from . import steps
+from . import drain, steps
 from .bake import bake_host
-from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, choice, command, count, finish, helps, make_drainer, prepare,
-                         required, router_settings, seconds)
+from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, Common, choice, command, count, finish, helps, make_drainer,
+                         prepare, required, router_settings, seconds)
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
@@ -20,13 +20,15 @@ from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, choice, command, count, f
                          "forbid line) before the next batch; a failure counts against --max-failures",
                     canary="canary hosts when the inventory has no `canary` group, a whole number "
                            "(default 1; 0 skips the canary stage)",
-                    batch="hosts per batch after the canary, a whole number of 1 or more (default: all the rest)",
+                    batch="hosts per batch after the canary, a whole number of 1 or more (default: all the rest; "
+                          "under a router, as many as --max-unavailable allows without taking out a router's "
+                          "last healthy worker)",
                     max_failures="stop starting hosts once more than K have failed, a whole number (default 0)",
                     on_failure="rollback (default) or keep the hosts that fail"))
 def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
             canary=None, batch=None, max_failures=None, on_failure="rollback", timeout=None, force=False,
             break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False, bake=None,
-            accept_new_host_keys=False):
+            accept_new_host_keys=False, verbose=False):
     """Deploy fleet-wide: the canary first, then batches, within a failure budget."""
     on_failure = choice("on-failure", on_failure, ("rollback", "keep"))
     canary_n = count("canary", canary, minimum=0)
@@ -43,6 +45,8 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
                     on_failure=on_failure, force=force, break_lock=break_lock,
                     accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory)
     canary_group = inv.groups.get("canary")
+    if batch_n is None:   # under a router: as many at once as the routers can spare
+        batch_n = drain.default_batch(selected, router)
     stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
     # what is out at once: a stage, or `parallel` of its hosts
     at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
@@ -59,14 +63,12 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
             for h in stage:
                 view.stage(h.name, "canary" if canary_stage else f"batch {k} of {n_batches}")
 
-        def on_stage(i, stage, is_canary):
-            pass  # every host's stage is shown from the start
-
         results, stop, stages = fleet.rollout(
             selected, functools.partial(steps.deploy, job), canary_group=canary_group, canary=canary_n,
-            batch=batch_n, parallel=parallel_n, max_failures=budget, on_stage=on_stage,
+            batch=batch_n, parallel=parallel_n, max_failures=budget,
             bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None)
-    finish(console, "rollout", results, started, report, stop, extra={"stages": stages})
+    finish(console, "rollout", results, started, Common(report=report, verbose=verbose), stop,
+           extra={"stages": stages})
 
 
 @command(help={"down": "stop the demo fleet and remove what it created on this machine (from any folder)",

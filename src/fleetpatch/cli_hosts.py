@@ -9,27 +9,26 @@ from . import report as rep
 from . import rollout as fleet
 from . import steps
 from . import drain
-from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, RunFailed, choice, command, count, helps, prepare, required,
-                         router_settings, run_hosts)
+from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count, helps, prepare,
+                         required, router_settings, run_hosts)
 
 
 @command(help=helps(*COMMON, dest="where to put the files (default .fleetpatch/sources)"))
 def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
-          dest=".fleetpatch/sources", accept_new_host_keys=False):
+          dest=".fleetpatch/sources", accept_new_host_keys=False, verbose=False):
     """Copy the engine files of the profile from each host to DEST/<host>/<path>, with fetch.json."""
     rep.check_report_path(dest, flag="--dest", directory=True)
-    run_hosts("fetch", steps.fetch, inventory=inventory, hosts=hosts, group=group, report_path=report,
-              parallel=parallel, patches=patches, dest=Path(dest), accept_new_host_keys=accept_new_host_keys)
+    run_hosts("fetch", steps.fetch, Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys,
+                                           verbose), dest=Path(dest))
 
 
 @command(help=helps(*COMMON, "patch", "force", "no_router"))
 def check_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
-                force=False, no_router=False, accept_new_host_keys=False):
+                force=False, no_router=False, accept_new_host_keys=False, verbose=False):
     """Dry run: show whether the patch applies on each host and would run there, changing nothing."""
-    run_hosts("check-patch", drain.with_router_check(steps.check_patch), inventory=inventory, hosts=hosts,
-              group=group, report_path=report, parallel=parallel, patches=patches,
-              patch=required("patch", patch, PATCH_NEEDED), force=force, accept_new_host_keys=accept_new_host_keys,
-              router=router_settings(no_router=no_router))
+    run_hosts("check-patch", drain.with_router_check(steps.check_patch),
+              Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
+              patch=required("patch", patch, PATCH_NEEDED), force=force, router=router_settings(no_router=no_router))
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
@@ -37,39 +36,40 @@ def check_patch(c, patch=None, inventory=None, hosts=None, group=None, report=No
                     on_failure="keep (default) or rollback the hosts that fail"))
 def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
                  no_restart=False, timeout=None, on_failure="keep", force=False, break_lock=False,
-                 drain_timeout=None, max_unavailable=None, no_router=False, accept_new_host_keys=False):
+                 drain_timeout=None, max_unavailable=None, no_router=False, accept_new_host_keys=False,
+                 verbose=False):
     """Deploy a patch: per host lock, apply, back up, write, restart, and verify the patched path ran."""
-    run_hosts("deploy-patch", steps.deploy, inventory=inventory, hosts=hosts, group=group, report_path=report,
-              parallel=parallel, patches=patches, patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True,
-              no_restart=no_restart, timeout=timeout, on_failure=choice("on-failure", on_failure, ("keep", "rollback")),
-              force=force, break_lock=break_lock, accept_new_host_keys=accept_new_host_keys,
-              router=router_settings(drain_timeout, max_unavailable, no_router or no_restart))
+    run_hosts("deploy-patch", steps.deploy,
+              Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
+              patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, no_restart=no_restart,
+              timeout=timeout, on_failure=choice("on-failure", on_failure, ("keep", "rollback")), force=force,
+              break_lock=break_lock, router=router_settings(drain_timeout, max_unavailable, no_router or no_restart))
 
 
 @command(help=helps(*COMMON, "patch", "timeout"))
 def verify_logs(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
-                timeout=None, accept_new_host_keys=False):
+                timeout=None, accept_new_host_keys=False, verbose=False):
     """Read the log since fleetpatch's last restart, and pass only if the patched path executed."""
-    run_hosts("verify-logs", steps.verify_logs, inventory=inventory, hosts=hosts, group=group, report_path=report,
-              parallel=parallel, patches=patches, patch=patch, timeout=timeout,
-              accept_new_host_keys=accept_new_host_keys)
+    run_hosts("verify-logs", steps.verify_logs,
+              Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
+              patch=patch, timeout=timeout)
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "break_lock", *ROUTER,
                     force="restore the originals even over files changed since fleetpatch wrote them"))
 def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
              timeout=None, force=False, break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False,
-             accept_new_host_keys=False):
+             accept_new_host_keys=False, verbose=False):
     """Restore the original files byte for byte, restart, and check that the patch's markers are gone."""
-    run_hosts("rollback", steps.rollback, inventory=inventory, hosts=hosts, group=group, report_path=report,
-              parallel=parallel, patches=patches, patch=patch, changes_hosts=True, timeout=timeout, force=force,
-              break_lock=break_lock, accept_new_host_keys=accept_new_host_keys,
+    run_hosts("rollback", steps.rollback,
+              Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
+              patch=patch, changes_hosts=True, timeout=timeout, force=force, break_lock=break_lock,
               router=router_settings(drain_timeout, max_unavailable, no_router))
 
 
 @command(help=helps(*COMMON))
 def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
-           accept_new_host_keys=False):
+           accept_new_host_keys=False, verbose=False):
     """Show one table of the fleet: reachable, engine version, patches applied, drift, server up, last check."""
     parallel_n = count("parallel", parallel, minimum=1)
     inv, selected, dirs, _, _ = prepare(inventory=inventory, hosts=hosts, group=group, patches=patches,
@@ -83,6 +83,8 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     ok = all(r.ok for r in results.values())
     if report:
         rep.write_report(report, "status", ok, started, results)
+    if verbose:
+        rep.print_evidence(console, results)
     for r in results.values():
         if not r.ok:
             rep.say(console, r.message, style="red")

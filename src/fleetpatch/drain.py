@@ -333,6 +333,30 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require
     return apis
 
 
+def default_batch(hosts, router: Optional[dict]) -> Optional[int]:
+    """rollout's batch when --batch is not given: under a router, as many workers as every
+    router can spare at once (--max-unavailable, less those already unhealthy, and never
+    its last healthy worker); None without a router (all the rest). A router that cannot
+    be read is left to the pre-flight, which names it."""
+    if not router or router.get("no_router") or not any(h.router is not None for h in hosts):
+        return None
+    limit = router.get("max_unavailable")
+    spare: List[int] = []
+    for (url, _), behind in router_hosts(hosts).items():
+        try:
+            workers = router_of(url, behind[0].router).list_workers()
+        except RouterError:
+            continue
+        healthy = sum(1 for w in workers if w.healthy is not False)
+        room = healthy - 1
+        if limit is not None:
+            room = min(room, limit - (len(workers) - healthy))
+        spare.append(room)
+    if not spare:
+        return limit
+    return max(1, min(spare))
+
+
 def check_router(host) -> tuple:
     """check-patch's router finding for one host: (details, problem or None)."""
     details: Dict[str, dict] = {}

@@ -66,13 +66,29 @@ class UsageError(FleetpatchError):
     """A usage, inventory or patch error found before any host was changed (exit 2)."""
 
 
-class HostFailure(FleetpatchError):
-    """A per-host failure: the host ends with `status`, the run goes on for the others."""
+class NoAnswer(str, Enum):
+    """Why a host's answer to a request never came (set where the transport gives up).
+    The host may have done some or all of what it was asked: its ledger says what."""
 
-    def __init__(self, status: str, message: str):
+    TIMEOUT = "timeout"                # no answer within the request's bound
+    STALLED = "stalled"                # the connection stopped moving (no tick from a ticking agent)
+    SEND_FAILED = "send-failed"        # the session closed while the request was being sent
+    CHANNEL_CLOSED = "channel-closed"  # the session closed with no exit status (link or sshd died)
+    AGENT_EXITED = "agent-exited"      # the agent process ended before it answered
+    NO_SESSION = "no-session"          # no new session could be opened for the request mid-run
+
+    __str__ = str.__str__
+
+
+class HostFailure(FleetpatchError):
+    """A per-host failure: the host ends with `status`, the run goes on for the others.
+    `cause` is set when the host's answer never came (the host may have acted)."""
+
+    def __init__(self, status: str, message: str, cause: NoAnswer | None = None):
         super().__init__(message)
         self.status = Status(status)
         self.message = message
+        self.cause = cause
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

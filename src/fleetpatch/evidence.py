@@ -25,7 +25,7 @@ line "Dynamic speculation disable enabled ... V2").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .engines.base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Resolution
 from .errors import Status
@@ -220,13 +220,9 @@ class _Route:
 
 
 # ----------------------------------------------------------------- judge
-def judge(obs: Observation, profile, version: Optional[str], launch, markers: Mapping[str, Any],
-          expect: Iterable[str], forbid: Iterable[str], label: str, host: str, *,
-          want_markers: bool = True, settle_s: float = 2.0) -> Verdict:
-    """`verdict` with its inputs spelled out (the call steps.py makes)."""
-    check = Check(label, dict(markers or {}), [e for e in (expect or []) if e], [f for f in (forbid or []) if f],
-                  want_markers)
-    return verdict(obs, Subject(profile, version, launch, host, settle_s), check)
+def judge(obs: Observation, subject: Subject, check: Check) -> Verdict:
+    """The verdict on one patch (`check`) for one server (`subject`): the call steps makes."""
+    return verdict(obs, subject, check)
 
 
 def verdict(obs: Observation, subject: Subject, check: Check) -> Verdict:

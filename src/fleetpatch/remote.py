@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol
 
 from . import protocol
-from .errors import HostFailure, Status
+from .errors import HostFailure, NoAnswer, Status
 from .inventory import Host
 
 if TYPE_CHECKING:  # imported lazily: see the module's docstring
@@ -393,14 +393,15 @@ class SSHTransport:
         self.open()
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise HostFailure("unreachable", f"{self.host.name}: the SSH connection dropped")
+            raise HostFailure("unreachable", f"{self.host.name}: the SSH connection dropped", NoAnswer.NO_SESSION)
         bound = self.host.connect_timeout or 30
         try:
             # paramiko's own default is an hour: a stalled connection must fail in sight
             chan = transport.open_session(timeout=bound)
         except Exception as exc:
             raise HostFailure("unreachable", f"{self.host.name}: could not open an SSH channel within {bound:g}s "
-                                             f"({type(exc).__name__}: {exc}); check the host and rerun") from None
+                                             f"({type(exc).__name__}: {exc}); check the host and rerun",
+                              NoAnswer.NO_SESSION) from None
         command = " ".join(shlex.quote(a) for a in argv)
         if not exec_without_waiting(chan, command):
             chan.exec_command(command)
@@ -447,7 +448,12 @@ class Remote:
 
     def _session(self) -> AgentChannel:
         if self._chan is None:
-            chan = self.transport.start([self.host.engine.python, *AGENT_FLAGS, "-c", BOOTSTRAP])
+            try:
+                chan = self.transport.start([self.host.engine.python, *AGENT_FLAGS, "-c", BOOTSTRAP])
+            except HostFailure as f:   # mid-run (a redial after a cut): the request never reached the host
+                if self.agent_starts and f.cause is None:
+                    f.cause = NoAnswer.NO_SESSION
+                raise
             self.agent_starts += 1
             self._chan, self._buf = chan, b""
             self._pending = boot_stream(self.host.engine.state_dir)  # goes out with the first request
@@ -461,7 +467,8 @@ class Remote:
             raise HostFailure("error", f"{self.host.name}: the host agent ({op}) got no request: the SSH session "
                                        "closed while it was sent (the connection was cut or the host's sshd "
                                        f"session killed: {type(e).__name__}: {e}); a plain rerun reads the "
-                                       "host's ledger and finishes or undoes what was done") from None
+                                       "host's ledger and finishes or undoes what was done",
+                              NoAnswer.SEND_FAILED) from None
         self.bytes_sent += len(data)
 
     def _end_session(self, bye: bool) -> None:
@@ -589,7 +596,7 @@ class Remote:
                 if now > deadline:
                     self._end_session(bye=False)
                     raise HostFailure("timeout", f"{self.host.name}: the host did not answer ({op}) within "
-                                                 f"{timeout:.0f}s")
+                                                 f"{timeout:.0f}s", NoAnswer.TIMEOUT)
                 if watch[0] and op in TICKING_OPS and now - heard > STALL_S:
                     self._end_session(bye=False)
                     try:   # a new channel on the stalled connection would stall too: dial afresh
@@ -598,7 +605,8 @@ class Remote:
                         pass
                     raise HostFailure("timeout", f"{self.host.name}: the connection stalled: not a byte from the "
                                                  f"host agent ({op}) for {STALL_S:.0f}s, though it says every "
-                                                 "second that it still runs; the host may still be at work")
+                                                 "second that it still runs; the host may still be at work",
+                                      NoAnswer.STALLED)
                 continue
             if not chunk:
                 return  # the agent ended without a Result: _result says why
@@ -617,11 +625,12 @@ class Remote:
                                            "SSH session closed without an exit status (the connection was cut or "
                                            "the host's sshd session killed)" + (f"; it said: {err[-800:]}" if err
                                                                                 else "")
-                                  + "; a plain rerun reads the host's ledger and finishes or undoes what was done")
+                                  + "; a plain rerun reads the host's ledger and finishes or undoes what was done",
+                                  NoAnswer.CHANNEL_CLOSED)
             if status == 127 or "No such file" in err or "not found" in err:
                 hint = f"; is engine.python ({self.host.engine.python}) right for this host?"
             raise HostFailure("error", f"{self.host.name}: the host agent ({op}) exited {status} without an answer: "
-                                       f"{err[-800:] or 'no output'}{hint}")
+                                       f"{err[-800:] or 'no output'}{hint}", NoAnswer.AGENT_EXITED)
         if not final["ok"]:
             raise HostFailure(final.get("code", "error"), f"{self.host.name}: {final['message']}")
         return final["result"]

@@ -452,3 +452,43 @@ def status_table(results: dict) -> "FittedTable":
             cell((d.get("lock_state") or {}).get("cell") or "-"),
             style="" if r.ok else "bold red")
     return keep_whole(table)
+
+
+# ----------------------------------------------------------------- -v: the evidence
+
+def _launch_text(launch: dict) -> str:
+    env = " ".join(f"{k}={v}" for k, v in sorted((launch.get("env") or {}).items()))
+    argv = " ".join(launch.get("argv") or []) or "(not known)"
+    return f"{argv}" + (f"  env: {env}" if env else "") + f"  ({launch.get('source', '?')} launch config)"
+
+
+def evidence_lines(r) -> list[str]:
+    """One host's evidence as -v prints it: what decided the path, where it was seen
+    (log line numbers), the markers seen, and the server facts the verdict read."""
+    d = r.details or {}
+    out = [f"{r.host}: {r.status}" + (f", path {r.executed_path}" if r.executed_path else "")
+           + (f" ({r.patch})" if r.patch else "")]
+    if d.get("cause"):
+        out.append(f"  cause: {d['cause']}")
+    for ev in d.get("evidence") or []:
+        where = f"log line {ev['line_no']}" if ev.get("line_no") else ev.get("source", "?")
+        out.append(f"  {where}: {ev.get('text', '')}")
+    for m in r.markers or []:
+        where = f"log line {m['line_no']}" if m.get("line_no") else "log"
+        out.append(f"  marker {m.get('path', '')} at {where}: {m.get('text', '')}")
+    facts = d.get("server_facts") or {}
+    if facts.get("launch"):
+        out.append(f"  launch: {_launch_text(facts['launch'])}")
+    if facts.get("server_info") is not None:
+        info = json.dumps(facts["server_info"], sort_keys=True)
+        out.append(f"  /server_info: {info if len(info) <= 400 else info[:400] + ' …'}")
+    if d.get("patches"):
+        out.append(f"  patches recorded on the host: {', '.join(d['patches'])}")
+    if len(out) == 1:
+        out.append("  no evidence: no log was read for this host (" + (r.message.splitlines() or [""])[0] + ")")
+    return out
+
+
+def print_evidence(console, results: dict) -> None:
+    for r in results.values():
+        say(console, "\n".join(evidence_lines(r)))

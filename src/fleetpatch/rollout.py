@@ -160,7 +160,6 @@ def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int |
 
 def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, canary: int | None,
             batch: int | None, parallel: int | None, max_failures: int,
-            on_stage: Callable[[int, list[Host], bool], None] | None = None,
             bake: Callable[[Host, HostResult], HostResult] | None = None) -> tuple[dict, Stop, list[list[str]]]:
     """`bake(host, result)`: after each stage, the result of watching each host that
     succeeded (--bake); a host failing it counts against the budget like any failure."""
@@ -171,8 +170,6 @@ def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, ca
         if stop.reason is not None:
             break
         is_canary = has_canary and i == 0
-        if on_stage:
-            on_stage(i, stage, is_canary)
         run_stage(stage, fn, default_parallel(len(stage), parallel), results, stop,
                   budget=0 if is_canary else max_failures)
         if bake is not None and not stop.interrupted:

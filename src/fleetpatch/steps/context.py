@@ -1,0 +1,201 @@
+"""What every step of one host works through: the command's `Job`, and the
+per-host `HostRun` (host, job, remote, lock, engine version, clock), opened and
+closed by `host_step`."""
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+from urllib.parse import urlsplit, urlunsplit
+
+from .. import dialer, lockview, protocol
+from ..engines import LaunchConfig
+from ..engines import get as get_profile
+from ..errors import HostFailure, Status
+from ..hostcalls import HostResult, base_request, split_command
+from ..inventory import Host
+from ..patchset import Patch
+from ..remote import Remote, Transport
+
+if TYPE_CHECKING:
+    from .lock import HostLock
+
+Progress = Callable[[str, str, str], None]
+
+
+@dataclass
+class Job:
+    """What the operator asked for, shared by every host of one command."""
+
+    hosts_by_name: dict
+    patch: Patch | None = None
+    rev: int | None = None
+    timeout: float | None = None
+    no_restart: bool = False
+    on_failure: str = "keep"
+    force: bool = False
+    break_lock: bool = False
+    accept_new_host_keys: bool = False
+    dest: Path = Path(".fleetpatch/sources")
+    progress: Progress = lambda host, phase, detail="": None
+    holder: str = field(default_factory=lambda: f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}")
+    # uuid4's randomness without importing uuid (which imports platform: ~5 ms at every start)
+    token: str = field(default_factory=lambda: os.urandom(16).hex())
+    patch_dirs: list = field(default_factory=list)
+    settle_s: float = 2.0
+    lock_renew_s: float = protocol.LOCK_RENEW_S   # how often the agent holding a lock renews it
+    # How to reach a host's agent; None: SSH. Tests pass transport_local.LocalTransport.
+    transport: Callable[[Host], Transport] | None = None
+    # drain.Drainer when a router section applies (router-aware restarts); None: plain restarts
+    drain: object | None = None
+    # --inventory as given (None: the default), for the commands fleetpatch tells the operator to run
+    inventory_arg: str | None = None
+    bake_s: float | None = None   # --bake: how long bake watches each host
+
+
+@dataclass
+class HostRun:
+    """One host's part of a command: what every step of it needs. The lock is set
+    while a `HostLock` block holds it; the version once the probe has read it."""
+
+    job: Job
+    host: Host
+    remote: Remote
+    started: float = field(default_factory=time.monotonic)
+    lock: "HostLock | None" = None
+    version: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def profile(self):
+        return get_profile(self.host.engine.kind)
+
+    @property
+    def timeout(self) -> float:
+        """How long to wait for the markers after a restart."""
+        return self.job.timeout if self.job.timeout is not None else float(self.host.server.ready_timeout)
+
+    def progress(self, phase: str, detail: str = "") -> None:
+        self.job.progress(self.host.name, phase, detail)
+
+    def request(self, **fields) -> protocol.Request:
+        """A request to this host's agent: the fields every request carries, and `fields`."""
+        return dict(base_request(self.host, self.job), **fields)
+
+    def result(self, ok: bool, status: Status, message: str, **kw) -> HostResult:
+        kw.setdefault("engine_version", self.version)
+        return HostResult(self.host.name, ok, status, message, **kw)
+
+
+def host_step(fn: Callable[[HostRun], HostResult]):
+    """A host operation as `step(job, host)`: timed, its connection opened and
+    closed, every failure turned into the host's result."""
+
+    def run(job: Job, host: Host) -> HostResult:
+        transport = job.transport(host) if job.transport else None
+        remote = Remote(host, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys,
+                        transport=transport)
+        hr = HostRun(job, host, remote)
+        try:
+            hr.progress("connect")
+            with dialer.first_contact():   # Ctrl-C drops it: nothing has been sent to the host yet
+                remote.open()
+            result = fn(hr)
+        except HostFailure as f:
+            result = HostResult(host.name, False, f.status, f.message)
+        except Exception as e:  # a bug must not take the other hosts down with it
+            result = HostResult(host.name, False, Status.ERROR, f"{host.name}: {type(e).__name__}: {e}")
+        finally:
+            remote.close()
+        result.duration_s = time.monotonic() - hr.started
+        result.round_trips = remote.round_trips
+        hr.progress("done", result.status)
+        return result
+
+    run.__name__ = fn.__name__
+    run.__qualname__ = fn.__qualname__
+    run.__doc__ = fn.__doc__
+    run.__wrapped__ = fn
+    return run
+
+
+# ----------------------------------------------------------------- helpers
+
+def inventory_launch(host: Host) -> LaunchConfig:
+    r = host.server.restart
+    argv = [tok.replace("{python}", host.engine.python) for tok in split_command(r.start or "")]
+    return LaunchConfig(argv=argv, env=dict(r.env or {}), source="inventory")
+
+
+def running_launch(host: Host, probe_reply: dict) -> LaunchConfig:
+    server = probe_reply.get("server") or {}
+    if server.get("alive") and server.get("argv"):
+        return LaunchConfig(argv=server["argv"], env=server.get("env") or {}, source="process")
+    return inventory_launch(host)
+
+
+def server_info_url(health_url: str | None) -> str | None:
+    if not health_url:
+        return None
+    parts = urlsplit(health_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/server_info", "", ""))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool,
+          lock: str | None = None) -> protocol.ProbeReply:
+    """Read the host; with `lock` (the command the lock is for) take its lock first."""
+    req = protocol.ProbeRequest(**base_request(host, job), files=files, content=content)
+    if lock:
+        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=lock,
+                                         laptop=socket.gethostname(), pid=os.getpid(),
+                                         pid_start=lockview.process_start(os.getpid()), boot_id=lockview.boot_id(),
+                                         renew_s=job.lock_renew_s)
+    return remote.call("probe", req)
+
+
+def deploy_command(job: Job) -> str:
+    """What a deploy does to one host, as the command line that does it again."""
+    rev = f"@{job.rev}" if job.rev is not None else ""
+    return f"deploy-patch --patch {job.patch.name}{rev}"
+
+
+def rollback_command(job: Job) -> str:
+    return "rollback" + (f" --patch {job.patch.name}" if job.patch else "")
+
+
+def load_named(run: HostRun, name: str) -> Patch:
+    """A patch the host's ledger names: the command's own, or one from the same patch directories."""
+    if run.job.patch and run.job.patch.name == name:
+        return run.job.patch
+    return load_all_named(run.job, run.host, [name])[0]
+
+
+def load_all_named(job: Job, host: Host, names: list[str]) -> list[Patch]:
+    """The patches the host's ledger names, or one HostFailure naming the host once
+    and every patch that cannot be loaded here, with the flag that finds them."""
+    from ..patchset import PatchError, load_patch
+    out, missing, why = [], [], []
+    for name in names:
+        try:
+            out.append(load_patch(name, job.patch_dirs, get_profile(host.engine.kind))[0])
+        except PatchError as e:
+            missing.append(name)
+            why.append(str(e))
+    if missing:
+        raise HostFailure(Status.ERROR, f"{host.name}: the ledger records {', '.join(missing)} as applied, but "
+                                        f"{'it' if len(missing) == 1 else 'they'} cannot be loaded here: "
+                                        f"{'; '.join(why)}; nothing was changed; rerun with --patches DIR, the "
+                                        "folder that holds <name>/patch.yaml")
+    return out

@@ -1,0 +1,185 @@
+"""deploy: per host lock, plan, apply, back up, write, restart (inside the drain
+when a router is in front of the host), and verify that the patched path ran."""
+from __future__ import annotations
+
+from .. import drain, protocol
+from ..engines import LaunchConfig
+from ..errors import HostFailure, Status
+from ..hostcalls import HostResult
+from ..inventory import Host
+from .context import HostRun, deploy_command, host_step, inventory_launch, sha256
+from .follow import Watch, follow_ahead
+from .lock import HostLock
+from .plan import Plan, describe_states, file_bytes, make_plan, packed, revision_files
+from .rolling_back import rollback_after_failure
+from .verify import cut_off, verify
+
+
+@host_step
+def deploy(run: HostRun) -> HostResult:
+    with HostLock(run.remote, run.host, run.job, deploy_command(run.job)) as lock:
+        run.lock = lock
+        run.progress("fetch", "lock + read files")
+        reply = lock.probe(revision_files(run.job), content=True)
+        result = _deploy_locked(run, reply)
+    return lock.annotate(result)
+
+
+def _refusal(run: HostRun, plan: Plan) -> HostResult | None:
+    """Why this host's files are left untouched, if they are."""
+    name, label = run.name, plan.label
+    if plan.misfits:   # not a hand edit: the patch was made for another layout of the package
+        return run.result(False, Status.CONFLICT,
+                          f"{name}: refused, left untouched and not restarted: {label} does not fit this "
+                          f"host's package\n{describe_states(plan)}\n  check that the patch's engine_versions admit "
+                          "only versions with these files", patch=label)
+    if plan.conflicts or (not plan.already and len(plan.changes) != len(plan.states)):
+        return run.result(False, Status.DRIFT,
+                          f"{name}: refused, left untouched and not restarted: the files match neither "
+                          f"{label}'s pre-image nor its post-image\n{describe_states(plan)}\n"
+                          "  inspect the hand edits (fleetpatch fetch), restore the originals, then rerun",
+                          patch=label)
+    if plan.preflight is not None and not run.job.force:
+        return run.result(False, Status.NOT_EXECUTED, plan.preflight.message, patch=label,
+                          executed_path=plan.preflight.executed_path)
+    return None
+
+
+def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
+    job = run.job
+    run.progress("pre-flight")
+    plan, revision = make_plan(job, run.host, reply)
+    run.version = plan.version
+    refused = _refusal(run, plan)
+    if refused is not None:
+        return refused
+    if plan.already:
+        return _already_applied(run, plan, reply)
+    run.progress("apply", f"{len(plan.changes)} files")
+    apply_req = protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
+                                      rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
+                                      files=apply_files(reply, plan))
+    if job.no_restart:
+        lock = run.lock
+        lock.chained_done(run.remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup())))
+        return run.result(True, Status.APPLIED,
+                          f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
+                          "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
+    return _restart_and_verify(run, plan, Restart("apply", apply_req, ""))
+
+
+def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:
+    """The apply request's files: what each must hold now (sha256; None: absent) and after."""
+    files = []
+    for r in plan.changes:
+        if r.state == "creates":
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_CREATE, before=None, after=sha256(r.new),
+                                            content=packed(r.new)))
+        elif r.state == "deletes":
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_DELETE,
+                                            before=sha256(file_bytes(reply, r.path)), after=None))
+        else:
+            files.append(protocol.ApplyFile(path=r.path, op=protocol.OP_MODIFY,
+                                            before=sha256(file_bytes(reply, r.path)), after=sha256(r.new),
+                                            content=packed(r.new)))
+    return files
+
+
+# A last restart that ended so is retried by the next deploy: the operator fixed the cause.
+RETRY_AFTER = (Status.RESTART_FAILED, Status.TIMEOUT)
+
+
+def restart_reason(ledger: protocol.Ledger, server: dict, name: str) -> str | None:
+    """Why a deploy that has nothing to write must still restart, if it must: a restart
+    left pending, a server that is down, or a last restart that failed or never got ready.
+    Re-reading that restart's window would only repeat its failure."""
+    if ledger.get("restart_pending"):
+        return "restart pending from an earlier run"
+    if not ledger.get("last_restart"):
+        return None
+    if server.get("alive") is False:
+        return "the server is not running"
+    verification = (ledger.get("patches", {}).get(name) or {}).get("verification") or {}
+    if verification.get("status") in RETRY_AFTER:
+        return f"the last restart ended {verification['status']}"
+    return None
+
+
+def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply) -> HostResult:
+    job = run.job
+    ledger, server = reply.get("ledger") or {}, reply.get("server") or {}
+    reason = restart_reason(ledger, server, job.patch.name)
+    if reason and not job.no_restart:
+        request = protocol.RestartRequest(**run.request(), reason=f"{reason}: restart for {plan.label}")
+        return _restart_and_verify(run, plan, Restart("restart", request, reason))
+    # Nothing to write: prove it still runs from the window of the last restart.
+    last = ledger.get("last_restart")
+    if job.no_restart or not last:
+        return run.result(True, Status.ALREADY_APPLIED, f"{run.name}: {plan.label} already applied; nothing changed",
+                          patch=plan.label)
+    verification = (ledger.get("patches", {}).get(job.patch.name) or {}).get("verification") or {}
+    if reply.get("window_intact") is False and verification.get("status") == Status.VERIFIED \
+            and server.get("pid") == last.get("pid"):
+        # The log since that restart was rotated, truncated or deleted away: re-reading it
+        # would wait for lines that are gone. The process fleetpatch verified still runs.
+        return run.result(True, Status.ALREADY_APPLIED,
+                          f"{run.name}: {plan.label} already applied; nothing changed; the server fleetpatch verified "
+                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path')}) "
+                          "still runs; its log since that restart is no longer there to re-read",
+                          patch=plan.label, executed_path=verification.get("executed_path"))
+    return verify(run, Watch(protocol.log_window(last), plan.launch, [job.patch], [plan.label]), already=True)
+
+
+class Restart:
+    """The agent operation that restarts: apply+restart, or a restart alone (with why)."""
+
+    def __init__(self, op: str, request: dict, reason: str):
+        self.op, self.request, self.reason = op, request, reason
+
+    @property
+    def phase(self) -> str:
+        """What a cut connection interrupted, in the host's result."""
+        return "write and restart" if self.op == "apply" else "restart"
+
+
+def _restart_and_verify(run: HostRun, plan: Plan, restart: Restart) -> HostResult:
+    """The restart, inside the drain when a router is in front of the host."""
+    undo = (lambda failed: rollback_after_failure(run, failed)) if run.job.on_failure == "rollback" else None
+    return drain.around_restart(run.job, run.host, run.remote, lambda: _restart_and_verify_now(run, plan, restart),
+                                rollback=undo, expect=list(getattr(run.job.patch, "smoke_expect", None) or []))
+
+
+def _restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart) -> HostResult:
+    """Run the agent operation that restarts (apply+restart, or a pending restart),
+    verify, and with --on-failure rollback undo a host that failed either way
+    (under the same lock: the rollback is part of the block)."""
+    rollback = run.job.on_failure == "rollback"
+    run.progress("restart", restart.reason)   # here, after the drain: the order things happen in
+    try:
+        run.remote.call(restart.op, restart.request, ahead=follow_ahead(run.job, run.host))
+    except HostFailure as f:
+        if f.status != Status.RESTART_FAILED:
+            return cut_off(run, plan.label, f, restart.phase)
+        # The files are written (the ledger says so, restart pending) but the server did not start.
+        failed = run.result(False, Status.RESTART_FAILED, f.message, patch=plan.label)
+        if rollback:
+            return rollback_after_failure(run, failed)
+        failed.message += "\n  the files are written and a restart is pending; fix the start, then rerun or roll back"
+        return failed
+    # With a rollback to follow a failure, the lock stays held until the rollback ends.
+    watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [plan.label],
+                  ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
+    try:
+        result = verify(run, watch)
+    except HostFailure as f:
+        return cut_off(run, plan.label, f, "verification")
+    if not result.ok and rollback:
+        result = rollback_after_failure(run, result)
+    return result
+
+
+def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
+    """Until the new process can be read from /proc (it may die first), the best
+    account of it is what fleetpatch started: the inventory's command, or for
+    systemd/supervisor the unit, which the old process reflects."""
+    return inventory_launch(host) if host.server.restart.kind == "command" else plan.launch

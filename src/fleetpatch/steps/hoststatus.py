@@ -1,0 +1,78 @@
+"""status: one host's row of the fleet table, and whether it is a failing host."""
+from __future__ import annotations
+
+from .. import lockview, protocol
+from ..errors import Status
+from ..hostcalls import HostResult
+from .context import HostRun, host_step
+
+# A last verification that ended so leaves the host ok (a rollback's check records `verified` too).
+VERIFIED_LAST = (Status.VERIFIED, Status.ROLLED_BACK)
+
+
+def drifted(ledger: dict, reply_files: dict) -> list[str]:
+    """The files that no longer hold what the last patch that wrote them left there (patches stack)."""
+    expected = {}
+    for entry in sorted(ledger.get("patches", {}).values(), key=lambda e: (e.get("seq", 0), e.get("applied_at", ""))):
+        for p, rec in entry.get("files", {}).items():
+            expected[p] = rec["after"]
+    return sorted(p for p, sha in expected.items() if (reply_files.get(p) or {}).get("sha256") != sha)
+
+
+def failed_verification(last_v: dict) -> Status | None:
+    """The status of a last verification that did not pass, if it did not."""
+    said = last_v.get("status")
+    if not said or said in VERIFIED_LAST:
+        return None
+    try:
+        return Status(said)
+    except ValueError:
+        return Status.ERROR
+
+
+def _lock_problem(run: HostRun, view: lockview.LockView, details: dict) -> str | None:
+    details["lock_state"] = {"holder": view.holder, "command": view.command, "age_s": view.age_s,
+                             "alive": view.alive, "why": view.why, "cell": view.cell()}
+    if view.alive:
+        return None
+    clear = lockview.clear_command(run.name, view.command, run.job.inventory_arg)
+    details["lock_state"]["clear"] = clear
+    return (f"the lock is left by a dead run: {view.holder}" + (f" ({view.command})" if view.command else "")
+            + f", since {view.since} ({view.age()}): {view.why}; once you have checked the host (restart pending, "
+            f"last verification above), clear it and finish with:\n  {clear}")
+
+
+@host_step
+def status(run: HostRun) -> HostResult:
+    reply = run.remote.call("probe", protocol.ProbeRequest(**run.request(), files=[], content=False,
+                                                          ledger_files=True))
+    run.version = reply.get("version")
+    ledger = reply.get("ledger") or {}
+    drift = drifted(ledger, reply.get("files") or {})
+    server = reply.get("server") or {}
+    applied = [e["label"] for _, e in sorted(ledger.get("patches", {}).items())]
+    last_v = ledger.get("last_verification") or {}
+    lock = reply.get("lock")
+    details = {"reachable": True, "applied": applied, "drift": drift,
+               "server_up": bool(server.get("alive")) and server.get("healthy") is not False,
+               "server_pid": server.get("pid"), "last_verification": last_v,
+               "restart_pending": bool(ledger.get("restart_pending")),
+               "lock": lock, "known_version": run.profile.knows(run.version or "")}
+    problems, status_ = [], Status.OK
+    if drift:
+        problems.append("drift in " + ", ".join(drift))
+        status_ = Status.DRIFT
+    failed = failed_verification(last_v)
+    if failed is not None:
+        what = ", ".join(last_v.get("labels") or []) or "the patches"
+        problems.append(f"the last verification ({last_v.get('check') or 'deploy'} of {what}, at "
+                        f"{last_v.get('at', '?')}) ended {failed}: the patched code is not proven to run; "
+                        "`fleetpatch verify-logs` reads the log again, deploy-patch or rollback fix it")
+        status_ = status_ if drift else failed
+    if lock:
+        problem = _lock_problem(run, lockview.assess(lock), details)
+        if problem:
+            problems.append(problem)
+            status_ = Status.LOCKED if status_ == Status.OK else status_
+    msg = f"{run.name}: " + ("; ".join(problems) if problems else "ok")
+    return run.result(not problems, status_, msg, details=details)

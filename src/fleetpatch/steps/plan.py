@@ -1,0 +1,223 @@
+"""What applying a patch would do to one host, computed from its probe, and
+check-patch, which shows it."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .. import diffapply, protocol
+from ..engines import LaunchConfig
+from ..engines import get as get_profile
+from ..errors import HostFailure, Status
+from ..hostcalls import HostResult
+from ..inventory import Host
+from ..patchset import NoRevisionFits
+from .context import HostRun, Job, host_step, inventory_launch, probe, running_launch
+
+if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
+    from .. import evidence
+
+
+# The hosts of a fleet mostly hold the same engine files, so the same bytes arrive from
+# each (zlib is deterministic) and the same patched bytes go back: each distinct file is
+# unpacked, patched and packed once per run, not once per host.
+_MEMO_MOST = 64
+_unpack = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.unpack)
+packed = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.pack)
+_applied: dict[tuple, tuple] = {}   # (id(diff), original) -> (diff, result): a FileDiff is no dict key
+
+
+def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
+    rec = (probe_reply.get("files") or {}).get(path)
+    return None if rec is None else _unpack(rec["content"])
+
+
+def apply_file(fd: diffapply.FileDiff, original: bytes | None) -> diffapply.FileResult:
+    """diffapply.apply_file, once per diff and original; each caller gets its own copy
+    (make_plan rewrites a conflict's detail). Shared by the host threads: a lost race
+    only computes the same result twice."""
+    hit = _applied.get((id(fd), original))
+    if hit is None or hit[0] is not fd:   # the diff itself is kept, so its id is not reused
+        if len(_applied) >= _MEMO_MOST:
+            _applied.clear()
+        hit = _applied[(id(fd), original)] = (fd, diffapply.apply_file(fd, original))
+    return dataclasses.replace(hit[1])
+
+
+CHANGE_STATES = ("applies", "creates", "deletes")
+
+
+@dataclass
+class Plan:
+    """What applying one revision to one host would do; computed, not done."""
+
+    version: str | None
+    label: str
+    states: dict            # path -> FileResult
+    preflight: evidence.Verdict | None
+    prediction: object | None
+    launch: LaunchConfig
+    misfits: list = field(default_factory=list)   # conflicts of layout: a changed file or a created one's folder is missing
+
+    @property
+    def changes(self):
+        """The files the apply writes: patched, created or deleted."""
+        return [r for r in self.states.values() if r.state in CHANGE_STATES]
+
+    @property
+    def conflicts(self):
+        return [r for r in self.states.values() if r.state == "conflict"]
+
+    @property
+    def already(self) -> bool:
+        return all(r.state == "already-applied" for r in self.states.values())
+
+
+def revision_files(job: Job) -> list[str]:
+    """Every file any revision touches: one probe serves whichever revision the host's version picks."""
+    paths = []
+    for rev in job.patch.revisions:
+        for fd in rev.files:
+            if fd.path not in paths:
+                paths.append(fd.path)
+    return paths
+
+
+def _file_states(profile, revision, reply: dict, version: str) -> tuple[dict, list]:
+    """Each file of the revision as applying it would find it; and the misfits of layout."""
+    states = {}
+    missing_folders = set(reply.get("absent_folders") or [])
+    misfits = []
+    for fd in revision.files:
+        # None: the file does not exist (a diff that creates it needs exactly that)
+        state = apply_file(fd, file_bytes(reply, fd.path))
+        if state.state == "creates" and os.path.dirname(fd.path) in missing_folders:
+            state = diffapply.FileResult(fd.path, "conflict", None, state.offsets,
+                                         f"the diff creates {fd.path}, but its folder {os.path.dirname(fd.path)} "
+                                         f"does not exist in {reply.get('package_dir')} ({profile.package} {version})")
+            misfits.append(fd.path)
+        elif state.state == "conflict" and fd.op == diffapply.MODIFY and file_bytes(reply, fd.path) is None:
+            state.detail = (f"{fd.path} does not exist in {reply.get('package_dir')} ({profile.package} {version}), "
+                            "so the diff cannot change it")
+            misfits.append(fd.path)
+        states[fd.path] = state
+    return states, misfits
+
+
+def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
+    profile = get_profile(host.engine.kind)
+    version = reply.get("version")
+    if not version:
+        raise HostFailure(Status.ERROR, f"{host.name}: cannot read the {profile.package} version with "
+                                        f"{host.engine.python} (importlib.metadata found no distribution)")
+    try:
+        revision = job.patch.choose(job.rev, version)
+    except NoRevisionFits as e:
+        raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
+    label = f"{job.patch.name}@{revision.rev}"
+    states, misfits = _file_states(profile, revision, reply, version)
+    launch = running_launch(host, reply)
+    if not launch.argv:
+        # systemd/supervisor with the server down: nothing says how it will be launched,
+        # so the pre-flight cannot predict; the log after the restart decides.
+        return Plan(version, label, states, None, None, launch, misfits), revision
+    prediction = profile.predict(version, launch)
+    verdict = preflight_verdict(host, profile, revision, prediction, label)
+    if verdict is not None:
+        verdict.message += launch_note(host, profile, version, launch, prediction)
+    return Plan(version, label, states, verdict, prediction, launch, misfits), revision
+
+
+def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
+    """Say whose launch configuration the prediction read, and when the inventory
+    (which a `command` restart will use) disagrees with the running process."""
+    if launch.source != "process":
+        return "\n  (launch configuration from the inventory's start and env: the server is not running)"
+    note = "\n  (launch configuration read from the running server's /proc cmdline and environ)"
+    if host.server.restart.kind == "command":
+        planned = profile.predict(version, inventory_launch(host))
+        if (planned.path, planned.starts) != (prediction.path, prediction.starts):
+            what = planned.path if planned.starts else f"nothing: {planned.error}"
+            note += (f"\n  note: the inventory's start and env would run {what} ({planned.cause}); "
+                     "fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the running "
+                     "server in line, or rerun with --force")
+    return note
+
+
+def preflight_verdict(host, profile, revision, prediction, label) -> evidence.Verdict | None:
+    """Fails a host whose running configuration routes around every patched file."""
+    if not getattr(prediction, "known_version", True):
+        return None  # said in the plan's message; the log decides
+    changed_paths = set()
+    for fd in revision.files:
+        changed_paths.update(profile.paths_of_file(fd.path))
+    if not changed_paths:
+        return None  # patches no path-bearing file: nothing to route around
+    # Code in a base class's file runs on its subclasses too (StandaloneWorker is an EAGLEWorker).
+    running = [prediction.path] + profile.ancestors(prediction.path, prediction_version(prediction))
+    if prediction.starts and changed_paths.intersection(running):
+        return None
+    if prediction.starts:
+        runs = prediction.path or "no speculative worker"
+        where = f" ({prediction.file})" if prediction.file else ""
+        need = profile.file_of_path(prediction.path, prediction_version(prediction)) if prediction.path else None
+        text = (f"FAIL {host.name}  {label} would never execute (pre-flight)\n"
+                f"  the server will run {runs}{where}\n"
+                f"    cause: {prediction.cause}\n"
+                f"  {label} changes only {', '.join(sorted(changed_paths))}"
+                + (f"; it would need a change and a marker in {need}" if need else "")
+                + "\n  nothing was written; fix the launch configuration or the patch, or rerun with --force")
+    else:
+        text = (f"FAIL {host.name}  {label} would never execute (pre-flight)\n"
+                f"  the server would not start: {prediction.error}\n"
+                f"    cause: {prediction.cause}\n"
+                "  nothing was written; fix the launch configuration, or rerun with --force")
+    from .. import evidence
+    return evidence.Verdict(status=Status.NOT_EXECUTED, final=True, executed_path=prediction.path, evidence=[],
+                            cause=prediction.cause, markers_seen=[], missing=[], message=text)
+
+
+def prediction_version(prediction) -> str:
+    return getattr(prediction, "version", "") or ""
+
+
+def describe_states(plan: Plan) -> str:
+    parts = []
+    for path, r in sorted(plan.states.items()):
+        if r.state == "applies":
+            moved = [o for o in r.offsets if o]
+            parts.append(f"{path}: applies" + (f" (offsets {', '.join(f'{o:+d}' for o in r.offsets)})" if moved else ""))
+        elif r.state == "creates":
+            parts.append(f"{path}: will create {path} ({len(r.new)} bytes)")
+        elif r.state == "deletes":
+            parts.append(f"{path}: will delete {path}")
+        elif r.state == "already-applied":
+            parts.append(f"{path}: already applied")
+        else:
+            parts.append(f"{path}: conflict: {r.detail}")
+    return "\n".join("  " + p for p in parts)
+
+
+@host_step
+def check_patch(run: HostRun) -> HostResult:
+    job, host = run.job, run.host
+    run.progress("fetch")
+    reply = probe(run.remote, host, job, revision_files(job), content=True, lock=False)
+    plan, _ = make_plan(job, host, reply)
+    detail = describe_states(plan)
+    base = dict(engine_version=plan.version, patch=plan.label, details={"files_state": {
+        p: {"state": r.state, "offsets": r.offsets, "detail": r.detail} for p, r in plan.states.items()}})
+    if plan.conflicts:
+        return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}", **base)
+    if plan.preflight is not None and not job.force:
+        return HostResult(host.name, False, Status.NOT_EXECUTED, plan.preflight.message + "\n" + detail,
+                          executed_path=plan.preflight.executed_path, **base)
+    status = Status.ALREADY_APPLIED if plan.already else Status.APPLIES
+    note = ""
+    if plan.prediction is not None:
+        note = f"\n  the server runs {plan.prediction.path} ({plan.launch.source} launch config): {plan.prediction.cause}"
+    return HostResult(host.name, True, status, f"{host.name}: {plan.label} {status}\n{detail}{note}", **base,
+                      executed_path=getattr(plan.prediction, "path", None))

@@ -1,0 +1,135 @@
+"""rollback: restore a host's original files byte for byte, restart, and check
+that the patch's markers are gone; and the rollback that follows a failed deploy."""
+from __future__ import annotations
+
+from .. import drain, protocol
+from ..errors import HostFailure, Status
+from ..hostcalls import HostResult
+from . import follow
+from .context import HostRun, host_step, load_all_named, load_named, rollback_command, running_launch
+from .follow import Watch
+from .lock import HostLock
+from .verify import cut_off, no_answer
+
+
+@host_step
+def rollback(run: HostRun) -> HostResult:
+    job = run.job
+    with HostLock(run.remote, run.host, job, rollback_command(job)) as lock:
+        run.lock = lock
+        run.progress("fetch", "lock + read ledger")
+        reply = lock.probe([], content=False)
+        run.version = reply.get("version")
+        ledger = reply.get("ledger") or {}
+        names = [job.patch.name] if job.patch else newest_first(ledger)
+        if not names and ledger.get("restart_pending") and ledger.get("rolled_back"):
+            # an earlier rollback restored the files (or the next run finished it for a
+            # killed one) but the server still runs the patched code: restart and check it
+            return lock.annotate(_pending_rollback_restart(run, reply))
+        if not names:
+            return run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
+        # Every patch's markers are needed for the checks: refuse before the first restore, not between two.
+        load_all_named(job, run.host, [n for n in names if not (job.patch and job.patch.name == n)])
+
+        def undo_all() -> HostResult:
+            result = None
+            for i, name in enumerate(names):
+                result = _rollback_locked(run, reply, name, last=i == len(names) - 1)
+                if not result.ok:
+                    break
+            return result
+        result = drain.around_restart(job, run.host, run.remote, undo_all)
+    return lock.annotate(result)
+
+
+def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
+    rolled = reply["ledger"]["rolled_back"]
+    name = max(rolled, key=lambda n: rolled[n].get("at", ""))
+    label = rolled[name]["label"]
+    run.progress("restart", f"pending restart after rolling back {label}")
+    out = run.remote.call("restart", protocol.RestartRequest(**run.request(),
+                                                             reason=f"pending restart after rollback {label}"))
+    patch = load_named(run, name)
+    watch = Watch(protocol.log_window(out["restart"]), running_launch(run.host, {}), [patch], [label],
+                  want_markers=False)
+    verdicts, timings = follow.follow_and_judge(run, watch)
+    result = follow.verdict_result(run, verdicts, [label], timings)
+    if result.ok:
+        result.status = Status.ROLLED_BACK
+        result.message = (f"{run.name}: {label} was rolled back with its restart pending; restarted, the server "
+                          "runs without the patch's markers")
+    return result
+
+
+def newest_first(ledger: protocol.Ledger) -> list[str]:
+    """Patches stack: the last one applied is undone first, so each restores what the next expects."""
+    patches = ledger.get("patches", {})
+    return sorted(patches, key=lambda n: (patches[n].get("seq", 0), patches[n].get("applied_at", ""), n),
+                  reverse=True)
+
+
+def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: bool) -> HostResult:
+    entry = (reply.get("ledger") or {}).get("patches", {}).get(name)
+    if entry is None:
+        return run.result(False, Status.ERROR, f"{run.name}: {name} is not recorded as applied on this host; "
+                                               "`fleetpatch status` shows what is")
+    # The patch's markers are what the check after the restore looks for: load it before anything changes.
+    patch = load_named(run, name)
+    label = entry["label"]
+    run.progress("rollback", label)
+    try:
+        out = run.remote.call("rollback", protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"],
+                                                                   name=name, force=run.job.force),
+                              ahead=follow.follow_ahead(run.job, run.host))
+    except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
+        if not no_answer(f):
+            raise
+        return cut_off(run, label, f, "rollback (restore and restart)")
+    restored = {p: (rec or {}).get("sha256") for p, rec in out["files"].items()}
+    bad = [p for p, rec in entry["files"].items() if restored.get(p) != rec["before"]]
+    if bad:
+        return run.result(False, Status.ERROR, f"{run.name}: after restoring, {', '.join(bad)} do not match the "
+                                               "recorded original sha256", files=restored)
+    if "restart" not in out:  # every file already held its original: nothing ran the patch, no restart
+        return run.result(True, Status.ROLLED_BACK, f"{run.name}: {label} forgotten: its files already held their "
+                                                    "original sha256; not restarted", files=restored)
+    watch = Watch(protocol.AFTER_RESTART, running_launch(run.host, {}), [patch], [label], want_markers=False,
+                  ends_work=lambda ok: last or not ok)
+    try:
+        verdicts, timings = follow.follow_and_judge(run, watch)
+    except HostFailure as f:
+        if not no_answer(f):
+            raise
+        return cut_off(run, label, f, "rollback's verification")
+    result = follow.verdict_result(run, verdicts, [label], timings)
+    result.files = restored
+    if result.ok:
+        result.status = Status.ROLLED_BACK
+        result.message = (f"{run.name}: {label} rolled back; {len(restored)} files restored to their "
+                          f"original sha256; server back without the patch's markers")
+    return result
+
+
+def rollback_after_failure(run: HostRun, failed: HostResult) -> HostResult:
+    """Undo a host whose deploy failed, under the same lock (--on-failure rollback)."""
+    run.progress("rollback", failed.status)
+    try:
+        reply = run.lock.probe([], content=False)
+        rb = _rollback_locked(run, reply, run.job.patch.name, last=True)
+    except HostFailure as f:
+        failed.message += f"\n  rollback FAILED: {f.message}"
+        failed.details["rollback"] = {"status": f.status, "message": f.message}
+        return failed
+    return fold_rollback(failed, rb)
+
+
+def fold_rollback(failed: HostResult, rb: HostResult) -> HostResult:
+    """The failed host's result, with the rollback that undid it."""
+    failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
+    if rb.ok:
+        failed.status = Status.ROLLED_BACK
+        failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
+    else:
+        failed.message += f"\n  rollback did not verify: {rb.message}"
+    failed.ok = False
+    return failed

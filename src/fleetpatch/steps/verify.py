@@ -1,0 +1,74 @@
+"""Verification: the follow judged into the host's result, verify-logs, and what
+a result says when the host's answer never came."""
+from __future__ import annotations
+
+from .. import protocol
+from ..errors import HostFailure, NoAnswer, Status
+from ..hostcalls import HostResult
+from . import follow
+from .context import HostRun, host_step, load_all_named, probe, running_launch
+from .follow import Watch
+
+
+def verify(run: HostRun, watch: Watch, already: bool = False) -> HostResult:
+    """Follow and judge the markers; `already`: nothing was written (re-read the last restart's window)."""
+    run.progress("verify", "waiting for markers")
+    verdicts, timings = follow.follow_and_judge(run, watch)
+    result = follow.verdict_result(run, verdicts, watch.labels, timings)
+    if already and result.ok:
+        result.status = Status.ALREADY_APPLIED
+        result.message = f"{run.name}: {watch.labels[0]} already applied; nothing changed; still verified\n" + \
+            result.message
+    return result
+
+
+def no_answer(f: HostFailure) -> bool:
+    """The host's answer never came: the connection (or the agent) died or stalled."""
+    return f.cause is not None
+
+
+def cut_off(run: HostRun, label: str, f: HostFailure, phase: str) -> HostResult:
+    """A failure of the call that writes, restarts or verifies, with what the host was
+    being asked to do. When no answer came, say what that means for the host."""
+    message = f.message
+    undoing = phase.startswith("rollback")
+    if no_answer(f):
+        detail = f.message.removeprefix(run.name + ": ")
+        if f.cause in (NoAnswer.CHANNEL_CLOSED, NoAnswer.AGENT_EXITED):   # nothing more to say than why it ended
+            detail = "the session ended before the agent's reply" + (
+                "" if detail.endswith("no output") else ": " + detail.split("without an answer: ", 1)[-1])
+        message = (f"{run.name}: the connection was lost during the {phase} of {label}, before the host "
+                   f"answered ({detail})\n" + (
+                       "  the host may be rolled back and restarted: its ledger says what was done; `fleetpatch "
+                       "status` shows it, and a plain rerun of rollback finishes it (a restore cut half-way is "
+                       "completed, a pending restart done)" if undoing else
+                       "  the host may be patched and restarted: its ledger says what was done; `fleetpatch status` "
+                       "shows it, and a plain rerun of deploy finishes it (a write cut half-way is undone, a pending "
+                       "restart done) or rollback undoes it"))
+    return run.result(False, f.status, message, patch=label)
+
+
+@host_step
+def verify_logs(run: HostRun) -> HostResult:
+    job, host = run.job, run.host
+    reply = probe(run.remote, host, job, [], content=False)
+    ledger = reply.get("ledger") or {}
+    run.version = reply.get("version")
+    last = ledger.get("last_restart")
+    if not last:
+        return run.result(False, Status.ERROR, f"{host.name}: fleetpatch has not restarted this server yet, so "
+                                               "there is no log window to read; deploy first")
+    recorded = ledger.get("patches", {})
+    if job.patch:
+        patches = [job.patch]
+        labels = [f"{job.patch.name}@{recorded.get(job.patch.name, {}).get('rev', '?')}"]
+    else:
+        names = sorted(recorded)
+        if not names:
+            return run.result(False, Status.ERROR, f"{host.name}: no patch recorded as applied; name one with "
+                                                   "--patch")
+        patches = load_all_named(job, host, names)
+        labels = [recorded[n]["label"] for n in names]
+    # No lock: verify-logs reads, and records only its verdict.
+    return verify(run, Watch(protocol.log_window(last), running_launch(host, reply), patches, labels,
+                             check="verify-logs"))
