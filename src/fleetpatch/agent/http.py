@@ -17,10 +17,9 @@ def http_get(url, timeout=2.0):
 def http_request(method, url, data, timeout, limit=1 << 20):
     """(status, body) or (None, error), spoken over a socket here, so the host needs no
     curl. Not http.client: it imports email, ssl and urllib.parse, about 17 ms of CPU at
-    every agent start (a probe checks health), which a fleet pays once per host. Not
-    urllib.request either: it would send a loopback health check through the operator's
-    http_proxy. An https URL (or anything but plain http://host:port/path) goes through
-    urllib."""
+    every agent start (a probe checks health), which a fleet pays once per host. An https
+    URL (or anything but plain http://host:port/path) goes through urllib, with its proxy
+    handling off: the server is asked directly either way."""
     target = split_http_url(url)
     if target is None:
         return _urllib_request(method, url, data, timeout, limit)
@@ -166,13 +165,16 @@ def read_chunked(reader, limit):
 
 
 def _urllib_request(method, url, data, timeout, limit):
+    """urllib, for what the socket path does not speak (https, a user in the URL), and
+    direct like it: an opener with no proxy handler ignores http_proxy/https_proxy."""
     import urllib.error
     import urllib.request
 
     headers = {"Content-Type": "application/json"} if data is not None else {}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method, headers=headers),
-                                    timeout=timeout) as resp:
+        with opener.open(urllib.request.Request(url, data=data, method=method, headers=headers),
+                         timeout=timeout) as resp:
             return resp.status, resp.read(limit)
     except urllib.error.HTTPError as e:
         return e.code, e.read(4096)
