@@ -150,3 +150,21 @@ def test_the_agent_is_sent_whole_and_each_module_after_what_it_imports():
     for i, name in enumerate(MODULES):
         later = agent_sibling_imports(CORE / "agent" / f"{name}.py") - set(MODULES[:i])
         assert not later, f"agent/{name}.py imports {sorted(later)}, sent after it: reorder agent.MODULES"
+
+
+def test_the_agent_keeps_no_state_in_its_modules():
+    """All of the agent's state is the AgentState of its session: no `global`, and a
+    module binds only constants (tuples, strings, numbers, read-only mappings)."""
+    wrong = []
+    for path in sorted((CORE / "agent").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Global, ast.Nonlocal)):
+                wrong.append(f"{path.name}:{node.lineno} {type(node).__name__.lower()} {', '.join(node.names)}")
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+                mutable = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+                is_call = isinstance(node.value, ast.Call) and ast.unparse(node.value.func) != "types.MappingProxyType"
+                if isinstance(node.value, mutable) or is_call:
+                    wrong.append(f"{path.name}:{node.lineno} {ast.unparse(node)[:60]}")
+    assert not wrong, "\n".join(wrong)

@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import stat
+import types
 
 from .base import (TMP_MARK, AgentError, LEDGER, atomic_write, expand, pack, read_bytes, refuse_links, sha256_bytes,
                    state_path)
@@ -147,8 +148,8 @@ def write_all_or_nothing(root, changes):
 
 
 # what a change does to its file, for messages
-VERB = {"create": "creating", "delete": "deleting", "modify": "writing", "restore": "restoring",
-        "remove": "removing"}
+VERB = types.MappingProxyType({"create": "creating", "delete": "deleting", "modify": "writing",
+                               "restore": "restoring", "remove": "removing"})
 
 
 WRITING = "writing.json"   # in the state dir while engine files are being renamed: see recover()

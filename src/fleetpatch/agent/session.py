@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import types
 
 from .base import AgentError, atomic_write, now_iso, protocol, read_json, state_path
 from .follow import Follow
@@ -91,9 +92,9 @@ def op_follow(state, req):
         follow.close()
 
 
-OPS = {"probe": op_probe, "apply": op_apply, "restart": op_restart, "rollback": op_rollback,
-       "record": op_record, "unlock": op_unlock, "follow": op_follow,
-       "drain": op_drain, "smoke": op_smoke, "bake": op_bake}
+OPS = types.MappingProxyType({"probe": op_probe, "apply": op_apply, "restart": op_restart, "rollback": op_rollback,
+                              "record": op_record, "unlock": op_unlock, "follow": op_follow,
+                              "drain": op_drain, "smoke": op_smoke, "bake": op_bake})
 
 
 def dispatch(state, req):
