@@ -59,6 +59,7 @@ from pathlib import Path
 import yaml
 
 import fleetpatch
+from fleetpatch.agent import MODULES as AGENT_MODULES
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
 
@@ -199,12 +200,14 @@ def machine() -> dict:
                                     capture_output=True, text=True).stdout.strip()
     except OSError:
         commit, dirty, src_commit = "", [], ""
-    agent = Path(fleetpatch.__file__).parent / "hostagent.py"
+    # the agent as sent: its package's modules, in the order a host loads them
+    agent_dir = Path(fleetpatch.__file__).parent / "agent"
+    agent = b"".join((agent_dir / f"{m}.py").read_bytes() for m in AGENT_MODULES)
     return {"cpus": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(),
             "python": platform.python_version(), "fleetpatch_commit": commit,
             "fleetpatch_src_commit": src_commit, "fleetpatch_path": str(Path(fleetpatch.__file__).parent),
             "fleetpatch_uncommitted": [l[3:] for l in dirty if l.strip()],
-            "hostagent_sha256": sha256(agent.read_bytes())[:12], "hostagent_bytes": agent.stat().st_size}
+            "agent_sha256": sha256(agent)[:12], "agent_bytes": len(agent)}
 
 
 def cpu_busy() -> tuple[int, int]:
@@ -979,7 +982,8 @@ def results_md(res: dict) -> str:
     t = res["tools"]
     unc = m.get("fleetpatch_uncommitted") or []
     dirty = (f" plus uncommitted work in the tree at run time ({', '.join(unc)}; host agent "
-             f"{m.get('hostagent_bytes')} bytes, sha256 {m.get('hostagent_sha256')}…)") if unc else ""
+             f"{m.get('agent_bytes', m.get('hostagent_bytes'))} bytes, "
+             f"sha256 {m.get('agent_sha256', m.get('hostagent_sha256'))}…)") if unc else ""
     load = res.get("load") or {}
     runs = res.get("runs", [])
     fore = [r.get("foreign_cpu_s", 0) for r in runs]

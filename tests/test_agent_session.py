@@ -101,17 +101,25 @@ def cache_entries(lh) -> list:
 
 
 def agent_entry(lh):
-    """The cache entry of the agent module (the larger of the two)."""
-    return max(cache_entries(lh), key=lambda p: p.stat().st_size)
+    """The cache entry of the agent's entry module (session: its serve() is the request loop)."""
+    sha = hashlib.sha256(zlib.decompress(remote.AGENT_SOURCE)).hexdigest()
+    found = [p for p in cache_entries(lh) if f"\nsource {sha}\n".encode() in p.read_bytes()[:300]]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def sent_names() -> list:
+    return [module for _, module, _ in remote.sent_modules()]
 
 
 def test_the_agent_is_compiled_once_then_loaded_from_the_cache(lh):
     first = probe_agent(lh)
-    assert first["agent"] == {protocol.AGENT_MODULE_NAME: "compiled", remote.AGENT_MODULE: "compiled"}
-    assert len(cache_entries(lh)) == 2
+    assert first["agent"] == dict.fromkeys(sent_names(), "compiled")
+    assert protocol.AGENT_MODULE_NAME in first["agent"] and remote.AGENT_MODULE in first["agent"]
+    assert len(cache_entries(lh)) == len(sent_names())
     assert not [p for p in (lh.state / "agent-cache").iterdir() if p.name.endswith(".tmp")], "written by rename"
     again = probe_agent(lh)
-    assert again["agent"] == {protocol.AGENT_MODULE_NAME: "cached", remote.AGENT_MODULE: "cached"}
+    assert again["agent"] == dict.fromkeys(sent_names(), "cached")
     assert again["version"] == first["version"] == "0.5.9"
 
 
@@ -129,9 +137,9 @@ def plant(entry, code, source_sha=None):
 
 def doctored_agent():
     source = zlib.decompress(remote.AGENT_SOURCE).decode()
-    marked = source.replace('result["agent"] = dict(AGENT_BOOT)', 'result["agent"] = dict(AGENT_BOOT, doctored=True)')
+    marked = source.replace('result["agent"] = dict(state.boot)', 'result["agent"] = dict(state.boot, doctored=True)')
     assert marked != source
-    return compile(marked, "fleetpatch-agent", "exec")
+    return compile(marked, "fleetpatch-agent/session.py", "exec")
 
 
 def test_a_cache_entry_is_run_only_when_it_proves_it_is_the_sent_source(lh):
@@ -335,8 +343,7 @@ def test_the_sources_travel_once_per_host(lh, monkeypatch):
     j, host = job(lh)
     r = steps.deploy(j, host)
     assert r.status == "verified" and r.round_trips == 3
-    assert sum(remote.AGENT_SOURCE in c for c in chunks) == 1
-    assert sum(remote.PROTOCOL_SOURCE in c for c in chunks) == 1
+    assert sum(remote.SOURCES_BLOB in c for c in chunks) == 1
     assert len(chunks) == 2 + 1, "the boot stream with the probe, the apply with its follow, the follow's decision"
     ops = [[json.loads(line)["op"] for line in c.split(b"\n") if line.startswith(b"{")] for c in chunks[1:2]]
     assert ops == [["apply", "follow"]], "the agent follows the restart without waiting for the laptop to ask"

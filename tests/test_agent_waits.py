@@ -10,7 +10,10 @@ import time
 
 import pytest
 
-from fleetpatch import hostagent
+from fleetpatch.agent.follow import Follow
+from fleetpatch.agent.logs import LogWatch
+from fleetpatch.agent.procs import pid_alive, wait_pid_gone
+from fleetpatch.agent.state import AgentState, RequestReader
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfd and inotify are Linux's")
 
@@ -23,7 +26,7 @@ def readable(fds, wait=0.0):
 def test_a_written_log_makes_the_watch_readable_and_a_quiet_one_does_not(tmp_path):
     log = tmp_path / "sglang.log"
     log.write_bytes(b"old line\n")
-    watch = hostagent.LogWatch(str(log))
+    watch = LogWatch(str(log))
     try:
         assert watch.fds(), "inotify is missing: the follow would only poll"
         assert not readable(watch.fds())
@@ -40,7 +43,7 @@ def test_a_written_log_makes_the_watch_readable_and_a_quiet_one_does_not(tmp_pat
 def test_the_watch_follows_a_log_rotated_under_its_name(tmp_path):
     log = tmp_path / "sglang.log"
     log.write_bytes(b"before rotation\n")
-    watch = hostagent.LogWatch(str(log))
+    watch = LogWatch(str(log))
     try:
         log.rename(tmp_path / "sglang.log.1")
         log.write_bytes(b"")
@@ -57,10 +60,10 @@ def test_the_watch_follows_a_log_rotated_under_its_name(tmp_path):
 def test_a_request_wait_ends_when_the_log_is_written(tmp_path):
     log = tmp_path / "sglang.log"
     log.write_bytes(b"")
-    watch = hostagent.LogWatch(str(log))
+    watch = LogWatch(str(log))
     r, w = os.pipe()
     try:
-        reader = hostagent.RequestReader(r)
+        reader = RequestReader(r)
         with open(log, "ab") as f:
             f.write(b"a line\n")
         t = time.monotonic()
@@ -79,10 +82,10 @@ def test_a_process_that_exits_is_gone_and_one_that_lingers_is_not():
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         # quick is not reaped here: a zombie counts as gone
-        assert hostagent.wait_pid_gone(quick.pid, 20) is True
-        assert hostagent.pid_alive(quick.pid) is False
-        assert hostagent.wait_pid_gone(slow.pid, 0.3) is False
-        assert hostagent.pid_alive(slow.pid) is True
+        assert wait_pid_gone(quick.pid, 20) is True
+        assert pid_alive(quick.pid) is False
+        assert wait_pid_gone(slow.pid, 0.3) is False
+        assert pid_alive(slow.pid) is True
     finally:
         slow.kill()
         slow.wait()
@@ -90,15 +93,16 @@ def test_a_process_that_exits_is_gone_and_one_that_lingers_is_not():
 
 
 @linux_only
-def test_a_watched_follow_waits_for_the_log_not_the_clock_and_never_spins(tmp_path, monkeypatch):
+def test_a_watched_follow_waits_for_the_log_not_the_clock_and_never_spins(tmp_path):
     """With inotify the follow's timer is slow (the log wakes it); a health check that falls
     due shortens the wait, and one that is overdue but not made (the server is dead, so
     check_health skips it) still leaves a real wait: no busy loop until the laptop decides."""
     log = tmp_path / "sglang.log"
     log.write_bytes(b"")
     laptop_side, agent_side = os.pipe()   # the request stream the laptop's decision would come on
-    monkeypatch.setattr(hostagent.SESSION, "requests", hostagent.RequestReader(laptop_side))
-    follow = hostagent.Follow({"op": "follow", "log": str(log), "inode": os.stat(log).st_ino, "offset": 0,
+    state = AgentState()
+    state.requests = RequestReader(laptop_side)
+    follow = Follow(state, {"op": "follow", "log": str(log), "inode": os.stat(log).st_ino, "offset": 0,
                                "timeout": 5, "health_url": "http://127.0.0.1:9/health"})
     try:
         assert follow.watch is not None and follow.watch.fds()

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from fleetpatch import hostagent
+from fleetpatch.agent import base as agent_base
 from fleetpatch_demo.routerproc import free_port
 from fleetpatch.drain import preflight, smoke_verdict
 from fleetpatch.errors import Status, UsageError
@@ -26,7 +26,7 @@ LOADS = [
 @pytest.mark.parametrize("body", LOADS)
 def test_the_agent_reads_a_load_with_the_laptops_own_parser(body):
     # one parser, in the protocol module the agent is sent with
-    assert hostagent.protocol.parse_worker_loads is parse_worker_loads
+    assert agent_base.protocol.parse_worker_loads is parse_worker_loads
     assert isinstance(parse_worker_loads(body), tuple)
 
 

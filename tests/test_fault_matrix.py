@@ -150,7 +150,7 @@ def rollback_all(lh):
 AGENT_HARNESS = """
 import json, os, signal, sys
 sys.path.insert(0, {src!r})
-from fleetpatch import hostagent
+from fleetpatch.agent import session
 where, nth, package = {where!r}, {nth!r}, {package!r}
 real_rename, seen = os.rename, []
 def rename(src, dst):
@@ -162,7 +162,7 @@ def rename(src, dst):
             os.kill(os.getpid(), signal.SIGKILL)
     real_rename(src, dst)
 os.rename = rename
-hostagent.main(json.loads(sys.stdin.readline()))
+session.main(json.loads(sys.stdin.readline()))
 """
 
 

@@ -220,14 +220,14 @@ def test_the_journal_undoes_a_create_and_a_delete_of_an_agent_killed_before_the_
     harness = f"""
 import json, os, signal, sys
 sys.path.insert(0, {str(steps.__file__.rsplit('/', 3)[0])!r})
-from fleetpatch import hostagent
+from fleetpatch.agent import session as agent_session
 real_rename = os.rename
 def rename(src, dst):
     if dst == {os.path.join(reply["package_dir"], EAGLE)!r}:   # the first modify, not its backup
         os.kill(os.getpid(), signal.SIGKILL)
     real_rename(src, dst)
 os.rename = rename
-hostagent.main(json.loads(sys.stdin.readline()))
+agent_session.main(json.loads(sys.stdin.readline()))
 """
     dead = subprocess.run([str(lh.python), "-c", harness], input=json.dumps(req) + "\n", text=True,
                           capture_output=True, timeout=60)
@@ -270,7 +270,7 @@ def test_deploy_where_a_created_files_folder_is_missing_is_a_conflict_and_writes
 def test_the_agent_refuses_a_create_over_a_file_that_appeared_since_the_probe(lh):
     """Between the probe and the apply someone creates the file: the agent refuses
     (conflict) before anything is written, the delete and the modifies included."""
-    from fleetpatch import hostagent
+    from fleetpatch.agent import base as agent_base, ops as agent_ops, state as agent_state
     j, host = job(lh, PATCH)
     reply = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, steps.revision_files(j), True)
     plan, revision = steps.make_plan(j, host, reply)
@@ -279,7 +279,7 @@ def test_the_agent_refuses_a_create_over_a_file_that_appeared_since_the_probe(lh
                files=steps.apply_files(reply, plan), lock_token=None, restart=None)
     lh.file(HELPER).write_text("# made meanwhile\n")
     before = tree(lh)
-    with pytest.raises(hostagent.AgentError) as e:
-        hostagent.op_apply(req)
+    with pytest.raises(agent_base.AgentError) as e:
+        agent_ops.op_apply(agent_state.AgentState(), req)
     assert e.value.code == "conflict" and f"the patch creates {HELPER}, but it exists now" in e.value.message
     assert tree(lh) == before and lh.ledger().get("patches", {}) == {} and not strays(lh)

@@ -104,7 +104,7 @@ def test_a_log_renamed_away_during_verification_is_still_followed(lh):
 
 
 def test_the_follower_moves_to_the_new_file_once_the_writer_does(tmp_path):
-    from fleetpatch.hostagent import LogFollower
+    from fleetpatch.agent.logs import LogFollower
     log = tmp_path / "server.log"
     log.write_text("old 1\n")
     st = log.stat()
@@ -229,7 +229,7 @@ def test_force_never_forgets_a_patch_whose_lines_are_still_in_the_files(lh2):
 # ------------------------------------------- 11: the agent killed with -9 mid-operation
 
 def kill_agent_at(lh: LocalHost, host, j, when: str) -> subprocess.CompletedProcess:
-    """Run one apply as the agent runs it (the real hostagent, under the host's python), but
+    """Run one apply as the agent runs it (the real agent, under the host's python), but
     SIGKILL it at `when`: "second-rename" (between the renames of a revision's files)
     or "pidfile" (the server started, its pidfile being written)."""
     probe = steps.probe(steps.Remote(host, transport=j.transport(host)), host, j, steps.revision_files(j), True)
@@ -241,7 +241,7 @@ def kill_agent_at(lh: LocalHost, host, j, when: str) -> subprocess.CompletedProc
     harness = f"""
 import json, os, signal, sys
 sys.path.insert(0, {str(steps.__file__.rsplit('/', 3)[0])!r})
-from fleetpatch import hostagent
+from fleetpatch.agent import session
 when, package = {when!r}, {probe["package_dir"]!r}
 real_rename, renames = os.rename, []
 def rename(src, dst):
@@ -253,7 +253,7 @@ def rename(src, dst):
         os.kill(os.getpid(), signal.SIGKILL)
     real_rename(src, dst)
 os.rename = rename
-hostagent.main(json.loads(sys.stdin.readline()))
+session.main(json.loads(sys.stdin.readline()))
 """
     return subprocess.run([str(lh.python), "-c", harness], input=json.dumps(req) + "\n", text=True,
                           capture_output=True, timeout=60)

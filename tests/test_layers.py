@@ -1,5 +1,7 @@
 """The house rules a maintainer relies on: the core never reaches into the demo,
-no module imports one above it, and no function grows past 70 lines."""
+no module imports one above it, no function grows past 70 lines nor takes more
+than 8 parameters, no module past 800 lines, and the agent's modules are sent
+in an order in which each comes after what it imports."""
 from __future__ import annotations
 
 import ast
@@ -13,9 +15,9 @@ CORE = SRC / "fleetpatch"
 
 # Lower layers first: a module may import only modules of its own or a lower layer.
 LAYERS = [
-    {"errors", "textsafe", "protocol", "agentboot", "dialer", "runtime", "install", "verdict"},  # runtime, install, verdict: probe/
+    {"errors", "textsafe", "protocol", "agentboot", "dialer", "probe"},
     {"engines", "diffapply", "inventory", "router"},
-    {"patchset", "evidence", "hostagent", "ssh_errors", "sshauth", "lockview"},
+    {"patchset", "evidence", "agent", "ssh_errors", "sshauth", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},
     {"drain"},
     {"steps"},
@@ -34,6 +36,8 @@ def layer_of(name: str) -> int:
     raise AssertionError(f"fleetpatch.{name} is in no layer of tests/test_layers.py: place it")
 
 
+
+
 def internal_imports(path: Path) -> set[str]:
     """fleetpatch modules `path` imports, each by its first name below fleetpatch
     (a package such as engines/ or steps/ counts as one module)."""
@@ -45,6 +49,8 @@ def internal_imports(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             if node.level == 0 and (node.module or "").startswith("fleetpatch."):
                 found.add(node.module.split(".")[1])
+            elif node.level == 0 and node.module == "fleetpatch":   # from fleetpatch import x
+                found.update(a.name for a in node.names)
             elif 0 < node.level <= depth:      # inside its own package
                 found.add(own)
             elif node.level == depth + 1:      # from fleetpatch itself
@@ -147,10 +153,50 @@ def test_no_function_of_the_core_takes_more_than_8_parameters():
 
 
 # Modules other helpers are splitting now (to be cut under 800 lines).
-LONG_KNOWN = {"hostagent.py"}
+LONG_KNOWN: set[str] = set()
 
 
 def test_no_module_of_the_core_is_over_800_lines():
     long = [f"{p.relative_to(SRC)} {n}" for _, p in core_modules()
             if (n := len(p.read_text().splitlines())) > 800 and str(p.relative_to(CORE)) not in LONG_KNOWN]
     assert not long, "\n".join(long)
+
+
+def agent_sibling_imports(path: Path) -> set[str]:
+    """The agent modules `path` imports (`from . import x`, `from .x import y`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+    return found
+
+
+def test_the_agent_is_sent_whole_and_each_module_after_what_it_imports():
+    """agentboot loads the agent's modules on a host in agent.MODULES order, with no files
+    to import from: a module imported before it is loaded would fail there."""
+    from fleetpatch.agent import ENTRY, MODULES
+
+    files = {p.stem for p in (CORE / "agent").glob("*.py")} - {"__init__"}
+    assert set(MODULES) == files and len(MODULES) == len(files), "every agent module is sent, once"
+    assert MODULES[-1] == ENTRY
+    for i, name in enumerate(MODULES):
+        later = agent_sibling_imports(CORE / "agent" / f"{name}.py") - set(MODULES[:i])
+        assert not later, f"agent/{name}.py imports {sorted(later)}, sent after it: reorder agent.MODULES"
+
+
+def test_the_agent_keeps_no_state_in_its_modules():
+    """All of the agent's state is the AgentState of its session: no `global`, and a
+    module binds only constants (tuples, strings, numbers, read-only mappings)."""
+    wrong = []
+    for path in sorted((CORE / "agent").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Global, ast.Nonlocal)):
+                wrong.append(f"{path.name}:{node.lineno} {type(node).__name__.lower()} {', '.join(node.names)}")
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+                mutable = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+                is_call = isinstance(node.value, ast.Call) and ast.unparse(node.value.func) != "types.MappingProxyType"
+                if isinstance(node.value, mutable) or is_call:
+                    wrong.append(f"{path.name}:{node.lineno} {ast.unparse(node)[:60]}")
+    assert not wrong, "\n".join(wrong)

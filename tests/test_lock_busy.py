@@ -14,7 +14,9 @@ import sys
 
 import pytest
 
-from fleetpatch import hostagent
+from fleetpatch.agent import lock
+from fleetpatch.agent.base import AgentError
+from fleetpatch.agent.state import AgentState
 
 
 def start_ticks(pid: int) -> int:
@@ -41,28 +43,28 @@ def held(tmp_path, worker, start_offset=0):
 
 def test_a_release_waits_for_the_agent_still_at_work_then_clears_everything(tmp_path, worker):
     state, req = held(tmp_path, worker)
-    with pytest.raises(hostagent.AgentError) as e:
-        hostagent.release_lock(req)
+    with pytest.raises(AgentError) as e:
+        lock.release_lock(AgentState(), req)
     assert e.value.code == "locked"
     assert f"the host agent (pid {worker.pid})" in e.value.message and "still running its apply" in e.value.message
     assert f"kill {worker.pid}" in e.value.message
     assert (state / "lock").exists()
     worker.kill()
     worker.wait()
-    hostagent.release_lock(req)
+    lock.release_lock(AgentState(), req)
     assert sorted(p.name for p in state.iterdir()) == [], "the lock and its busy note are gone"
 
 
 def test_a_takeover_waits_for_the_agent_still_at_work(tmp_path, worker):
     state, _ = held(tmp_path, worker)
     claim = {"token": "run-2", "holder": "root@laptop pid 2", "force": True}
-    with pytest.raises(hostagent.AgentError) as e:
-        hostagent.take_lock({"state_dir": str(state)}, claim)
+    with pytest.raises(AgentError) as e:
+        lock.take_lock(AgentState(), {"state_dir": str(state)}, claim)
     assert e.value.code == "locked" and "taking the lock over" in e.value.message
     assert json.loads((state / "lock").read_text())["token"] == "run-1"
 
 
 def test_a_reused_pid_is_not_taken_for_the_agent(tmp_path, worker):
     state, req = held(tmp_path, worker, start_offset=1)   # the pid now names another process
-    hostagent.release_lock(req)
+    lock.release_lock(AgentState(), req)
     assert not (state / "lock").exists() and not (state / "lock-busy").exists()

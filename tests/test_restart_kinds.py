@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURE_PATCHES, Operator, needs_fleet, sha256
-from fleetpatch import hostagent as agent
+from fleetpatch.agent import base as agent_base, ledger as agent_ledger, logs as agent_logs
+from fleetpatch.agent import restart as agent_restart
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
 from fleetpatch.inventory import InventoryError, load_inventory
@@ -35,12 +36,12 @@ INVOCATION = "5b1c0e2a9f0d4c7e8a6b3d2f1e0c9b8a"
 
 def test_systemd_restart_and_show_argv():
     r = {"kind": "systemd", "unit": "sglang.service"}
-    assert agent.systemd_restart_argv(r) == ["systemctl", "restart", "--", "sglang.service"]
-    assert agent.systemd_show_argv(r) == ["systemctl", "show", "--property=MainPID", "--property=InvocationID",
+    assert agent_restart.systemd_restart_argv(r) == ["systemctl", "restart", "--", "sglang.service"]
+    assert agent_restart.systemd_show_argv(r) == ["systemctl", "show", "--property=MainPID", "--property=InvocationID",
                                           "--", "sglang.service"]
     # a unit name is one argv word, whatever it holds: nothing reaches a shell
     odd = {"kind": "systemd", "unit": "sglang@gpu 0;rm -rf.service"}
-    assert agent.systemd_restart_argv(odd)[-1] == "sglang@gpu 0;rm -rf.service"
+    assert agent_restart.systemd_restart_argv(odd)[-1] == "sglang@gpu 0;rm -rf.service"
 
 
 @pytest.mark.parametrize("output,pid", [
@@ -56,7 +57,7 @@ def test_systemd_restart_and_show_argv():
     ("System has not been booted with systemd as init system (PID 1). Can't operate.\n", None),
 ])
 def test_parse_main_pid(output, pid):
-    assert agent.parse_main_pid(output) == pid
+    assert agent_restart.parse_main_pid(output) == pid
 
 
 @pytest.mark.parametrize("output,invocation", [
@@ -67,47 +68,47 @@ def test_parse_main_pid(output, pid):
     ("MainPID=4242\nInvocationID=not-an-id\n", None),
 ])
 def test_parse_invocation_id(output, invocation):
-    assert agent.parse_invocation_id(output) == invocation
+    assert agent_restart.parse_invocation_id(output) == invocation
 
 
 def test_journal_argv_by_invocation_follows_every_entry_of_that_run():
-    argv = agent.journal_argv("sglang.service", invocation=INVOCATION, since=1700000000.9)
+    argv = agent_restart.journal_argv("sglang.service", invocation=INVOCATION, since=1700000000.9)
     assert argv == ["journalctl", "--no-pager", "--quiet", "--all", "--output=cat",
                     "_SYSTEMD_INVOCATION_ID=" + INVOCATION, "--follow", "--no-tail"]
 
 
 def test_journal_argv_without_invocation_uses_the_unit_since_the_restart_second():
-    argv = agent.journal_argv("sglang.service", since=1700000000.9)
+    argv = agent_restart.journal_argv("sglang.service", since=1700000000.9)
     assert argv == ["journalctl", "--no-pager", "--quiet", "--all", "--output=cat",
                     "--unit=sglang.service", "--since=@1700000000", "--follow", "--no-tail"]
-    assert agent.journal_argv("u", since=5, follow=False)[-2:] == ["--unit=u", "--since=@5"]
+    assert agent_restart.journal_argv("u", since=5, follow=False)[-2:] == ["--unit=u", "--since=@5"]
 
 
 def test_uses_journal_only_for_systemd_without_a_log_file():
-    assert agent.uses_journal({"kind": "systemd"}, "journal")
-    assert agent.uses_journal({"kind": "systemd"}, None)
-    assert agent.uses_journal({"kind": "systemd"}, "")
-    assert not agent.uses_journal({"kind": "systemd"}, "/data/logs/sglang.log")
-    assert not agent.uses_journal({"kind": "supervisor"}, "journal")
-    assert not agent.uses_journal({"kind": "command"}, None)
+    assert agent_restart.uses_journal({"kind": "systemd"}, "journal")
+    assert agent_restart.uses_journal({"kind": "systemd"}, None)
+    assert agent_restart.uses_journal({"kind": "systemd"}, "")
+    assert not agent_restart.uses_journal({"kind": "systemd"}, "/data/logs/sglang.log")
+    assert not agent_restart.uses_journal({"kind": "supervisor"}, "journal")
+    assert not agent_restart.uses_journal({"kind": "command"}, None)
 
 
 # --------------------------------------------------------- supervisor, pure
 
 def test_supervisor_argv():
     r = {"kind": "supervisor", "program": "sglang", "config": "/etc/supervisor/supervisord.conf"}
-    assert agent.supervisor_argv(r, "stop") == ["supervisorctl", "-c", "/etc/supervisor/supervisord.conf",
+    assert agent_restart.supervisor_argv(r, "stop") == ["supervisorctl", "-c", "/etc/supervisor/supervisord.conf",
                                                 "stop", "sglang"]
-    assert agent.supervisor_argv(r, "pid", ["/py", "-m", "supervisor.supervisorctl"]) == [
+    assert agent_restart.supervisor_argv(r, "pid", ["/py", "-m", "supervisor.supervisorctl"]) == [
         "/py", "-m", "supervisor.supervisorctl", "-c", "/etc/supervisor/supervisord.conf", "pid", "sglang"]
-    assert agent.supervisor_argv({"program": "sglang"}, "start") == ["supervisorctl", "start", "sglang"]
-    assert agent.supervisor_argv({"program": "serving:sglang"}, "start")[-1] == "serving:sglang"
+    assert agent_restart.supervisor_argv({"program": "sglang"}, "start") == ["supervisorctl", "start", "sglang"]
+    assert agent_restart.supervisor_argv({"program": "serving:sglang"}, "start")[-1] == "serving:sglang"
 
 
 @pytest.mark.parametrize("program", ["all", "two words", "", "x\ny"])
 def test_supervisor_argv_refuses_what_is_not_one_program(program):
-    with pytest.raises(agent.AgentError) as e:
-        agent.supervisor_argv({"program": program}, "stop")
+    with pytest.raises(agent_base.AgentError) as e:
+        agent_restart.supervisor_argv({"program": program}, "stop")
     assert "program" in e.value.message
 
 
@@ -120,7 +121,7 @@ def test_supervisor_argv_refuses_what_is_not_one_program(program):
     ("", None),
 ])
 def test_parse_supervisor_pid(output, pid):
-    assert agent.parse_supervisor_pid(output) == pid
+    assert agent_restart.parse_supervisor_pid(output) == pid
 
 
 @pytest.mark.parametrize("output,state", [
@@ -136,7 +137,7 @@ def test_parse_supervisor_pid(output, pid):
     ("error: <class 'PermissionError'>, [Errno 13] Permission denied: file: ...\n", None),
 ])
 def test_parse_supervisor_result(output, state):
-    assert agent.parse_supervisor_result(output, "sglang") == state
+    assert agent_restart.parse_supervisor_result(output, "sglang") == state
 
 
 def test_supervisorctl_from_path_else_this_interpreters_package(tmp_path, monkeypatch):
@@ -144,9 +145,9 @@ def test_supervisorctl_from_path_else_this_interpreters_package(tmp_path, monkey
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert agent.supervisorctl_command() == [str(tool)]
+    assert agent_restart.supervisorctl_command() == [str(tool)]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert agent.supervisorctl_command() == [sys.executable, "-m", "supervisor.supervisorctl"]
+    assert agent_restart.supervisorctl_command() == [sys.executable, "-m", "supervisor.supervisorctl"]
 
 
 # --------------------------------------- systemd against stand-in tools
@@ -197,17 +198,17 @@ def read_until(follower, n, timeout=10.0):
 
 def test_systemd_restart_records_the_journal_window_and_follow_reads_that_run(tmp_path, fake_systemd):
     req = systemd_req(tmp_path)
-    ledger = agent.load_ledger(req)
+    ledger = agent_ledger.load_ledger(req)
     before = time.time()
-    out = agent.restart_server(req, ledger, "deploy x@1")
+    out = agent_restart.restart_server(req, ledger, "deploy x@1")
     assert calls(fake_systemd) == ["restart -- sglang.service",
                                    "show --property=MainPID --property=InvocationID -- sglang.service"]
     assert out["pid"] == 4242 and out["unit"] == "sglang.service"
     assert out["journal"]["invocation"] == INVOCATION
     assert before <= out["journal"]["since"] <= time.time()
     assert ledger["last_restart"]["journal"] == out["journal"]
-    agent.save_ledger(req, ledger)
-    follower = agent.open_follower(req)
+    agent_ledger.save_ledger(req, ledger)
+    follower = agent_logs.open_follower(req)
     try:
         first, lines = read_until(follower, 2)
     finally:
@@ -224,20 +225,20 @@ def test_systemd_with_a_log_file_follows_the_file(tmp_path, fake_systemd):
     log = tmp_path / "sglang.log"
     log.write_text("old run\n")
     req = systemd_req(tmp_path, str(log))
-    ledger = agent.load_ledger(req)
-    out = agent.restart_server(req, ledger, "deploy")
+    ledger = agent_ledger.load_ledger(req)
+    out = agent_restart.restart_server(req, ledger, "deploy")
     assert "journal" not in out and "journal" not in ledger["last_restart"]
     assert out["offset"] == len("old run\n")
-    follower = agent.open_follower(dict(req, inode=out["inode"], offset=out["offset"]))
-    assert isinstance(follower, agent.LogFollower)
+    follower = agent_logs.open_follower(dict(req, inode=out["inode"], offset=out["offset"]))
+    assert isinstance(follower, agent_logs.LogFollower)
 
 
 def test_systemd_restart_failure_is_restart_failed_with_systemctls_words(tmp_path, fake_systemd):
     fake_tool(fake_systemd, "systemctl",
               'echo "Job for sglang.service failed because the control process exited with error code."\n'
               'exit 1\n')
-    with pytest.raises(agent.AgentError) as e:
-        agent.restart_server(systemd_req(tmp_path), {}, "deploy")
+    with pytest.raises(agent_base.AgentError) as e:
+        agent_restart.restart_server(systemd_req(tmp_path), {}, "deploy")
     assert e.value.code == "restart-failed"
     assert "Job for sglang.service failed" in e.value.message
     assert "journalctl -u sglang.service" in e.value.message
@@ -246,15 +247,15 @@ def test_systemd_restart_failure_is_restart_failed_with_systemctls_words(tmp_pat
 def test_journalctl_that_cannot_read_the_journal_is_an_error_not_a_wait(tmp_path, fake_systemd):
     fake_tool(fake_systemd, "journalctl",
               'echo "No journal files were opened due to insufficient permissions." >&2\nexit 1\n')
-    follower = agent.open_follower(systemd_req(tmp_path))
-    with pytest.raises(agent.AgentError) as e:
+    follower = agent_logs.open_follower(systemd_req(tmp_path))
+    with pytest.raises(agent_base.AgentError) as e:
         read_until(follower, 1)
     assert "insufficient permissions" in e.value.message
     assert "systemd-journal" in e.value.message
 
 
 def test_follow_without_a_recorded_window_reads_the_unit_from_now(tmp_path, fake_systemd):
-    follower = agent.open_follower(systemd_req(tmp_path))
+    follower = agent_logs.open_follower(systemd_req(tmp_path))
     try:
         read_until(follower, 2)
     finally:

@@ -1,7 +1,7 @@
 """The deploy, rollback, verify-logs and status flows on the local transport:
 the real agent, the real SGLang files and the real stand-in server, in a
 directory tree, no sshd. Each test takes about a second; a change to
-`steps.py` or `hostagent.py` is checked here first."""
+`steps.py` or the agent (`fleetpatch/agent/`) is checked here first."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +16,10 @@ import time
 import pytest
 
 from localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
-from fleetpatch import hostagent, steps
+from fleetpatch import steps
+from fleetpatch.agent import ledger as agent_ledger, lock as agent_lock, restart as agent_restart
+from fleetpatch.agent.session import op_follow
+from fleetpatch.agent.state import AgentState, RequestReader
 
 
 @pytest.fixture
@@ -249,9 +252,9 @@ def test_a_clock_step_does_not_cut_the_stop_grace(tmp_path, monkeypatch):
     pidfile = tmp_path / "server.pid"
     pidfile.write_text(f"{proc.pid}\n")
     real, calls = time.time, itertools.count()
-    monkeypatch.setattr(hostagent.time, "time", lambda: real() + (3600 if next(calls) else 0))  # steps after 1 read
+    monkeypatch.setattr(time, "time", lambda: real() + (3600 if next(calls) else 0))  # steps after 1 read
     try:
-        out = hostagent.stop_command_server({"pidfile": str(pidfile), "stop_grace": 5})
+        out = agent_restart.stop_command_server({"pidfile": str(pidfile), "stop_grace": 5})
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -264,10 +267,10 @@ def test_a_clock_step_does_not_end_follow_early(tmp_path, monkeypatch, capsys):
     log = tmp_path / "server.log"
     log.write_text("")
     r, w = os.pipe()
-    stdin = os.fdopen(r, "rb")
-    monkeypatch.setattr(hostagent.sys, "stdin", stdin)
+    state = AgentState()
+    state.requests = RequestReader(r)   # the channel the laptop's decision comes on
     started = time.time()
-    monkeypatch.setattr(hostagent.time, "time", lambda: started + 3600 * (time.monotonic() > t0 + 0.2))
+    monkeypatch.setattr(time, "time", lambda: started + 3600 * (time.monotonic() > t0 + 0.2))
     t0 = time.monotonic()
     req = {"log": str(log), "state_dir": str(tmp_path / "state"), "timeout": 5, "restart": {"kind": "command"}}
 
@@ -277,10 +280,10 @@ def test_a_clock_step_does_not_end_follow_early(tmp_path, monkeypatch, capsys):
 
     threading.Thread(target=answer, daemon=True).start()
     try:
-        out = hostagent.op_follow(req)
+        out = op_follow(state, req)
     finally:
         os.close(w)
-        stdin.close()
+        os.close(r)
     assert out["ended"] == "finished", out
     assert time.monotonic() - t0 >= 1.0
     assert '"t": "deadline"' not in capsys.readouterr().out
@@ -294,28 +297,28 @@ def test_a_supervisor_program_name_with_a_space_fails_the_probe_and_releases_the
     assert not lh.lock.exists() and lh.is_pristine()
 
 
-def test_at_its_deadline_follow_still_runs_the_decision_so_the_lock_is_released(tmp_path, monkeypatch, capsys):
+def test_at_its_deadline_follow_still_runs_the_decision_so_the_lock_is_released(tmp_path, capsys):
     """The agent's own deadline passes first: it says so, and the laptop's answer to
     that event (record the timeout, release the lock) still runs."""
     state = tmp_path / "state"
     req = {"log": str(tmp_path / "server.log"), "state_dir": str(state), "timeout": -5,
            "restart": {"kind": "command"}, "lock_token": "t1"}
-    hostagent.take_lock(req, {"token": "t1", "holder": "me", "force": False})
+    agent = AgentState()
+    agent_lock.take_lock(agent, req, {"token": "t1", "holder": "me", "force": False})
     r, w = os.pipe()
-    stdin = os.fdopen(r, "rb")
-    monkeypatch.setattr(hostagent.sys, "stdin", stdin)
+    agent.requests = RequestReader(r)
     update = {"last_verification": {"at": "now", "status": "timeout", "labels": ["x@1"]}}
     decision = [dict(req, op="record", ledger_update=update), dict(req, op="unlock")]
     threading.Timer(0.3, lambda: os.write(w, json.dumps(decision).encode() + b"\n")).start()
     try:
-        out = hostagent.op_follow(req)
+        out = op_follow(agent, req)
     finally:
         os.close(w)
-        stdin.close()
+        os.close(r)
     assert '"t": "deadline"' in capsys.readouterr().out
     assert out == {"ended": "deadline", "then": [{"recorded": True}, {"unlocked": True}]}
     assert not (state / "lock").exists()
-    assert hostagent.load_ledger(req)["last_verification"]["status"] == "timeout"
+    assert agent_ledger.load_ledger(req)["last_verification"]["status"] == "timeout"
 
 
 def test_a_server_that_never_gets_ready_times_out_and_the_lock_is_released(lh):

@@ -6,8 +6,10 @@ untouched beyond what it read. This stage then reads, all from fd 0 with exact
 reads (nothing is buffered ahead, so the agent's request loop owns the rest of
 the stream):
 
-    8-digit length, header JSON   {"cache_dir": ..., "modules": [{"name", "filename", "sha256", "size"}, ...]}
-    per module: `size` bytes of zlib-compressed source
+    8-digit length, header JSON, zlib'd   {"cache_dir": ..., "run": NAME, "compressed": N,
+                                          "modules": [{"name", "filename", "sha256", "size"}, ...]}
+    N bytes: the sources of all modules, one after the other (`size` bytes each), as
+    one zlib stream (one stream, not one per module: 15 % fewer bytes on the wire)
 
 Every source is sent every time, so the host never runs code the laptop did
 not send. The cache only saves the compile: an entry is keyed by the sha256 of
@@ -17,9 +19,14 @@ else (absent, torn, corrupt, another interpreter's) falls back to compiling the
 sent source, and rewrites the entry atomically. A cache that cannot be written
 (read-only state dir) costs the compile and nothing else.
 
-The first module is registered in sys.modules under its name (the protocol);
-the last is the agent, run as `__fleetpatch_agent__`, whose request loop then
-reads requests from fd 0 until the laptop says `bye` or closes the channel.
+Every module is run and registered in sys.modules under its name, in the order
+sent (the laptop sends each after the modules it imports). A dotted name
+(`fleetpatch_agent.lock`) is a module of a package that has no files here: the
+package is made empty (no code of its own, and nothing to find on disk), so
+the agent's modules import each other relatively, as they do on the laptop,
+where they are `fleetpatch.agent.*`. Then `serve(0, how each was loaded)` of
+the module named `run` is the agent's request loop: it reads requests from fd 0
+until the laptop says `bye` or closes the channel.
 
 Stdlib only, Python 3.8+.
 """
@@ -32,7 +39,7 @@ import types
 import zlib
 
 MAGIC = b"fleetpatch-agent-cache 1\n"
-KEEP_ENTRIES = 16      # other agent versions' entries beyond this many are pruned, oldest first
+KEEP_ENTRIES = 48      # other agent versions' entries (one per module) beyond this many are pruned, oldest first
 
 
 def read_exact(n):
@@ -82,7 +89,7 @@ def load_cached(path, source_sha):
     return code if isinstance(code, types.CodeType) else None
 
 
-def store(path, source_sha, code):
+def store(path, source_sha, code, keep):
     """Write the entry beside its final name and rename it over: a reader sees all of it or nothing."""
     body = marshal.dumps(code)
     head = "source %s\npython %s\ncode %s\n\n" % (source_sha, interpreter_tag(), hashlib.sha256(body).hexdigest())
@@ -95,7 +102,7 @@ def store(path, source_sha, code):
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + head.encode("ascii") + body)
         os.rename(tmp, path)
-        prune(directory, keep=path)
+        prune(directory, keep)
     except (IOError, OSError):
         try:
             os.unlink(tmp)
@@ -104,10 +111,11 @@ def store(path, source_sha, code):
 
 
 def prune(directory, keep):
+    """Remove the oldest entries beyond KEEP_ENTRIES, never one of `keep` (this agent's)."""
     entries = []
     for name in os.listdir(directory):
         p = os.path.join(directory, name)
-        if p != keep and name.endswith((".code", ".tmp")):
+        if p not in keep and name.endswith((".code", ".tmp")):
             try:
                 entries.append((os.stat(p).st_mtime, p))
             except OSError:
@@ -119,25 +127,45 @@ def prune(directory, keep):
             pass
 
 
-def load(module, source, cache_dir):
-    """(code, how): the module's code object, from the cache when it is this source's."""
+def load(module, source, path, keep):
+    """(code, how): the module's code object, from the cache entry `path` when it is this source's."""
     source_sha = hashlib.sha256(source).hexdigest()
     if source_sha != module["sha256"]:
         sys.stderr.write("fleetpatch agent: %s arrived damaged (sha256 differs from the laptop's); rerun\n"
                          % module["filename"])
         os._exit(3)
-    path = entry_path(cache_dir, source_sha, module["filename"]) if cache_dir else None
     code = load_cached(path, source_sha) if path else None
     if code is not None:
         return code, "cached"
     code = compile(source, module["filename"], "exec")
     if path:
-        store(path, source_sha, code)
+        store(path, source_sha, code, keep)
     return code, "compiled"
 
 
+def new_module(name):
+    """An empty module `name` registered in sys.modules, in its package (made empty
+    when it is not there yet): what `import` would make of a file, without a file."""
+    from importlib.machinery import ModuleSpec
+
+    parent, _, leaf = name.rpartition(".")
+    if parent and parent not in sys.modules:
+        package = types.ModuleType(parent)
+        package.__spec__ = ModuleSpec(parent, None, is_package=True)
+        package.__path__ = []   # nothing of it is ever looked for on disk
+        package.__package__ = parent
+        sys.modules[parent] = package
+    module = types.ModuleType(name)
+    module.__spec__ = ModuleSpec(name, None)
+    module.__package__ = parent
+    sys.modules[name] = module
+    if parent:
+        setattr(sys.modules[parent], leaf, module)
+    return module
+
+
 def boot():
-    header = json.loads(read_block().decode("utf-8"))
+    header = json.loads(zlib.decompress(read_block()).decode("utf-8"))
     cache_dir = header.get("cache_dir")
     if cache_dir:
         cache_dir = os.path.expanduser(cache_dir)
@@ -145,19 +173,19 @@ def boot():
             # a state dir that is a symlink is refused by the agent; nothing may be written through it first
             cache_dir = None
     modules = header["modules"]
-    loaded = []
+    sources = zlib.decompress(read_exact(header["compressed"]))
+    loaded, at = [], 0
     for module in modules:
-        loaded.append((module, zlib.decompress(read_exact(module["size"]))))
+        loaded.append((module, sources[at:at + module["size"]]))
+        at += module["size"]
+    paths = [entry_path(cache_dir, m["sha256"], m["filename"]) if cache_dir else None for m in modules]
+    keep = set(p for p in paths if p)
     info = {}
-    for i, (module, source) in enumerate(loaded):
-        code, how = load(module, source, cache_dir)
+    for (module, source), path in zip(loaded, paths):
+        code, how = load(module, source, path, keep)
         info[module["name"]] = how
-        if i < len(loaded) - 1:
-            m = types.ModuleType(module["name"])
-            exec(code, m.__dict__)
-            sys.modules[module["name"]] = m
-        else:
-            exec(code, {"__name__": module["name"], "AGENT_BOOT": info})
+        exec(code, new_module(module["name"]).__dict__)
+    sys.modules[header["run"]].serve(0, info)
 
 
 if __name__ == "__fleetpatch_boot__":

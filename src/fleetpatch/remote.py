@@ -1,6 +1,6 @@
 """The one seam to a host: `Remote` speaks the agent protocol over a transport.
 
-Everything fleetpatch does on a host is a request to `hostagent` run by the
+Everything fleetpatch does on a host is a request to the agent (`agent/`) run by the
 host's engine interpreter. `Remote` starts the agent once per host per
 command (one remote command: `<python> -S -c BOOTSTRAP`, its sources on stdin:
 the host needs nothing installed), sends it every request of the operation as
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol
 
 from . import protocol
+from .agent import ENTRY, HOST_PACKAGE, MODULES as AGENT_MODULES
 from .errors import HostFailure, NoAnswer, Status
 from .inventory import Host
 
@@ -48,10 +49,10 @@ BOOTSTRAP = (  # double quotes only: shlex.quote then wraps it in one pair of si
     'exec(compile(zlib.decompress(r(int(r(8)))),"fleetpatch-agent-boot","exec"),{"__name__":"__fleetpatch_boot__"})'
 )
 
-AGENT_MODULE = "__fleetpatch_agent__"
+AGENT_MODULE = f"{HOST_PACKAGE}.{ENTRY}"   # on a host: the agent's module whose serve() is its request loop
 
 # -S: no site step at the agent's start (stdlib only; it costs a third of a bare
-# start-up, more where a .pth file imports); `hostagent.with_site` runs it when
+# start-up, more where a .pth file imports); `agent.package.with_site` runs it when
 # the agent needs what site-packages hold.
 AGENT_FLAGS = ("-S",)
 
@@ -67,15 +68,32 @@ def _compressed(name: str) -> bytes:
     return zlib.compress(_source(name), 6)
 
 
-def __getattr__(name: str) -> bytes:
+def sent_modules() -> list[tuple[str, str, str]]:
+    """What a host loads, in order: (file below fleetpatch/, its module name on the host,
+    its filename in tracebacks). The protocol, then the agent's modules, each after the
+    modules it imports (agent.MODULES)."""
+    return [("protocol.py", protocol.AGENT_MODULE_NAME, "fleetpatch-protocol")] + [
+        (f"agent/{m}.py", f"{HOST_PACKAGE}.{m}", f"fleetpatch-agent/{m}.py") for m in AGENT_MODULES]
+
+
+def __getattr__(name: str):
     """The compressed sources as sent, computed on first use (tests read them)."""
     if name == "PROTOCOL_SOURCE":
         return _compressed("protocol.py")
-    if name == "AGENT_SOURCE":
-        return _compressed("hostagent.py")
+    if name == "AGENT_SOURCE":   # the module whose serve() is the request loop
+        return _compressed(f"agent/{ENTRY}.py")
+    if name == "AGENT_SOURCES":  # every agent module, by its name on the host
+        return {module: _compressed(path) for path, module, _ in sent_modules()[1:]}
     if name == "BOOT_SOURCE":
         return _compressed("agentboot.py")
+    if name == "SOURCES_BLOB":   # what boot_stream sends after its header
+        return _sources_blob()
     raise AttributeError(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _sources_blob() -> bytes:
+    return zlib.compress(b"".join(_source(path) for path, _, _ in sent_modules()), 6)
 
 
 def _block(data: bytes) -> bytes:
@@ -84,17 +102,15 @@ def _block(data: bytes) -> bytes:
 
 def boot_stream(state_dir: str | None) -> bytes:
     """Everything the agent reads before its first request: stage two, the header,
-    the protocol then the agent (each with the sha256 the host checks it against).
-    The compile cache lives in the host's state dir."""
-    modules, blobs = [], []
-    for name, module, filename in (("protocol.py", protocol.AGENT_MODULE_NAME, "fleetpatch-protocol"),
-                                   ("hostagent.py", AGENT_MODULE, "fleetpatch-agent")):
-        blob = _compressed(name)
-        modules.append({"name": module, "filename": filename, "size": len(blob),
-                        "sha256": hashlib.sha256(_source(name)).hexdigest()})
-        blobs.append(blob)
-    header = {"modules": modules, "cache_dir": os.path.join(state_dir, "agent-cache") if state_dir else None}
-    return _block(_compressed("agentboot.py")) + _block(json.dumps(header).encode()) + b"".join(blobs)
+    the protocol then the agent's modules (each with the sha256 the host checks it
+    against), their sources as one zlib stream. The compile cache lives in the
+    host's state dir."""
+    modules = [{"name": module, "filename": filename, "size": len(_source(path)),
+                "sha256": hashlib.sha256(_source(path)).hexdigest()} for path, module, filename in sent_modules()]
+    blob = _sources_blob()
+    header = {"modules": modules, "run": AGENT_MODULE, "compressed": len(blob),
+              "cache_dir": os.path.join(state_dir, "agent-cache") if state_dir else None}
+    return _block(_compressed("agentboot.py")) + _block(zlib.compress(json.dumps(header).encode(), 6)) + blob
 
 
 def request_line(request: dict) -> bytes:

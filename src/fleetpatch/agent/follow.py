@@ -1,0 +1,146 @@
+"""One `follow`: the server's log since the restart, its liveness and its health,
+streamed to the laptop until it sends its decision or the time is up."""
+import json
+import sys
+import time
+
+from .http import http_get
+from .logs import LogFollower, LogWatch, open_follower
+from .procs import pid_alive, proc_launch
+from .restart import server_pid
+from .state import RequestReader
+
+
+class Follow(object):
+    """One `follow`: stream the log since the restart with liveness and health,
+    until the laptop sends its follow-up requests (it has its verdict) or the
+    timeout passes. Deadlines use the monotonic clock."""
+
+    POLL_S = 0.05
+    # With the log watched (inotify) its writes wake the follow at once; the timer then only
+    # catches what writes nothing (a health answer, a death without a word), so it can be
+    # slower: at 50 ms it was most of a follow's iterations, and of its CPU, on a busy host.
+    WATCHED_POLL_S = 0.25
+    DECISION_WAIT_S = 10.0
+
+    def __init__(self, state, req):
+        self.state = state
+        self.req = req
+        self.follower = open_follower(req)
+        self.watch = LogWatch(self.follower.path) if isinstance(self.follower, LogFollower) else None
+        restart = req.get("restart") or {}
+        self.managed = restart.get("kind") in ("systemd", "supervisor")
+        self.pid = req.get("pid") or (server_pid(restart) if self.managed else None)
+        self.health_url = req.get("health_url")
+        self.info_url = req.get("server_info_url")
+        self.ready_text = req.get("ready_line")
+        self.env_prefixes = req.get("launch_env_prefixes") or ()
+        self.started = time.monotonic()
+        self.deadline = self.started + float(req.get("timeout", 60)) + 5
+        self.ready = False
+        self.info_sent = False
+        self.launch_sent = False
+        self.last_state = None
+        self.last_emit = self.started
+        self.next_health = 0.0
+        # The session's request stream (the laptop's decision arrives on it), or stdin when run alone.
+        self.requests = state.requests or RequestReader(sys.stdin.fileno())
+
+    def run(self):
+        while True:
+            self.send_launch()
+            self.send_lines()
+            now = time.monotonic()
+            # a manager that reports no main process means the server is not running
+            alive = pid_alive(self.pid) if self.pid else (False if self.managed else None)
+            if alive is False:
+                # What a dying server wrote last (its traceback) must reach the verdict before its death does.
+                self.send_lines()
+            self.send_state(now, alive, self.check_health(now, alive))
+            if now > self.deadline:
+                return self.at_deadline()
+            followups = self.read_followups()
+            if followups is not None:
+                return followups
+
+    def at_deadline(self):
+        """Say the time is up, then wait a bounded moment for the laptop's decision on it
+        (its record and its release of the lock), which it sends when it sees this."""
+        self.state.emit({"t": "deadline"})
+        until = time.monotonic() + self.DECISION_WAIT_S
+        while time.monotonic() < until:
+            followups = self.read_followups()
+            if followups is not None:
+                return dict(followups, ended="deadline") if "requests" in followups else followups
+        return {"ended": "deadline"}
+
+    def send_launch(self):
+        if self.pid and not self.launch_sent and pid_alive(self.pid):
+            # How the server that is running now was launched: it, not the inventory, decides the path.
+            self.state.emit(dict(proc_launch(self.pid, self.env_prefixes), t="launch", pid=self.pid))
+            self.launch_sent = True
+
+    def send_lines(self):
+        for path, first, lines in self.follower.read():
+            self.state.emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines})
+            self.last_emit = time.monotonic()
+            if self.ready_text and not self.ready and any(self.ready_text in l for l in lines):
+                self.ready = True
+                self.next_health = 0.0
+
+    def check_health(self, now, alive):
+        if not self.health_url or now < self.next_health or alive is False:
+            return None
+        status, _ = http_get(self.health_url, timeout=2.0)
+        healthy = status == 200
+        self.next_health = now + (0.25 if self.ready else 1.0)
+        if healthy and self.info_url and not self.info_sent:
+            status, body = http_get(self.info_url, timeout=3.0)
+            if status == 200:
+                try:
+                    self.state.emit({"t": "server_info", "data": json.loads(body.decode("utf-8", "replace"))})
+                except ValueError:
+                    pass
+                self.info_sent = True
+        return healthy
+
+    def send_state(self, now, alive, healthy):
+        elapsed = round(now - self.started, 3)
+        if healthy is not None or alive is False:
+            if (alive, healthy) != self.last_state:
+                self.state.emit({"t": "state", "alive": alive, "healthy": healthy, "elapsed": elapsed})
+                self.last_state = (alive, healthy)
+                self.last_emit = now
+        elif now - self.last_emit >= 0.5:
+            self.state.emit({"t": "tick", "elapsed": elapsed})
+
+    def read_followups(self):
+        """None while the laptop is still listening; else follow's result, with the
+        laptop's follow-up requests (`requests`) for the session to run."""
+        line = None if self.state.gone else self.requests.poll(self.poll_wait(), self.watch)
+        if self.state.gone or self.requests.eof:
+            return {"ended": "stdin closed"}
+        if line is None:
+            return None
+        requests = json.loads(line.decode("utf-8") or "[]")
+        return {"ended": "finished", "requests": requests}
+
+    def poll_wait(self):
+        """How long the next wait for the laptop's decision may last."""
+        if getattr(self.follower, "more", False):
+            return 0   # no wait while the log has more to read: a burst is passed on as fast as it is read
+        if self.watch is None or self.watch.fd is None:
+            return self.POLL_S
+        wait = self.WATCHED_POLL_S
+        if self.health_url:   # a health check falls due: that is not a log write
+            # at least POLL_S: a check that is overdue and not made (the server is dead) must
+            # not turn the wait into a spin until the laptop decides
+            wait = min(wait, max(self.POLL_S, self.next_health - time.monotonic()))
+        return wait
+
+    def close(self):
+        close = getattr(self.follower, "close", None)
+        if close is not None:
+            close()
+        if self.watch is not None:
+            self.watch.close()

@@ -1,0 +1,126 @@
+"""Serving checks run ON the host: drain (wait until the worker has nothing in
+flight), smoke (one generate request, then its expected log lines), bake (watch
+the server a while). The laptop takes the worker out of its routers; these read
+the worker's own figures where the worker is (the routers' load figures count
+tokens, not requests)."""
+import json
+import time
+
+from .base import AgentError, pack, protocol
+from .http import http_get, http_post_json
+from .logs import close_reader, log_reader_since
+from .procs import pid_alive
+from .restart import log_position, server_pid, uses_journal
+
+
+def read_worker_load(url):
+    """(running, waiting, path) or (None, None, why) when the worker does not answer."""
+    base = url.rstrip("/")
+    why = None
+    for path in ("/v1/loads", "/get_load"):
+        status, body = http_get(base + path, timeout=3.0)
+        if status == 200:
+            try:
+                running, waiting = protocol.parse_worker_loads(json.loads(body.decode("utf-8", "replace")))
+                return running, waiting, path
+            except ValueError as e:
+                raise AgentError("router-error", "GET %s%s answered, but not as SGLang does (%s)" % (base, path, e))
+        why = "GET %s%s: %s" % (base, path, "HTTP %s" % status if status else body.decode("utf-8", "replace"))
+        if status != 404:
+            break
+    return None, None, why
+
+
+def op_drain(state, req):
+    """Wait (at most `wait` s) until the worker at `url` has no running and no waiting
+    request. The laptop calls it again until its --drain-timeout: short calls keep a
+    Ctrl-C on the laptop answered within one of them."""
+    url = req["url"]
+    deadline = time.monotonic() + max(0.0, float(req.get("wait", 2.0)))
+    pid = server_pid(req.get("restart") or {}) if req.get("restart") else None
+    first = None
+    while True:
+        running, waiting, source = read_worker_load(url)
+        if first is None:
+            first = (running or 0) + (waiting or 0)   # what this call found in flight
+        if running is None:
+            if pid is not None and not pid_alive(pid):
+                # a server that is not running has nothing in flight
+                return {"drained": True, "running": 0, "waiting": 0, "source": "server not running", "first": 0}
+            raise AgentError("router-error", "cannot read the load of the worker %s from the host (%s); is "
+                             "server.url right, and does it answer on this host?" % (url, source))
+        if running == 0 and waiting == 0:
+            return {"drained": True, "running": 0, "waiting": 0, "source": source, "first": first}
+        if time.monotonic() >= deadline:
+            return {"drained": False, "running": running, "waiting": waiting, "source": source, "first": first}
+        time.sleep(float(req.get("poll", 0.1)))
+
+
+def op_smoke(state, req):
+    """POST url/generate with the smoke prompt from the host; then, if `expect` lines are
+    given, read the server's output written since the request until each has appeared
+    (at most `expect_wait` s). The laptop judges the answer."""
+    since = time.time()
+    pos = log_position(req["log"]) if req.get("log") and req.get("log") != "journal" else {}
+    status, body = http_post_json(req["url"].rstrip("/") + "/generate",
+                                  {"text": req.get("prompt", "Hello"),
+                                   "sampling_params": {"max_new_tokens": int(req.get("max_new_tokens", 4)),
+                                                       "temperature": 0}},
+                                  float(req.get("timeout", 60)))
+    out = {"status": status, "body": pack(body[:65536] if isinstance(body, bytes) else b"")}
+    expect = list(req.get("expect") or [])
+    if not expect or status != 200:
+        return out
+    reader = log_reader_since(req, since - 1, pos)
+    found, seen = {}, 0
+    deadline = time.monotonic() + float(req.get("expect_wait", 5.0))
+    try:
+        while True:
+            for _path, first, lines in reader.read():
+                for i, line in enumerate(lines):
+                    seen += 1
+                    for text in expect:
+                        if text not in found and text in line:
+                            found[text] = {"line_no": first + i, "line": line[:500]}
+            if len(found) == len(expect) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        close_reader(reader)
+    out.update({"found": found, "missing": [t for t in expect if t not in found], "lines_read": seen})
+    return out
+
+
+def op_bake(state, req):
+    """Watch the server `seconds` s: its process alive, its health endpoint 200, and no
+    new line holding a `forbid` text. Ends at the first problem."""
+    restart = req.get("restart") or {}
+    forbid = list(req.get("forbid") or [])
+    pos = log_position(req["log"]) if req.get("log") and req.get("log") != "journal" else {}
+    reader = log_reader_since(req, time.time(), pos) if req.get("log") or uses_journal(restart, None) else None
+    deadline = time.monotonic() + float(req.get("seconds", 10))
+    checks, lines_read = 0, 0
+    try:
+        while True:
+            pid = server_pid(restart)
+            if not pid_alive(pid):
+                return {"ok": False, "problem": "the server process is not running (pid %s)" % pid,
+                        "checks": checks}
+            if req.get("health_url"):
+                status, _ = http_get(req["health_url"], timeout=2.0)
+                if status != 200:
+                    return {"ok": False, "problem": "GET %s answered %s" % (req["health_url"], status or "nothing"),
+                            "checks": checks}
+            for _path, first, lines in (reader.read() if reader is not None else []):
+                for i, line in enumerate(lines):
+                    lines_read += 1
+                    for text in forbid:
+                        if text in line:
+                            return {"ok": False, "problem": "line %d of the log holds %r: %s"
+                                    % (first + i, text, line[:300]), "checks": checks}
+            checks += 1
+            if time.monotonic() >= deadline:
+                return {"ok": True, "checks": checks, "lines_read": lines_read}
+            time.sleep(0.25)
+    finally:
+        close_reader(reader)
