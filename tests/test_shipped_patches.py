@@ -36,12 +36,14 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from fleetpatch_demo.wheels import sglang_tree
 
@@ -50,13 +52,14 @@ SHIPPED = REPO / "src" / "fleetpatch" / "patches"
 FIXTURES = REPO / "tests" / "fixtures" / "patches"
 STANDIN = REPO / "src" / "fleetpatch_demo" / "standin.py"
 
-WHEEL_VERSIONS = ("0.5.8", "0.5.9")
+WHEEL_VERSIONS = ("0.5.8", "0.5.8.post1", "0.5.9")
 V1 = "sglang/srt/speculative/eagle_worker.py"
 V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 SERVER_ARGS = "sglang/srt/server_args.py"
 READY = "The server is fired up and ready to roll!"
 
-TOP_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path", "smoke_expect"}
+TOP_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path", "smoke_expect",
+            "superseded"}
 REQUIRED_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid"}
 REV_KEYS = {"rev", "diff", "engine_versions"}
 
@@ -169,7 +172,46 @@ def test_shipped_revisions_cover_their_versions():
     beacon = manifest(SHIPPED / "spec-path-beacon")
     assert {r["engine_versions"] for r in beacon["revisions"]} == {"==0.5.9", "==0.5.8"}
     dsd = manifest(SHIPPED / "dynamic-spec-disable")
-    assert [r["engine_versions"] for r in dsd["revisions"]] == ["==0.5.9"]
+    assert [r["engine_versions"] for r in dsd["revisions"]] == ["==0.5.9", ">=0.5.8,<=0.5.8.post1"]
+    assert dsd["superseded"] == {"engine_versions": ">=0.5.23", "use": "--speculative-adaptive"}
+
+
+def _wheel_file(version: str, path: str):
+    from fleetpatch_demo.wheels import wheel_path
+    with zipfile.ZipFile(wheel_path(version)) as zf:
+        return zf.read(path) if path in zf.namelist() else None
+
+
+def _release_names():
+    from fleetpatch.engines.sglang_facts import RELEASES
+    return [r.name for r in RELEASES]
+
+
+@pytest.mark.pypi
+@pytest.mark.parametrize("version", _release_names())
+def test_dynamic_spec_disable_fits_every_release_or_says_why(version):
+    """Every release the profile knows: a revision applies to its real files at zero
+    offset, or upstream supersedes the patch, or r1 genuinely conflicts there (and
+    the loader says no revision fits, naming the ones that exist)."""
+    from fleetpatch import diffapply, patchset
+    from fleetpatch.engines.sglang import PROFILE
+    folder = SHIPPED / "dynamic-spec-disable"
+    patch, _ = patchset.load_patch("dynamic-spec-disable", [SHIPPED], PROFILE)
+    fitting = [r for r in manifest(folder)["revisions"] if version in SpecifierSet(r["engine_versions"])]
+    if fitting:
+        (rev,) = fitting
+        assert patch.choose(None, version).rev == rev["rev"]
+        for fd in diffapply.parse_diff((folder / rev["diff"]).read_text(), rev["diff"]):
+            res = diffapply.apply_file(fd, _wheel_file(version, fd.path))
+            assert res.state == "applies" and set(res.offsets) == {0}, (fd.path, res.detail)
+        return
+    with pytest.raises(patchset.NoRevisionFits) as err:
+        patch.choose(None, version)
+    assert "r1 ==0.5.9" in str(err.value)
+    r1 = diffapply.parse_diff((folder / "sglang-0.5.9.r1.diff").read_text(), "r1")
+    states = {fd.path: diffapply.apply_file(fd, _wheel_file(version, fd.path)).state for fd in r1}
+    assert "conflict" in states.values(), states
+    assert patch.superseded.admits(version) == (Version(version) >= Version("0.5.23"))
 
 
 # ---------------------------------------------------------------------------
@@ -297,8 +339,8 @@ def test_loader_picks_revision_per_version():
     patchset = pytest.importorskip("fleetpatch.patchset")
     for name, where in (("spec-path-beacon", SHIPPED), ("multi-rev", FIXTURES)):
         patch, _ = patchset.load_patch(name, [where], _profile())
-        by_version = {v: patch.choose(None, v) for v in WHEEL_VERSIONS}
-        assert {v: by_version[v].diff_file.name.split(".r")[0] for v in WHEEL_VERSIONS} == {
+        by_version = {v: patch.choose(None, v) for v in ("0.5.8", "0.5.9")}
+        assert {v: by_version[v].diff_file.name.split(".r")[0] for v in ("0.5.8", "0.5.9")} == {
             "0.5.8": "sglang-0.5.8", "0.5.9": "sglang-0.5.9"}
 
 
@@ -313,7 +355,7 @@ DSD_FUNCS = ("DYNAMIC_SPEC_DISABLE_LOG_PREFIX", "resolve_speculative_disable_bat
 @pytest.fixture(scope="module")
 def dsd(patched_trees):
     folder = SHIPPED / "dynamic-spec-disable"
-    (rev,) = manifest(folder)["revisions"]
+    rev = _rev_for(folder, "0.5.9")
     src = (patched_trees(folder, rev, "0.5.9") / SERVER_ARGS).read_text()
     tree = ast.parse(src)
     body = [n for n in tree.body
@@ -390,12 +432,12 @@ def test_skip_decision_keeps_unsupported_features_speculative(dsd, flag):
         False, None)
 
 
-def test_both_workers_call_the_decision(patched_trees):
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.8", "0.5.8.post1"])
+def test_both_workers_call_the_decision(patched_trees, version):
     """Both forward_batch_generation implementations consult the decision first,
     and the skip path never replays the target CUDA graph."""
     folder = SHIPPED / "dynamic-spec-disable"
-    (rev,) = manifest(folder)["revisions"]
-    tree = patched_trees(folder, rev, "0.5.9")
+    tree = patched_trees(folder, _rev_for(folder, version), version)
     for path, cls in ((V1, "EAGLEWorker"), (V2, "EAGLEWorkerV2")):
         mod = ast.parse((tree / path).read_text())
         klass = next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == cls)
@@ -495,6 +537,8 @@ STANDIN_CASES = [
     (SHIPPED / "spec-path-beacon", "0.5.9"),
     (SHIPPED / "spec-path-beacon", "0.5.8"),
     (SHIPPED / "dynamic-spec-disable", "0.5.9"),
+    (SHIPPED / "dynamic-spec-disable", "0.5.8"),
+    (SHIPPED / "dynamic-spec-disable", "0.5.8.post1"),
     (FIXTURES / "multi-rev", "0.5.8"),
     (FIXTURES / "multi-rev", "0.5.9"),
 ]

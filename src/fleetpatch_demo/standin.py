@@ -719,8 +719,16 @@ def get_device_memory_capacity(*args, **kwargs):
     return 81559.0
 
 
+class _DeviceName(str):
+    """"cuda", also as 0.5.19+'s runtime_context.get_device() config (its .device)."""
+
+    @property
+    def device(self):
+        return str(self)
+
+
 def get_device(*args, **kwargs):
-    return "cuda"
+    return _DeviceName("cuda")
 
 
 def get_device_name(*args, **kwargs):
@@ -864,11 +872,67 @@ _BY_NAME = {
     "get_embed_and_head": _pair,
     "get_batch_sizes_to_capture": get_batch_sizes_to_capture,
     "get_memory_pool": _pair,
+    "is_out_of_tree": lambda *a, **k: False,
     "LORA_TARGET_ALL_MODULES": "all",
     "SUPPORTED_LORA_TARGET_MODULES": [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
         "qkv_proj", "gate_up_proj", "embed_tokens", "lm_head"],
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelState(object):
+    """sglang.srt.distributed.parallel_state_wrapper.ParallelState (0.5.16 - 0.5.21):
+    the worker copies it with dataclasses.replace, so it must be a real dataclass."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    dp_rank: object = 0
+    dp_size: int = 1
+    attn_tp_rank: int = 0
+    attn_tp_size: int = 1
+    attn_cp_rank: int = 0
+    attn_cp_size: int = 1
+    attn_dp_rank: int = 0
+    attn_dp_size: int = 1
+    moe_ep_rank: int = 0
+    moe_ep_size: int = 1
+    moe_dp_rank: object = 0
+    moe_dp_size: int = 1
+    dcp_size: int = 1
+    gpu_id: int = 0
+
+    @staticmethod
+    def trivial(**overrides):
+        return ParallelState(**overrides)
+
+
+def resolving_view(server_args):
+    # sglang.srt.arg_groups.overrides (0.5.19+): the resolved view of ServerArgs;
+    # the stand-in's ServerArgs is already resolved.
+    return server_args
+
+
+class _ConfigView(object):
+    """What 0.5.19+'s sglang.srt.runtime_context getters (get_spec, get_model, ...)
+    return: the launch's settings, read here from the ServerArgs being served."""
+
+    def __getattr__(self, attr):
+        if _is_dunder(attr):
+            raise AttributeError(attr)
+        value = getattr(_State.server_args, attr, _MISSING)
+        return _Stub("runtime_context." + attr) if value is _MISSING else value
+
+
+def _runtime_config(*args, **kwargs):
+    return _ConfigView()
+
+
+_BY_NAME.update(ParallelState=ParallelState, resolving_view=resolving_view,
+                **{name: _runtime_config for name in ("get_spec", "get_context", "get_exec", "get_model",
+                                                      "get_parallel", "get_schedule")})
 
 
 def _concrete(name):
@@ -1205,7 +1269,9 @@ class LoRAPathAction(argparse.Action):
 
 
 class DeprecatedAction(argparse.Action):
-    def __init__(self, option_strings, dest, nargs=0, **kwargs):
+    def __init__(self, option_strings, dest, nargs=0, error_message=None, **kwargs):
+        # 0.5.19+: a deprecated flag may carry its own message.
+        self.error_message = error_message
         super(DeprecatedAction, self).__init__(option_strings, dest, nargs=nargs, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
@@ -1519,7 +1585,9 @@ def construct_worker(server_args_mod, server_args, tp_rank, dp_rank):
                            pp_rank=0, dp_rank=dp_rank, nccl_port=nccl_port)
     kwargs = dict(server_args=server_args, gpu_id=gpu_id, tp_rank=tp_rank, moe_ep_rank=0,
                   nccl_port=nccl_port, target_worker=target, dp_rank=dp_rank,
-                  attn_cp_rank=0, moe_dp_rank=0)
+                  attn_cp_rank=0, moe_dp_rank=0,
+                  ps=ParallelState(tp_rank=tp_rank, tp_size=max(1, int(server_args.tp_size or 1)),
+                                   dp_rank=dp_rank, gpu_id=gpu_id))
     # Modules the real scheduler imports whatever the path (scheduler.py,
     # overlap_utils.py): a broken one fails every launch, as in SGLang.
     for name in ("sglang.srt.speculative.spec_info", "sglang.srt.speculative.spec_utils"):
@@ -1544,6 +1612,15 @@ def _accepted(cls, kwargs):
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return kwargs
     return {k: v for k, v in kwargs.items() if k in params}
+
+
+def server_args_line(server_args):
+    """engine.py's dump: `server_args=ServerArgs(...)` (the dataclass repr) through
+    0.5.18, `server_args={...}` (resolved_dict(), field by field) from 0.5.19."""
+    if _version_tuple() < (0, 5, 19):
+        return "server_args=%r" % (server_args,)
+    fields = dict((f.name, getattr(server_args, f.name, None)) for f in dataclasses.fields(server_args))
+    return "server_args=%r" % (fields,)
 
 
 def _sglang_version():
@@ -2063,7 +2140,7 @@ def main(argv=None):
 
         configure_logging(server_args)
         check_server_args(server_args)
-        logger.info("server_args=%r" % (server_args,))
+        logger.info(server_args_line(server_args))
 
         rotate = os.environ.get("FLEETPATCH_STANDIN_ROTATE_LOG")
         if rotate:
