@@ -206,8 +206,8 @@ class _image_lock:
     """One image build at a time per daemon root (several test processes share a daemon)."""
 
     def __init__(self, docker: Dockerd):
-        lock_dir = Path(docker.sock).parent if os.access(Path(docker.sock).parent, os.W_OK) else Path(tempfile.gettempdir())
-        self.path = lock_dir / ".fleetpatch-images.lock"
+        # not next to the socket: container hosts see that directory
+        self.path = Path(tempfile.gettempdir()) / f"fleetpatch-images-{_hash12(docker.sock.encode())}.lock"
 
     def __enter__(self):
         self.f = open(self.path, "w")
