@@ -144,7 +144,8 @@ def _dockerfile(base: str, version: str) -> str:
     return "\n".join([
         f"FROM {base}",
         "COPY rootfs/ /",
-        "WORKDIR /sgl-workspace",
+        "WORKDIR /sgl-workspace/sglang",   # the checkout, as SGLang's Dockerfiles leave it: not its parent, where the
+        # checkout directory `sglang` would shadow the package as a namespace package
         f'LABEL {"fleetpatch.demo.sglang"}="{version}"',
         "",
     ])
