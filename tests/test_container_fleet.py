@@ -225,3 +225,9 @@ def test_under_ci_a_missing_daemon_fails_instead_of_skipping(tmp_path):
     assert "needs a Docker daemon" in local.stdout
     ci = subprocess.run(argv, capture_output=True, text=True, env={**env, "CI": "true"}, cwd=tmp_path)
     assert ci.returncode == 1 and "needs a Docker daemon" in ci.stdout, ci.stdout
+
+
+def test_the_demo_precondition_names_the_daemon_or_says_nothing(docker_daemon, tmp_path):
+    assert images.containers_unavailable(docker_daemon.sock) is None
+    assert images.containers_unavailable(str(tmp_path / "none.sock")).startswith(
+        "the Docker daemon is not running: no socket at ")

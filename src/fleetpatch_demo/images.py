@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .dockerd import Dockerd, DockerError
+from .dockerd import Dockerd, DockerError, docker_unavailable
 from .wheels import sglang_tree
 
 TRIXIE_ROOT_ENV = "FLEETPATCH_TRIXIE_ROOT"
@@ -78,6 +78,23 @@ def trixie_root() -> Path:
                 raise ImageError(f"debootstrap of trixie failed (exit {done.returncode}): {tail}")
             build.rename(root)
     return root
+
+
+def containers_unavailable(sock: str | None = None) -> str | None:
+    """What ``fleetpatch demo --containers`` lacks here, in one plain line, or None: a reachable
+    Docker daemon (docker_unavailable) and a way to the base image (the cached trixie root,
+    or root and debootstrap to make it)."""
+    reason = docker_unavailable(sock)
+    if reason:
+        return reason
+    root = Path(os.environ.get(TRIXIE_ROOT_ENV) or DEFAULT_TRIXIE_ROOT)
+    if not (root / "usr/bin/python3").exists():
+        if os.geteuid() != 0:
+            return f"no Debian trixie root at {root} for the engine image, and making one needs root"
+        if not shutil.which("debootstrap"):
+            return (f"no Debian trixie root at {root} for the engine image: install debootstrap "
+                    f"(apt-get install debootstrap)")
+    return None
 
 
 def _python_version(root: Path) -> str:
