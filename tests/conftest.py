@@ -151,3 +151,11 @@ def container_fleet(docker_daemon, tmp_path_factory):
     with Fleet(tmp_path_factory.mktemp("cfleet"), CONTAINER_FLEET_SPECS,
                docker_sock=docker_daemon.sock) as f:
         yield f
+
+
+@pytest.fixture
+def container_operator(container_fleet, tmp_path):
+    """The operator of the container fleet: every host reset (containers re-created from the image)."""
+    container_fleet.reset_all()
+    container_fleet.clear_commands()
+    return Operator(container_fleet, tmp_path)

@@ -231,3 +231,12 @@ def test_the_demo_precondition_names_the_daemon_or_says_nothing(docker_daemon, t
     assert images.containers_unavailable(docker_daemon.sock) is None
     assert images.containers_unavailable(str(tmp_path / "none.sock")).startswith(
         "the Docker daemon is not running: no socket at ")
+
+
+def test_the_container_operator_starts_from_fresh_containers(container_operator):
+    f = container_operator.fleet
+    ids = {n: f.container_id(n) for n in ("c1", "c2")}
+    assert all(ids.values()) and f.commands("c1") == [] and f.commands("p1") == []
+    hosts = container_operator.inventory()["hosts"]
+    assert hosts["c1"]["engine"]["container"] == f.hosts["c1"].container_name and "engine" not in hosts["p1"]
+    assert all(f.healthy(n) for n in f.names)
