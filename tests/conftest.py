@@ -110,3 +110,52 @@ def lh(tmp_path, template):
     h = LocalHost(tmp_path / "h1", template)
     yield h
     h.stop()
+
+
+# Container hosts (HostSpec(container=True)): a real Docker daemon.  .ci/run starts a private
+# one and exports FLEETPATCH_TEST_DOCKER_SOCK; without it a private one is started here (root).
+# Where none can be had the tests that need it skip, or fail under CI (CI=true).
+@pytest.fixture(scope="session")
+def docker_daemon():
+    from fleetpatch_demo.dockerd import DEFAULT_SOCK, SOCK_ENV, Dockerd, DockerError, docker_unavailable
+    sock = os.environ.get(SOCK_ENV)
+    daemon = Dockerd(sock or DEFAULT_SOCK)
+    try:
+        reason = docker_unavailable(sock) if sock else None
+        if reason:
+            raise DockerError(f"{SOCK_ENV}={sock}: {reason}")
+        if not sock:
+            daemon.start()
+    except DockerError as e:
+        message = f"needs a Docker daemon: {e}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    yield daemon
+    daemon.stop()   # only one started here
+
+
+CONTAINER_FLEET_SPECS = [
+    HostSpec("c1", version="0.5.9", container=True),
+    HostSpec("c2", version="0.5.9", container=True, spec_v2=True),
+    HostSpec("p1", version="0.5.9"),
+]
+
+
+@pytest.fixture(scope="session")
+def container_fleet(docker_daemon, tmp_path_factory):
+    """Two container hosts (c1, c2: sglang-<host>-<id> containers of the engine image) and
+    a plain host (p1), on the tests' Docker daemon."""
+    if os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD):
+        pytest.skip("needs root and /usr/sbin/sshd")
+    with Fleet(tmp_path_factory.mktemp("cfleet"), CONTAINER_FLEET_SPECS,
+               docker_sock=docker_daemon.sock) as f:
+        yield f
+
+
+@pytest.fixture
+def container_operator(container_fleet, tmp_path):
+    """The operator of the container fleet: every host reset (containers re-created from the image)."""
+    container_fleet.reset_all()
+    container_fleet.clear_commands()
+    return Operator(container_fleet, tmp_path)

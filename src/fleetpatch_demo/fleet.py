@@ -62,6 +62,8 @@ from pathlib import Path
 
 import yaml
 
+from . import containerhost
+from .dockerd import Dockerd, DockerError, docker_unavailable, sock_from_env
 from .wheels import sglang_tree
 
 SSHD = "/usr/sbin/sshd"
@@ -91,6 +93,7 @@ class HostSpec:
     env: dict = field(default_factory=dict)   # extra server environment
     start_server: bool = True         # start its stand-in server in start() / reset()
     restart_kind: str = "command"     # "command", or "supervisor": supervisord runs the stand-in
+    container: bool = False           # True: the engine runs in a Docker container (containerhost.py)
 
     @property
     def topk(self) -> int:
@@ -117,6 +120,7 @@ class FleetHost:
     token: str = ""
     sshd_pid: int | None = None
     ns_ino: int | None = None  # inode of its mount namespace
+    container_name: str = ""   # container hosts: the engine's container
 
     # -- real paths on this machine
     @property
@@ -191,6 +195,20 @@ class FleetHost:
     @property
     def remote_home(self) -> str:
         return f"{self.mount_point}/home"
+
+    # -- container hosts (spec.container)
+    @property
+    def containerized(self) -> bool:
+        return self.spec.container
+
+    @property
+    def container_argv(self) -> list[str]:
+        """The engine container's command (what an operator's compose file says)."""
+        return containerhost.server_argv(self.http_port, self.spec.topk, self.spec.num_draft_tokens)
+
+    @property
+    def docker_sock_holder(self) -> Path:
+        return self.sshd_dir / "docker-sock-dir"
 
     # -- supervisor hosts (restart_kind="supervisor")
     @property
@@ -478,7 +496,7 @@ class Fleet:
     """
 
     def __init__(self, root, specs: list[HostSpec], mount_point: str = DEFAULT_MOUNT_POINT,
-                 *, detach: bool = False):
+                 *, detach: bool = False, docker_sock: str | None = None):
         self.root = Path(root).absolute()
         self.specs = list(specs)
         self.mount_point = str(mount_point).rstrip("/") or "/"
@@ -495,6 +513,12 @@ class Fleet:
             if spec.restart_kind not in RESTART_KINDS:
                 raise FleetError(f"{spec.name}: restart_kind must be one of {', '.join(RESTART_KINDS)}, "
                                  f"not {spec.restart_kind!r}")
+            if spec.container and spec.restart_kind != "command":
+                raise FleetError(f"{spec.name}: a container host's server is the container: "
+                                 f"restart_kind {spec.restart_kind!r} does not apply")
+        self.docker_sock = docker_sock or sock_from_env()
+        self.docker = Dockerd(self.docker_sock)
+        self._images: dict[str, str] = {}
         self.keys_dir = self.root / "keys"
         self.identity = self.keys_dir / "id_ed25519"
         self.known_hosts = self.keys_dir / "known_hosts"
@@ -513,7 +537,8 @@ class Fleet:
             self.hosts[spec.name] = FleetHost(
                 name=spec.name, spec=spec, ssh_port=0, http_port=0, dir=d,
                 host_dir=d / "fs", sshd_dir=d / "sshd", mount_point=self.mount_point,
-                python_dir=pyver, token=uuid.uuid4().hex)
+                python_dir=pyver, token=uuid.uuid4().hex,
+                container_name=containerhost.container_name(self.root, spec.name) if spec.container else "")
 
     # -- context manager ----------------------------------------------------
 
@@ -548,6 +573,12 @@ class Fleet:
             raise FleetError(f"{SSHD} not found (install openssh-server)")
         if any(s.start_server for s in self.specs) and not self.standin_available:
             raise FleetError(f"{STANDIN_SOURCE} is missing; use start_server=False")
+        if self.container_hosts:
+            reason = docker_unavailable(self.docker_sock)
+            if reason:
+                raise FleetError(f"container hosts need a Docker daemon: {reason}")
+            if str(self.root).startswith("/run/"):
+                raise FleetError(f"a fleet with container hosts cannot live under /run: {self.root}")
         if (self.root / STATE_FILE).exists():
             # a fleet started earlier under this root (e.g. a detached demo) goes first
             try:
@@ -570,9 +601,26 @@ class Fleet:
             raise
         return self
 
+    @property
+    def container_hosts(self) -> list[str]:
+        return [n for n, h in self.hosts.items() if h.containerized]
+
+    def _build_images(self) -> None:
+        """The engine image of each SGLang version a container host runs; stale containers
+        of this root (or of a dead test process) go."""
+        from .images import ImageError, engine_image
+        try:
+            for v in sorted({self.hosts[n].spec.version for n in self.container_hosts}):
+                self._images[v] = engine_image(self.docker, v)
+            containerhost.prune(self.docker, self.root)
+        except (ImageError, DockerError) as e:
+            raise FleetError(str(e)) from e
+
     def _build(self) -> None:
         self.keys_dir.mkdir(parents=True, exist_ok=True)
         trees = {v: sglang_tree(v) for v in sorted({s.version for s in self.specs})}
+        if self.container_hosts:
+            self._build_images()
         # keys: one client key + one host key per host, generated concurrently
         jobs = []
         for path, comment in [(self.identity, "fleetpatch-demo-client")] + [
@@ -608,7 +656,8 @@ class Fleet:
         for sub in ("logs", "run", "state", "home", "etc", "models/demo"):
             (h.host_dir / sub).mkdir(parents=True, exist_ok=True)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
-        self._build_env(h, tree)
+        if not h.containerized:   # a container host's engine is in its container
+            self._build_env(h, tree)
 
     def _build_env(self, h: FleetHost, tree: Path) -> None:
         if h.env_dir.exists():
@@ -663,10 +712,14 @@ class Fleet:
 
     def _spawn_sshd(self, h: FleetHost) -> subprocess.Popen:
         script = ('mount --bind "$1" "$2" && exec "$3" -D -e -f "$4"')
+        argv = ["sh", "-c", script, "sh", str(h.host_dir), self.mount_point, SSHD, str(h.sshd_config)]
+        if h.containerized:   # its own /run, where docker.sock reaches the daemon
+            h.docker_sock_holder.mkdir(parents=True, exist_ok=True)
+            argv = containerhost.sshd_argv(h.host_dir, self.mount_point, SSHD, h.sshd_config,
+                                           self.docker_sock, h.docker_sock_holder)
         with open(h.sshd_log, "ab") as log:
             return subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                 str(h.host_dir), self.mount_point, SSHD, str(h.sshd_config)],
+                ["unshare", "--mount", "--propagation", "private", *argv],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 close_fds=True)
 
@@ -749,6 +802,10 @@ class Fleet:
                 # what supervisord runs is in its config; null drops the command defaults
                 restart = {"kind": "supervisor", "program": SUPERVISOR_PROGRAM,
                            "config": h.remote_supervisord_conf, "workdir": None, "pidfile": None}
+            elif h.containerized:
+                # the contract's container host: the container's main process is the server
+                restart = {"kind": "container", "stop_grace": containerhost.STOP_GRACE,
+                           "workdir": None, "pidfile": None}
             else:
                 restart = {"start": h.start_command, "env": h.server_env}
             inv["hosts"][h.name] = {
@@ -759,6 +816,10 @@ class Fleet:
                     "restart": restart,
                 },
             }
+            if h.containerized:
+                inv["hosts"][h.name]["engine"] = {"container": h.container_name, "runtime": "docker",
+                                                  "python": containerhost.CONTAINER_PYTHON}
+                inv["hosts"][h.name]["server"]["log"] = "container"
         if canary and self.hosts:
             inv["groups"]["canary"] = [next(iter(self.hosts))]
         return inv
@@ -828,6 +889,8 @@ class Fleet:
             pid = self.server_pid(name)
             if pid:
                 return pid
+            if h.containerized:
+                return self._start_container(name)
             if not (h.site_packages / "sglang_standin.py").is_file():
                 raise FleetError(f"{name}: sglang_standin.py is missing from its site-packages")
             if h.supervised:
@@ -848,6 +911,47 @@ class Fleet:
             tmp.write_text(f"{proc.pid}\n")
             tmp.replace(h.pidfile)
             return proc.pid
+
+    def _start_container(self, name: str) -> int:
+        """``docker start`` the host's container, or ``docker run`` it from the engine image;
+        the host pid of its main process."""
+        h = self.hosts[name]
+        try:
+            if not containerhost.start_existing(self.docker, h.container_name):
+                if h.spec.version not in self._images:
+                    self._build_images()
+                owner = "detached" if self.detach else str(self._owner_pid)
+                containerhost.run(self.docker, h.container_name, self._images[h.spec.version],
+                                  h.container_argv, h.server_env,
+                                  containerhost.labels(self.root, name, owner))
+            return containerhost.wait_running(self.docker, h.container_name)
+        except DockerError as e:
+            raise FleetError(f"{name}: {e}") from e
+
+    def container_id(self, name: str) -> str | None:
+        """Full id of the host's container, None if there is none."""
+        doc = containerhost.state(self.docker, self.hosts[name].container_name)
+        return doc["Id"] if doc else None
+
+    def recreate_container(self, name: str, wait: bool = True, timeout: float = 30.0) -> str:
+        """``docker rm -f`` + ``docker run`` the host's container, as compose does after a
+        change: a new id, the image's files back; the host's state/ is kept.  The new id."""
+        h = self.hosts[name]
+        containerhost.remove(self.docker, h.container_name)
+        self._start_container(name)
+        if wait:
+            self.wait_healthy([name], timeout=timeout)
+        return self.container_id(name)
+
+    def docker_cli(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        """The docker CLI against the fleet's daemon (not over SSH, not in commands.log)."""
+        return self.docker.cli(*args, **kw)
+
+    def server_log_tail(self, name: str, n: int = 20) -> str:
+        h = self.hosts[name]
+        if h.containerized:
+            return containerhost.log_tail(self.docker, h.container_name, n)
+        return _tail(h.log_path, n)
 
     def _start_supervised(self, name: str, timeout: float = 15.0) -> int:
         """supervisord with the host's conf (autostart runs the stand-in), or, when supervisord
@@ -917,6 +1021,8 @@ class Fleet:
     def server_pid(self, name: str) -> int | None:
         """pid of the host's server per its pidfile, if that process is alive."""
         h = self.hosts[name]
+        if h.containerized:
+            return containerhost.pid(self.docker, h.container_name)
         if h.supervised:  # the program is supervisord's child
             sd = self.supervisord_pid(name)
             kids = _children(sd) if sd else []
@@ -953,10 +1059,10 @@ class Fleet:
                 if self.healthy(name, timeout=1.0):
                     return None
                 if self.server_pid(name) is None:
-                    return f"{name}: server exited:\n{_tail(self.hosts[name].log_path)}"
+                    return f"{name}: server exited:\n{self.server_log_tail(name)}"
                 if time.monotonic() > deadline:
                     return (f"{name}: no 200 from {self.hosts[name].health_url} within "
-                            f"{timeout:.0f}s:\n{_tail(self.hosts[name].log_path)}")
+                            f"{timeout:.0f}s:\n{self.server_log_tail(name)}")
                 time.sleep(0.05)
 
         if not names:
@@ -976,6 +1082,8 @@ class Fleet:
         """TERM the pid in the pidfile, wait, KILL after `grace`; remove the pidfile.
         True if a server was running."""
         h = self.hosts[name]
+        if h.containerized:
+            return containerhost.stop(self.docker, h.container_name, grace)
         pid = self.server_pid(name)
         if h.supervised:
             # supervisord stops its program (TERM, stopwaitsecs) before it exits itself
@@ -1091,9 +1199,13 @@ class Fleet:
 
     def _reset_tree(self, name: str) -> None:
         h = self.hosts[name]
-        self.stop_server(name)
+        if h.containerized:   # the next start runs a fresh container: the image's files
+            containerhost.remove(self.docker, h.container_name)
+        else:
+            self.stop_server(name)
         self.kill_processes(name)
-        self._build_env(h, sglang_tree(h.spec.version))
+        if not h.containerized:
+            self._build_env(h, sglang_tree(h.spec.version))
         for sub in ("state", "logs", "run", "home"):
             _empty_dir(h.host_dir / sub)
         (h.host_dir / "models" / "demo").mkdir(parents=True, exist_ok=True)
@@ -1135,6 +1247,7 @@ class Fleet:
     def _save_state(self) -> None:
         state = {
             "mount_point": self.mount_point,
+            "docker_sock": self.docker_sock,
             "running": self._started and not self._stopped,
             "hosts": {
                 n: {"spec": asdict(h.spec), "ssh_port": h.ssh_port, "http_port": h.http_port,
@@ -1154,7 +1267,7 @@ class Fleet:
         root = Path(root).absolute()
         state = json.loads((root / STATE_FILE).read_text())
         specs = [HostSpec(**h["spec"]) for h in state["hosts"].values()]
-        fleet = cls(root, specs, state["mount_point"], detach=True)
+        fleet = cls(root, specs, state["mount_point"], detach=True, docker_sock=state.get("docker_sock"))
         for n, hs in state["hosts"].items():
             h = fleet.hosts[n]
             h.ssh_port, h.http_port = hs["ssh_port"], hs["http_port"]
@@ -1176,6 +1289,7 @@ class Fleet:
                 self._stopped = True
                 return
             try:
+                self._remove_containers()
                 for _ in range(5):
                     members = self._ns_members()
                     pids = [p for ps in members.values() for p in ps]
@@ -1206,6 +1320,15 @@ class Fleet:
                     self._save_state()
                 except OSError:
                     pass
+
+    def _remove_containers(self) -> None:
+        if not self.container_hosts or not self.docker.ping():
+            return
+        for n in self.container_hosts:
+            try:
+                containerhost.remove(self.docker, self.hosts[n].container_name)
+            except DockerError:
+                pass
 
     def __repr__(self) -> str:
         return f"Fleet({str(self.root)!r}, {len(self.hosts)} hosts, mount_point={self.mount_point!r})"
