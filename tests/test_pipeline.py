@@ -95,7 +95,7 @@ def test_mixed_fleet_gets_the_revision_for_its_version(operator, fleet):
 
 def test_a_host_with_no_fitting_revision_fails_naming_the_supported_versions(operator, fleet):
     before = pristine("0.5.8", EAGLE)
-    run = operator.run("deploy-patch", "--patch", "dynamic-spec-disable", "--hosts", "v1b,old")
+    run = operator.run("deploy-patch", "--patch", "dynamic-spec-disable@1", "--hosts", "v1b,old")
     assert run.code == 1, run
     assert run.host("v1b")["status"] == "verified"
     old = run.host("old")
