@@ -12,9 +12,9 @@ CORE = SRC / "fleetpatch"
 
 # Lower layers first: a module may import only modules of its own or a lower layer.
 LAYERS = [
-    {"errors", "textsafe", "protocol", "agentboot", "dialer"},
+    {"errors", "textsafe", "protocol", "agentboot", "speedups", "dialer"},
     {"engines", "diffapply", "inventory", "router"},
-    {"patchset", "evidence", "hostagent", "ssh_errors", "sshauth", "lockview"},
+    {"patchset", "evidence", "hostagent", "ssh_errors", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},
     {"drain"},
     {"steps"},
