@@ -1,7 +1,6 @@
-"""The SSH socket: `dial` connects with the speed-ups' socket options (none with
-FLEETPATCH_SPEEDUPS=0), a failed connect comes back to `describe` as it was
-raised, and Ctrl-C ends a first contact's connect that is still waiting. Real
-sockets on loopback; the whole SSH path is covered by every fleet test."""
+"""The SSH socket: `dial` connects, a failed connect comes back to `describe` as
+it was raised, and Ctrl-C ends a first contact's connect that is still waiting.
+Real sockets on loopback; the whole SSH path is covered by every fleet test."""
 from __future__ import annotations
 
 import socket
@@ -10,7 +9,7 @@ import time
 
 import pytest
 
-from fleetpatch import dialer, speedups
+from fleetpatch import dialer
 from fleetpatch import ssh_errors
 from fleetpatch.errors import Status
 
@@ -48,15 +47,11 @@ def full_port():
     srv.close()
 
 
-@pytest.mark.parametrize("switch,nodelay,quickack", [("1", True, True), ("0", False, False), ("off", False, False)])
-def test_the_socket_options_follow_the_switch(listener, monkeypatch, switch, nodelay, quickack):
-    monkeypatch.setenv(speedups.SWITCH, switch)
+def test_the_socket_is_connected_and_watched(listener):
     sock = dialer.dial("127.0.0.1", listener, 5)
     try:
         assert isinstance(sock, dialer.WatchedSocket)
         assert sock.getpeername() == ("127.0.0.1", listener)
-        assert bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)) is nodelay
-        assert (sock._after_read is not None) is (quickack and hasattr(socket, "TCP_QUICKACK"))
     finally:
         sock.close()
 

@@ -12,7 +12,7 @@ CORE = SRC / "fleetpatch"
 
 # Lower layers first: a module may import only modules of its own or a lower layer.
 LAYERS = [
-    {"errors", "textsafe", "protocol", "agentboot", "speedups", "dialer"},
+    {"errors", "textsafe", "protocol", "agentboot", "dialer"},
     {"engines", "diffapply", "inventory", "router"},
     {"patchset", "evidence", "hostagent", "ssh_errors", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},

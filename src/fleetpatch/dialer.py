@@ -11,8 +11,6 @@ import contextlib
 import socket
 import threading
 
-from . import speedups
-
 _KEEP = 120  # bytes of a non-SSH greeting kept to quote in the message
 
 
@@ -23,14 +21,11 @@ class WatchedSocket:
     def __init__(self, sock: socket.socket):
         self._sock = sock
         self.received = b""
-        self._after_read = speedups.quick_ack()
 
     def recv(self, n: int, *flags) -> bytes:
         data = self._sock.recv(n, *flags)
         if len(self.received) < _KEEP:
             self.received += data[:_KEEP - len(self.received)]
-        if self._after_read is not None:
-            self._after_read(self._sock)
         return data
 
     def __getattr__(self, name):
@@ -38,9 +33,7 @@ class WatchedSocket:
 
 
 def _connect(address: str, port: int, timeout: float | None) -> WatchedSocket:
-    sock = socket.create_connection((address, port), timeout=timeout)
-    speedups.tune_socket(sock)
-    return WatchedSocket(sock)
+    return WatchedSocket(socket.create_connection((address, port), timeout=timeout))
 
 
 def dial(address: str, port: int, timeout: float | None) -> WatchedSocket:
