@@ -1,15 +1,14 @@
-"""The laptop works out each distinct engine file, launch and known_hosts once per run.
+"""The laptop works out each distinct engine file and launch once per run.
 
 These memos only save time, so what is checked is that they never change an answer:
-a host with other bytes, another launch or a rewritten known_hosts gets its own."""
+a host with other bytes or another launch gets its own."""
 from __future__ import annotations
 
 import difflib
 
-import paramiko
 import pytest
 
-from fleetpatch import protocol, remote, steps
+from fleetpatch import protocol, steps
 from fleetpatch.diffapply import parse_diff
 from fleetpatch.engines import LaunchConfig
 from fleetpatch.engines import get as get_profile
@@ -69,26 +68,3 @@ def test_each_launch_gets_its_own_prediction():
     assert topk4.path != "EAGLEWorkerV2"
     unknown = profile.predict("0.1.0", LaunchConfig(argv=argv, env={}))
     assert not unknown.known_version
-
-
-def test_a_rewritten_known_hosts_is_read_again(tmp_path):
-    kh = tmp_path / "known_hosts"
-    key_a = paramiko.Ed25519Key.from_private_key_file(str(_new_key(tmp_path, "a")))
-    key_b = paramiko.Ed25519Key.from_private_key_file(str(_new_key(tmp_path, "b")))
-    kh.write_text(f"[127.0.0.1]:2201 ssh-ed25519 {key_a.get_base64()}\n")
-    first = paramiko.HostKeys()
-    remote._load_known_hosts(first, kh)
-    assert first.lookup("[127.0.0.1]:2201")["ssh-ed25519"] == key_a
-    with kh.open("a") as f:   # what accepting a new host key does
-        f.write(f"[127.0.0.1]:2202 ssh-ed25519 {key_b.get_base64()}\n")
-    second = paramiko.HostKeys()
-    remote._load_known_hosts(second, kh)
-    assert second.lookup("[127.0.0.1]:2202")["ssh-ed25519"] == key_b
-    assert first.lookup("[127.0.0.1]:2202") is None     # the first connection's copy is its own
-
-
-def _new_key(tmp_path, name):
-    import subprocess
-    path = tmp_path / name
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
-    return path

@@ -204,30 +204,3 @@ def test_the_fingerprint_is_openssh_s(host_key):
     out = subprocess.run(["ssh-keygen", "-l", "-f", _keyfile("host") + ".pub"], capture_output=True, text=True,
                          check=True).stdout
     assert ssh_errors.fingerprint(host_key) in out
-
-
-def test_the_ssh_socket_sends_small_messages_at_once_and_acks_at_once():
-    """No Nagle on the laptop's side (the handshake's back-to-back small writes would wait
-    for a delayed ACK), and every read is ACKed at once (sshd's own Nagle holds its next
-    message until then): each saved ~40 ms a connection on loopback."""
-    import socket as socketlib
-
-    from fleetpatch.ssh_errors import dial
-
-    with socketlib.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        sock = dial("127.0.0.1", listener.getsockname()[1], 5)
-        peer, _ = listener.accept()
-        with peer:
-            assert sock.getsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY) == 1
-            for i in range(5):   # a conversation: Linux leaves quick-ack mode by itself
-                peer.sendall(b"message %d\n" % i)
-                assert sock.recv(64) == b"message %d\n" % i
-                sock.sendall(b"answer\n")
-                assert peer.recv(64) == b"answer\n"
-            peer.sendall(b"SSH-2.0-x\r\n")
-            assert sock.recv(64) == b"SSH-2.0-x\r\n"
-            if hasattr(socketlib, "TCP_QUICKACK"):
-                assert sock.getsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_QUICKACK) == 1
-        sock.close()

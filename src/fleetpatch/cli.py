@@ -8,60 +8,15 @@ and one line with exit 2 for any mistake, never a traceback.
 """
 from __future__ import annotations
 
-import gc
+import inspect
+import sys
 
-# What the imports below create lives for the whole run: the ~50 collections
-# Python would make meanwhile find nothing to free and cost ~10 ms of start-up.
-gc.disable()
+from invoke import Collection, Program
+from invoke.exceptions import ParseError
 
-import inspect  # noqa: E402
-import sys  # noqa: E402
-
-import yaml  # noqa: E402
-
-# Invoke vendors a copy of PyYAML and reads its config files with `yaml.safe_load`
-# alone; the PyYAML fleetpatch depends on serves it, as where a distribution
-# unbundles Invoke's vendored packages, and one YAML import instead of two saves
-# a few ms at every start.
-sys.modules.setdefault("invoke.vendor.yaml", yaml)
-
-
-
-def _import_invoke_without_mock() -> None:
-    """Invoke's one use of unittest.mock is `MockContext`, a helper for tests, yet
-    importing it costs every start ~25 ms (it brings asyncio and ssl along). While
-    Invoke loads, a stand-in `Mock` is there that builds the real one the moment a
-    MockContext is made; the real module is imported, as usual, by anyone else."""
-    if "unittest.mock" in sys.modules:
-        return
-    import types
-    stand_in = types.ModuleType("unittest.mock")
-
-    class Mock:
-        def __new__(cls, *args, **kwargs):
-            from unittest import mock
-            return mock.Mock(*args, **kwargs)
-
-    stand_in.Mock = Mock
-    sys.modules["unittest.mock"] = stand_in
-    try:
-        import invoke.context  # noqa: F401
-    finally:
-        if sys.modules.get("unittest.mock") is stand_in:
-            del sys.modules["unittest.mock"]
-
-
-_import_invoke_without_mock()
-
-from invoke import Collection, Program  # noqa: E402
-from invoke.exceptions import ParseError  # noqa: E402
-
-from . import __version__, cli_fleet, cli_hosts  # noqa: E402
-from .cli_common import METAVAR, err_line  # noqa: E402
-from .errors import EXIT_INTERRUPTED, EXIT_USAGE  # noqa: E402
-
-gc.freeze()   # and no later collection walks them again
-gc.enable()
+from . import __version__, cli_fleet, cli_hosts
+from .cli_common import METAVAR, err_line
+from .errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 ns = Collection(*cli_hosts.TASKS, *cli_fleet.TASKS)
 
@@ -227,7 +182,7 @@ def main():
     except BrokenPipeError:
         code = 1
         _stdout_to_devnull()
-    _exit_now(code)
+    sys.exit(_flushed(code))
 
 
 def _stdout_to_devnull() -> None:
@@ -237,35 +192,15 @@ def _stdout_to_devnull() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _exit_now(code) -> None:
-    """End the process once the output is out. The interpreter's own teardown (a
-    garbage collection over everything rich, Invoke and paramiko loaded, then every
-    module) adds tens of milliseconds to every command after its work is done, so
-    it is skipped, unless a thread that is not a daemon still runs: then Python ends
-    as usual, after it. What was registered to run at exit (router_via closes its
-    SSH connections) still runs."""
-    import atexit
-    import os
-    import threading
-
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:   # sys.exit("message"), as Python itself treats it
-        print(code, file=sys.stderr)
-        status = 1
-    run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
-    if run_exit_functions is None or any(t.is_alive() and not t.daemon for t in threading.enumerate()
-                                         if t is not threading.main_thread()):
-        sys.exit(status)   # not CPython, or a thread still works: the interpreter ends as usual
-    run_exit_functions()
+def _flushed(code):
+    """The exit code, once the output is out: a reader that went away during the
+    last flush makes it 1 (if it was 0) and no "Exception ignored" at exit."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BrokenPipeError:
             _stdout_to_devnull()
-            status = status or 1
+            code = code or 1
         except (OSError, ValueError):
             pass
-    os._exit(status)
+    return code

@@ -151,30 +151,6 @@ def _known_hosts_files(host: Host) -> list[Path]:
     return files
 
 
-_parsed_known_hosts: dict[tuple, object] = {}
-
-
-def _load_known_hosts(keys, path: Path) -> None:
-    """keys.load(path), parsing each version of the file once per run: every host's
-    connection reads the same known_hosts, and parsing all of it for each host made
-    the fleet's connects quadratic in its size."""
-    import copy
-    import paramiko
-    entries = getattr(keys, "_entries", None)
-    if not isinstance(entries, list):
-        keys.load(str(path))   # a paramiko without the entry list: parse as before
-        return
-    st = path.stat()
-    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
-    parsed = _parsed_known_hosts.get(key)
-    if parsed is None:
-        parsed = paramiko.HostKeys()
-        parsed.load(str(path))
-        _parsed_known_hosts[key] = parsed   # stored only when whole: other hosts' threads read it
-    # copies: HostKeys.add may replace an entry's key in place
-    entries.extend(copy.copy(e) for e in parsed._entries)
-
-
 def _harden(conn: Connection, host: Host, accept_new: bool) -> None:
     """Fabric defaults every Connection (gateways too) to AutoAddPolicy."""
     import paramiko
@@ -184,7 +160,7 @@ def _harden(conn: Connection, host: Host, accept_new: bool) -> None:
         client = hop.client
         for path in _known_hosts_files(host):
             if path.is_file():
-                _load_known_hosts(client.get_host_keys(), path)
+                client.get_host_keys().load(str(path))
         if accept_new:
             target = Path(os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts"))
             client.set_missing_host_key_policy(_record_new_host_key_policy(target))
@@ -257,31 +233,6 @@ class Transport(Protocol):
     def start(self, argv: list[str]) -> AgentChannel: ...
 
 
-def exec_without_waiting(chan: "paramiko.Channel", command: str) -> bool:
-    """paramiko's `Channel.exec_command` without its wait for sshd's answer, as
-    OpenSSH's own client does: the agent's sources and first request follow the
-    exec request at once, a round trip sooner. sshd handles a channel's messages
-    in order, so they reach the command's stdin. A refusal closes the channel
-    with `event_ready` still false, which `_SSHChannel` reports at the first read.
-    False when this paramiko lacks the internals it uses (then nothing is sent)."""
-    try:
-        from paramiko.common import cMSG_CHANNEL_REQUEST
-        from paramiko.message import Message
-
-        pending, send = chan._event_pending, chan.transport._send_user_message
-    except (ImportError, AttributeError):
-        return False
-    m = Message()
-    m.add_byte(cMSG_CHANNEL_REQUEST)
-    m.add_int(chan.remote_chanid)
-    m.add_string("exec")
-    m.add_boolean(True)
-    m.add_string(command)
-    pending()
-    send(m)
-    return True
-
-
 class _SSHChannel:
     def __init__(self, chan: "paramiko.Channel", host_name: str):
         self.chan = chan
@@ -347,38 +298,21 @@ class SSHTransport:
         from . import dialer
         if dialer.first_contact_aborted():
             raise HostFailure(Status.SKIPPED, self._not_contacted())
-        # the TCP handshake's round trip passes while paramiko and Fabric load
-        early = dialer.early_dial(h.address, h.port, h.connect_timeout, through_jump=h.jump is not None)
-        try:
-            from . import ssh_errors
-            ssh_errors.silence_paramiko()
-            conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys)
-        except BaseException:
-            if early is not None:
-                early.discard()
-            raise
+        from . import ssh_errors
+        ssh_errors.silence_paramiko()
+        conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys)
         banner = h.connect_timeout or ssh_errors.DEFAULT_BANNER_TIMEOUT
         conn.connect_kwargs.update(banner_timeout=banner, auth_timeout=banner)
-        from . import sshauth
-        factory = sshauth.transport_factory()   # the login one round trip sooner
-        if factory is not None:
-            conn.connect_kwargs["transport_factory"] = factory
         sock = None
         try:
             if conn.gateway is None:
                 # our own socket (to the address ~/.ssh/config resolved), watched, so a failed
                 # handshake can tell "not SSH" from "silent"; through a gateway Fabric dials
-                sock = early.take(conn.host, conn.port) if early is not None else None
-                if sock is None:
-                    sock = ssh_errors.dial(conn.host, conn.port, h.connect_timeout)
+                sock = ssh_errors.dial(conn.host, conn.port, h.connect_timeout)
                 conn.connect_kwargs["sock"] = sock
-            elif early is not None:
-                early.discard()
             with dialer.handshaking(sock):
                 conn.open()
         except Exception as exc:  # paramiko raises a zoo; describe it once, here
-            if early is not None:
-                early.discard()
             for closing in (conn.close, getattr(sock, "close", None)):
                 try:
                     if closing is not None:
@@ -418,9 +352,18 @@ class SSHTransport:
             raise HostFailure("unreachable", f"{self.host.name}: could not open an SSH channel within {bound:g}s "
                                              f"({type(exc).__name__}: {exc}); check the host and rerun",
                               NoAnswer.NO_SESSION) from None
-        command = " ".join(shlex.quote(a) for a in argv)
-        if not exec_without_waiting(chan, command):
-            chan.exec_command(command)
+        import paramiko
+        # paramiko waits for sshd's answer to the exec request without a bound: a link that
+        # stalls there is cut, and the first read then says the session closed
+        watchdog = threading.Timer(bound, transport.close)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            chan.exec_command(" ".join(shlex.quote(a) for a in argv))
+        except paramiko.SSHException:
+            pass   # refused, or the link went: the channel is closed and its first read says which
+        finally:
+            watchdog.cancel()
         return _SSHChannel(chan, self.host.name)
 
 
