@@ -63,8 +63,8 @@ def test_the_dials_own_error_comes_back_to_describe():
     closed.close()   # nothing listens there
     with pytest.raises(ConnectionRefusedError) as exc:
         dialer.dial("127.0.0.1", port, 5)
-    failure = ssh_errors.describe(exc.value, where="gpu-a01 (root@127.0.0.1)", address="127.0.0.1", port=port,
-                                  banner_timeout=1)
+    failure = ssh_errors.describe(exc.value, ssh_errors.Attempt(
+        where="gpu-a01 (root@127.0.0.1)", address="127.0.0.1", port=port, banner_timeout=1))
     assert failure.status == Status.UNREACHABLE and "connection refused" in failure.message
 
 

@@ -59,9 +59,9 @@ def attempt(port, address="127.0.0.1", **connect_kw):
         client.connect("127.0.0.1", port=port, username="root", sock=sock, banner_timeout=BANNER_TIMEOUT,
                        auth_timeout=2, timeout=2, allow_agent=False, look_for_keys=False, **connect_kw)
     except Exception as e:  # noqa: BLE001 - the point is to classify whatever comes
-        return ssh_errors.describe(e, where="h1 (root@127.0.0.1)", address=address, port=port,
-                                   banner_timeout=BANNER_TIMEOUT, connect_timeout=2, sock=sock, user="root",
-                                   tried=tried)
+        return ssh_errors.describe(e, ssh_errors.Attempt(
+            where="h1 (root@127.0.0.1)", address=address, port=port, banner_timeout=BANNER_TIMEOUT,
+            connect_timeout=2, user="root", tried=tried), sock)
     raise AssertionError("the connection was expected to fail")
 
 

@@ -321,11 +321,12 @@ class SSHTransport:
                     pass
             if dialer.first_contact_aborted():
                 raise HostFailure(Status.SKIPPED, self._not_contacted()) from None
-            raise ssh_errors.describe(
-                exc, where=f"{h.name} ({h.target})", address=conn.host, port=conn.port, banner_timeout=banner,
-                connect_timeout=h.connect_timeout, sock=sock, user=h.user,
+            attempt = ssh_errors.Attempt(
+                where=f"{h.name} ({h.target})", address=conn.host, port=conn.port, banner_timeout=banner,
+                connect_timeout=h.connect_timeout, user=h.user,
                 tried=[f"publickey {h.identity_file}" if h.identity_file else "publickey (default keys)",
-                       "ssh-agent"]) from None
+                       "ssh-agent"])
+            raise ssh_errors.describe(exc, attempt, sock) from None
         self._conn = conn
 
     def _not_contacted(self) -> str:

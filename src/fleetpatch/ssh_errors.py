@@ -16,6 +16,7 @@ import errno
 import hashlib
 import logging
 import socket
+from dataclasses import dataclass
 
 import paramiko
 
@@ -54,14 +55,26 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-def describe(exc: BaseException, *, where: str, address: str, port: int, banner_timeout: float,
-             connect_timeout: float | None = None, sock: WatchedSocket | None = None,
-             user: str | None = None, tried: list[str] | None = None) -> HostFailure:
-    """The HostFailure for an exception raised while dialling or handshaking.
-
-    `where` names the host ("gpu-a01 (root@10.0.0.1:22)"); `sock` is the socket
-    from `dial` if it got that far; `tried` lists the authentication methods
+@dataclass(frozen=True)
+class Attempt:
+    """One connection attempt as the messages name it. `where` names the host
+    ("gpu-a01 (root@10.0.0.1:22)"); `tried` lists the authentication methods
     offered (e.g. ["publickey ~/.ssh/id_ed25519", "ssh-agent"])."""
+    where: str
+    address: str
+    port: int
+    banner_timeout: float
+    connect_timeout: float | None = None
+    user: str | None = None
+    tried: list[str] | None = None
+
+
+def describe(exc: BaseException, attempt: Attempt, sock: WatchedSocket | None = None) -> HostFailure:
+    """The HostFailure for an exception raised while dialling or handshaking; `sock`
+    is the socket from `dial` if it got that far."""
+    where, address, port = attempt.where, attempt.address, attempt.port
+    banner_timeout, connect_timeout = attempt.banner_timeout, attempt.connect_timeout
+    user, tried = attempt.user, attempt.tried
     unreachable = Status.UNREACHABLE
     text = str(exc)
     if isinstance(exc, socket.gaierror):
