@@ -1,7 +1,8 @@
 """Fixtures shared by every tier, and the tier marks.
 
 Each tier is a folder with a mark of the same name, given here to every test it holds:
-  fast   no sshd, no root: pure logic and hosts on the local transport (`lh`)
+  fast   no sshd, no root: pure logic and hosts on the local transport (`lh`); a fault
+         that only root can make (needs_root) is skipped without it
   fleet  real sshd hosts (the `fleet`/`operator` fixtures, or a fleet of its own), as root
   e2e    the demo, the bench, the live router, and the demo's own tools
 
@@ -14,13 +15,22 @@ from __future__ import annotations
 
 import pytest
 
-from fleetpatch_demo.fleet import Fleet
-from support.fleet import FLEET_SPECS
+from fleetpatch_demo.fleet import Fleet, HostSpec
 from support.localhost import LocalHost, template_env
 from support.operator import Operator
 from support.paths import TESTS
 
 TIERS = ("fast", "fleet", "e2e")
+
+# v1 hosts: launched without SGLANG_ENABLE_SPEC_V2 and with topk 4 (the
+# motivating configuration); v2 hosts: SGLANG_ENABLE_SPEC_V2=True, topk 1.
+FLEET_SPECS = [
+    HostSpec("v1a", version="0.5.9", spec_v2=False),
+    HostSpec("v2a", version="0.5.9", spec_v2=True),
+    HostSpec("v1b", version="0.5.9", spec_v2=False),
+    HostSpec("v2b", version="0.5.9", spec_v2=True),
+    HostSpec("old", version="0.5.8", spec_v2=False),
+]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,7 +18,7 @@ from fleetpatch_demo import traffic as demo_traffic
 from fleetpatch_demo.fleet import Fleet
 from fleetpatch_demo.routerproc import router_command
 from fleetpatch.router import Router
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.paths import REPO
 
 

@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.operator import Operator
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.routerproc import RouterProcess, free_port, router_command

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.localhost import EAGLE, EAGLE_V2, FIXTURE_PATCHES, LocalHost, job, sha256, speculative_tree
+from support.marks import needs_root
 from fleetpatch import steps
 
 HELPER = "sglang/srt/speculative/fleetpatch_helper.py"
@@ -187,6 +188,7 @@ def chattr(flag: str, path) -> None:
     subprocess.run(["chattr", flag, str(path)], check=True)
 
 
+@needs_root
 def test_a_write_that_fails_after_the_create_and_the_delete_leaves_the_host_byte_identical(lh):
     """The diff's order is create, delete, modify, modify: an immutable eagle_worker_v2.py
     fails the last write, and the created file, the deleted file and the modified file

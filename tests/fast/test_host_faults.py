@@ -12,6 +12,7 @@ import time
 import pytest
 
 from support.localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
+from support.marks import needs_root
 from fleetpatch import steps
 
 
@@ -26,6 +27,7 @@ def strays(lh: LocalHost) -> list:
 
 # ------------------------------------------------- 8: a failed write is not recorded
 
+@needs_root
 def test_a_write_that_fails_and_is_put_back_is_not_recorded(lh):
     chattr("+i", lh.file(EAGLE_V2))
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from support import clockstep
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.operator import Operator
 from fleetpatch_demo import fleet as fleetmod
 from support.localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256

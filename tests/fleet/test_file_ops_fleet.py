@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.paths import FIXTURE_PATCHES
 from support.localhost import speculative_tree
 

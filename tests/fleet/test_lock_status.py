@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 
 pytestmark = needs_fleet
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.paths import FIXTURE_PATCHES, sha256
 from fleetpatch_demo.wheels import sglang_tree
 

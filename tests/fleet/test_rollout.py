@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.operator import Operator
 from support.paths import FIXTURE_PATCHES, sha256
 from fleetpatch_demo.fleet import Fleet, HostSpec

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from fleetpatch_demo.fleet import Fleet, HostSpec
 
 pytestmark = needs_fleet

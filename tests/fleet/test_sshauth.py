@@ -12,7 +12,7 @@ import paramiko
 import pytest
 
 from fleetpatch import sshauth
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 
 pytestmark = needs_fleet
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.hostile import HOSTILE
 
 

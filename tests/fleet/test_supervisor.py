@@ -14,7 +14,7 @@ import pytest
 
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.operator import Operator
 from support.paths import FIXTURE_PATCHES, sha256
 

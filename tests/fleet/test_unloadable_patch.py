@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.paths import FIXTURE_PATCHES, sha256
 
 pytestmark = needs_fleet

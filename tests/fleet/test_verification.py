@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support.fleet import needs_fleet
+from support.marks import needs_fleet
 from support.paths import FIXTURE_PATCHES, sha256
 from fleetpatch_demo.wheels import sglang_tree
 

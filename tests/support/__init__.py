@@ -2,11 +2,11 @@
 
 tests/ is on sys.path (pyproject.toml: [tool.pytest.ini_options] pythonpath), so a
 test module imports `from support.operator import Operator`. No test module imports
-`conftest` or another test module (tests/fast/test_test_layout.py checks it).
+`conftest` or another test module (tests/fast/test_suite_layout.py checks it).
 
   paths        REPO, TESTS, FIXTURE_PATCHES, sha256 of a file
-  fleet        the shared sshd fleet's hosts, and the skip mark for machines without it
-  operator     Operator/Run: the installed program run as an operator does, over that fleet
+  marks        skip marks for what a machine lacks: sshd hosts (needs_fleet), root (needs_root)
+  operator     Operator/Run: the installed program run as an operator does, over a test fleet
   localhost    LocalHost: a host that is a directory, reached by the local transport
   agent_session  one agent session on a LocalHost, driven by hand
   listeners    a loopback TCP server whose behaviour per client is given
