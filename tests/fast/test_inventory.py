@@ -422,7 +422,7 @@ def test_yaml_errors():
 
 
 @pytest.mark.parametrize("text, where, reason", [
-    # PyYAML's own constructors raised a bare ValueError for these (found by tests/test_input_fuzz.py)
+    # PyYAML's own constructors raised a bare ValueError for these (found by tests/fast/test_input_fuzz.py)
     ("hosts:\n  a: {address: h, port: 2001-02-30}\n", "line 2, column 25", "'2001-02-30' is not a valid timestamp"),
     ("hosts:\n  a: {address: !!float abc}\n", "line 2, column 16", "'abc' is not a valid float"),
     ("hosts: !!int x\n", "line 1, column 8", "'x' is not a valid int"),

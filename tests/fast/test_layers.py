@@ -32,7 +32,7 @@ def layer_of(name: str) -> int:
     for i, layer in enumerate(LAYERS):
         if name in layer:
             return i
-    raise AssertionError(f"fleetpatch.{name} is in no layer of tests/test_layers.py: place it")
+    raise AssertionError(f"fleetpatch.{name} is in no layer of tests/fast/test_layers.py: place it")
 
 
 def internal_imports(path: Path) -> set[str]:

@@ -295,7 +295,7 @@ P = "dynamic-spec-disable/patch.yaml"
      "markers.EAGLEWorker.regexp", "unknown key"),
     ("  EAGLEWorker: \"Dynamic speculation disable enabled\"", "  EAGLEWorker: {}",
      "markers.EAGLEWorker.regex", "required"),
-    # crashes found by tests/test_input_fuzz.py: OverflowError, ValueError (embedded null byte), ValueError (date)
+    # crashes found by tests/fast/test_input_fuzz.py: OverflowError, ValueError (embedded null byte), ValueError (date)
     ("  EAGLEWorker: \"Dynamic speculation disable enabled\"", "  EAGLEWorker: {regex: \"a{4294967296}\"}",
      "markers.EAGLEWorker.regex", "invalid regular expression 'a{4294967296}': the repetition number is too large"),
     ("    diff: sglang-0.5.9.r1.diff", "    diff: \"r1\\0.diff\"", "revisions[0].diff",

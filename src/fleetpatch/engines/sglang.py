@@ -2,7 +2,7 @@
 
 Everything here was read out of the released PyPI wheels
 (`pip download --no-deps sglang==<v>`) for 0.5.7 through 0.5.15; the tests in
-tests/test_engine_profile.py check every string, file, class and line number
+tests/fast/test_engine_profile.py check every string, file, class and line number
 below against those wheels again.  Paths are relative to the directory that
 holds the `sglang` package (site-packages).
 
