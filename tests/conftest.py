@@ -1,26 +1,26 @@
-"""The shared test fleet: real sshd hosts with real SGLang wheel files.
+"""Fixtures shared by every tier, and the tier marks.
 
-One fleet serves every end-to-end test module; each test resets the hosts it
-uses to pristine (tree, state, logs, server) before it starts, so tests don't
-see each other's patches.
+Each tier is a folder with a mark of the same name, given here to every test it holds:
+  fast   no sshd, no root: pure logic and hosts on the local transport (`lh`); a fault
+         that only root can make (needs_root) is skipped without it
+  fleet  real sshd hosts (the `fleet`/`operator` fixtures, or a fleet of its own), as root
+  e2e    the demo, the bench, the live router, and the demo's own tools
+
+The shared fleet (real sshd hosts with real SGLang wheel files) is started once, by the
+first test that asks for it; each test resets the hosts it uses to pristine (tree, state,
+logs, server) before it starts, so tests don't see each other's patches. Helpers that are
+not fixtures live in tests/support.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import yaml
 
-from fleetpatch_demo import fleet as fleetmod
 from fleetpatch_demo.fleet import Fleet, HostSpec
+from support.localhost import LocalHost, template_env
+from support.operator import Operator
+from support.paths import TESTS
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURE_PATCHES = REPO / "tests" / "fixtures" / "patches"
+TIERS = ("fast", "fleet", "e2e")
 
 # v1 hosts: launched without SGLANG_ENABLE_SPEC_V2 and with topk 4 (the
 # motivating configuration); v2 hosts: SGLANG_ENABLE_SPEC_V2=True, topk 1.
@@ -32,12 +32,13 @@ FLEET_SPECS = [
     HostSpec("old", version="0.5.8", spec_v2=False),
 ]
 
-needs_fleet = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD), reason="needs root and /usr/sbin/sshd")
 
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if TESTS in item.path.parents:
+            folder = item.path.relative_to(TESTS).parts[0]
+            if folder in TIERS:
+                item.add_marker(folder)
 
 
 @pytest.fixture(scope="session")
@@ -47,48 +48,6 @@ def fleet(tmp_path_factory):
         yield f
 
 
-class Operator:
-    """Runs fleetpatch as the operator does: the installed program, in a
-    working folder with a hosts.yaml, and reads back exit code, output, report."""
-
-    def __init__(self, fleet: Fleet, workdir: Path):
-        self.fleet = fleet
-        self.workdir = workdir
-        self.inventory_path = fleet.write_inventory(workdir / "hosts.yaml")
-        self.runs = 0
-
-    def inventory(self) -> dict:
-        return yaml.safe_load(self.inventory_path.read_text())
-
-    def write_inventory(self, doc: dict, name: str = "hosts.yaml") -> Path:
-        path = self.workdir / name
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def run(self, *args: str, timeout: float = 180, env: dict | None = None) -> "Run":
-        self.runs += 1
-        report = self.workdir / f"report-{self.runs}.json"
-        argv = [sys.executable, "-m", "fleetpatch", *args]
-        if args and args[0] not in ("--help", "--list", "-l") and "--report" not in args:
-            argv[3:4] = [args[0], "--report", str(report)]
-        proc = subprocess.run(argv, cwd=self.workdir, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "COLUMNS": "200", **(env or {})})
-        doc = json.loads(report.read_text()) if report.exists() else None
-        return Run(proc.returncode, proc.stdout + proc.stderr, doc)
-
-
-class Run:
-    def __init__(self, code: int, output: str, report: dict | None):
-        self.code, self.output, self.report = code, output, report
-
-    def host(self, name: str) -> dict:
-        assert self.report is not None, f"no report written; output:\n{self.output}"
-        return self.report["hosts"][name]
-
-    def __repr__(self):
-        return f"Run(code={self.code})\n{self.output}"
-
-
 @pytest.fixture
 def operator(fleet, tmp_path):
     fleet.reset_all()
@@ -96,17 +55,15 @@ def operator(fleet, tmp_path):
     return Operator(fleet, tmp_path)
 
 
-# Hosts on the local transport (tests/localhost.py): one venv template for the whole
-# session, one fresh host tree per test.
+# Hosts on the local transport (tests/support/localhost.py): one venv template for the
+# whole session, one fresh host tree per test.
 @pytest.fixture(scope="session")
 def template(tmp_path_factory):
-    from localhost import template_env
     return template_env(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture
 def lh(tmp_path, template):
-    from localhost import LocalHost
     h = LocalHost(tmp_path / "h1", template)
     yield h
     h.stop()

@@ -39,7 +39,7 @@ Rules:
   final newline. This is how GNU ``patch -F0`` places hunks (except that GNU
   patch lets a hunk whose patched side alone lacks the final newline sit
   anywhere, then quietly keeps the newline); the property tests
-  (tests/test_diff_properties.py) hold diffapply to GNU patch's results.
+  (tests/fast/test_diff_properties.py) hold diffapply to GNU patch's results.
 - Hunks apply in order and never overlap.
 - ``already-applied`` when every hunk's post-image is found (same search) and
   the pre-images are not all found. When both the complete pre-image and the

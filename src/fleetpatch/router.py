@@ -2,7 +2,7 @@
 
 Facts this module relies on, checked against the real binaries (PyPI
 ``sglang-router`` 0.3.2, installed by the ``test`` extra; the 0.1.9 and 0.2.4
-wheels, which tests/test_router_versions.py runs) and the 0.1.9 / 0.2.0
+wheels, which tests/e2e/test_router_versions.py runs) and the 0.1.9 / 0.2.0
 sources:
 
 * Starting it: ``python -m sglang_router.launch_router --host 127.0.0.1

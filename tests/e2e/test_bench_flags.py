@@ -1,0 +1,26 @@
+"""The bench's flags: a bad value is one line naming the flag, before any fleet starts."""
+import subprocess
+import sys
+
+import pytest
+
+from support.paths import REPO
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--repeats", "0", "--repeats takes a whole number of 1 or more, not '0'"),
+    ("--repeats", "abc", "--repeats takes a whole number of 1 or more, not 'abc'"),
+    ("--delay-ms", "x", "--delay-ms takes milliseconds, a number of 0 or more, not 'x'"),
+    ("--delay-ms", "nan", "--delay-ms takes milliseconds, a number of 0 or more, not 'nan'"),
+    ("--quiet-wait", "-3", "--quiet-wait takes seconds, a number of 0 or more, not '-3'"),
+    ("--sizes", "1,64", "sizes must be 1..32"),
+    ("--tools", "foo", "unknown tool(s) ['foo']"),
+])
+def test_a_bad_bench_flag_is_one_line_and_starts_nothing(flag, value, says):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), flag, value, "--no-install"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert says in r.stderr
+    assert "starting a fleet" not in r.stdout + r.stderr

@@ -1,0 +1,146 @@
+"""bench/delayproxy.py: the loopback TCP proxy the benchmark's slow network goes through.
+
+A real TCP echo server behind the real proxy process: every exchange takes at least
+the configured round trip, bytes arrive intact and in order, EOF is passed on, and
+the proxy stops by itself (time bound) and when its parent closes its stdin."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from support.paths import REPO
+
+PROXY = REPO / "bench" / "delayproxy.py"
+
+
+@pytest.fixture
+def echo_port():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=pump, args=(c,), daemon=True).start()
+
+    def pump(c):
+        with c:
+            while True:
+                d = c.recv(65536)
+                if not d:
+                    c.shutdown(socket.SHUT_WR)
+                    return
+                c.sendall(d)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()
+
+
+def start(target: int, *args: str) -> tuple[subprocess.Popen, int]:
+    p = subprocess.Popen([sys.executable, str(PROXY), "--target", str(target), *args],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    info = json.loads(p.stdout.readline())
+    return p, info["ports"][str(target)]
+
+
+def connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def exchange(s: socket.socket) -> float:
+    t = time.monotonic()
+    s.sendall(b"x")
+    assert s.recv(16) == b"x"
+    return time.monotonic() - t
+
+
+def test_every_exchange_takes_the_round_trip_and_a_new_connection_one_more(echo_port):
+    p, port = start(echo_port, "--delay-ms", "40", "--max-seconds", "30")
+    try:
+        s = connect(port)
+        first = exchange(s)
+        rest = [exchange(s) for _ in range(4)]
+        s.close()
+        assert first >= 0.160          # handshake round trip + the exchange's own
+        assert min(rest) >= 0.080      # 40 ms each way
+        assert max(rest) < 0.080 + 0.5  # a delay, not a stall (generous: 2 shared cores)
+    finally:
+        p.stdin.close()
+        p.wait(10)
+
+
+def test_bulk_data_arrives_intact_in_order_and_eof_is_passed_on(echo_port):
+    p, port = start(echo_port, "--delay-ms", "20", "--max-seconds", "30")
+    try:
+        s = connect(port)
+        data = bytes(range(256)) * 40000   # 10 MB
+        sender = threading.Thread(target=lambda: (s.sendall(data), s.shutdown(socket.SHUT_WR)))
+        t = time.monotonic()
+        sender.start()
+        got = bytearray()
+        while True:
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+        took = time.monotonic() - t
+        sender.join()
+        s.close()
+        assert bytes(got) == data
+        # latency is added, throughput is not capped: 10 MB in far less than one
+        # round trip per chunk would take
+        assert took < 5
+    finally:
+        p.stdin.close()
+        p.wait(10)
+
+
+def test_stops_by_itself_after_max_seconds(echo_port):
+    p, port = start(echo_port, "--delay-ms", "1", "--max-seconds", "1", "--ignore-stdin")
+    try:
+        assert p.wait(10) == 0
+        with pytest.raises(OSError):
+            connect(port).recv(1)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_stops_when_its_parent_closes_stdin(echo_port):
+    p, port = start(echo_port, "--max-seconds", "600")
+    s = connect(port)
+    p.stdin.close()
+    assert p.wait(10) == 0
+    s.settimeout(5)
+    assert s.recv(1) == b""   # open connections are closed, not left hanging
+    s.close()
+
+
+def test_listens_on_loopback_only(echo_port):
+    p, port = start(echo_port, "--max-seconds", "30")
+    try:
+        out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
+        local = [line.split()[3] for line in out.splitlines() if line.strip()]
+        assert local == [f"127.0.0.1:{port}"]
+    finally:
+        p.stdin.close()
+        p.wait(10)
+
+
+def test_bad_arguments_are_refused_without_a_traceback():
+    p = subprocess.run([sys.executable, str(PROXY), "--target", "70000"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=30)
+    assert p.returncode != 0 and "70000" in (p.stdout + p.stderr) and "Traceback" not in p.stderr

@@ -1,0 +1,36 @@
+"""bench/probe_overhead.py runs here with no install and no torch: its CPU part measures the probe
+in a real interpreter, and its GPU part says why it is skipped instead of failing."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from support.paths import REPO
+
+BENCH = REPO / "bench" / "probe_overhead.py"
+
+
+def test_the_gpu_part_skips_cleanly_without_torch_or_cuda(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH), "--gpu", "--no-cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "probe_overhead.json").read_text())
+    assert "skipped" in report["gpu"]
+    assert "GPU part skipped: " in done.stdout
+
+
+def test_the_cpu_part_reports_each_cost_and_what_the_probe_recorded(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH), "--reps", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "probe_overhead.json").read_text())["cpu"]
+    here = rows[0]
+    assert here["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert here["mode"] == ("lines" if sys.version_info >= (3, 12) else "functions")
+    assert here["recorded_lines"] == 201 and here["disabled"] == []   # hot + the 200 first-hit functions
+    assert {"first_hit_us", "watched_call_ns", "unwatched_call_ns"} <= set(here)
+
+
+def test_a_bad_flag_is_one_line():
+    done = subprocess.run([sys.executable, str(BENCH), "--reps", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--reps and --steps must be at least 1" in done.stderr

@@ -1,0 +1,160 @@
+"""Fleet-wide rollout from a laptop: canary, batches, failure budget,
+unreachable hosts, Ctrl-C — on an 8-host fleet of real sshd hosts."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support.marks import needs_fleet
+from support.operator import Operator
+from support.paths import FIXTURE_PATCHES, sha256
+from fleetpatch_demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.wheels import sglang_tree
+
+pytestmark = needs_fleet
+
+EAGLE = "sglang/srt/speculative/eagle_worker.py"
+EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
+FIX = ("--patches", str(FIXTURE_PATCHES))
+# r0..r7; odd hosts run spec v2, even ones the v1 path (topk 4, no env)
+NAMES = [f"r{i}" for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def fleet8(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fleet8")
+    with Fleet(root, [HostSpec(n, spec_v2=(i % 2 == 1), startup_delay=0.3) for i, n in enumerate(NAMES)]) as f:
+        yield f
+
+
+@pytest.fixture
+def op8(fleet8, tmp_path):
+    fleet8.reset_all()
+    fleet8.clear_commands()
+    return Operator(fleet8, tmp_path)
+
+
+def snapshot(fleet, names):
+    return {n: (sha256(fleet.hosts[n].site_packages / EAGLE), sha256(fleet.hosts[n].site_packages / EAGLE_V2),
+                fleet.server_pid(n)) for n in names}
+
+
+PRISTINE = (sha256(sglang_tree("0.5.9") / EAGLE), sha256(sglang_tree("0.5.9") / EAGLE_V2))
+
+
+def test_eight_host_rollout_with_a_canary_verifies_every_host(op8, fleet8):
+    doc = op8.inventory()
+    doc["groups"] = {"canary": ["r3"]}
+    op8.write_inventory(doc)
+    run = op8.run("rollout", "--patch", "dynamic-spec-disable", "--group", "all", "--batch", "4")
+    assert run.code == 0, run
+    assert run.report["stages"][0] == ["r3"]
+    assert [len(s) for s in run.report["stages"]] == [1, 4, 3]
+    for i, n in enumerate(NAMES):
+        h = run.host(n)
+        assert h["status"] == "verified", (n, h)
+        assert h["executed_path"] == ("EAGLEWorkerV2" if i % 2 else "EAGLEWorker")
+    assert "OK: rollout succeeded on all 8 hosts" in run.output
+    for n in NAMES:  # counted by sshd's ForceCommand wrapper: one agent process per host
+        assert len(fleet8.commands(n)) == 1, (n, [c[:60] for c in fleet8.commands(n)])
+
+
+def test_a_failing_canary_stops_the_rollout_with_every_other_host_untouched(op8, fleet8):
+    others = NAMES[1:]
+    before = snapshot(fleet8, others)
+    # r0 is a v1 host: the forced v2-only patch cannot run there
+    run = op8.run("rollout", "--patch", "v2-only-beacon", *FIX, "--group", "all", "--force", "--timeout", "20")
+    assert run.code == 1, run
+    assert run.host("r0")["status"] == "rolled-back"
+    assert sha256(fleet8.hosts["r0"].site_packages / EAGLE_V2) == PRISTINE[1]
+    for n in others:
+        assert run.host(n)["status"] == "skipped"
+    assert snapshot(fleet8, others) == before
+    for n in others:
+        assert fleet8.commands(n) == [], f"{n} was contacted"
+    assert "the canary failed" in run.output
+
+
+def test_failure_budget_halts_the_rollout_and_rolls_the_failed_hosts_back(op8, fleet8):
+    # one host at a time: r1 (v2) ok, r2 (v1) fails, r3 ok, r4 fails -> 2 > 1: stop
+    run = op8.run("rollout", "--patch", "v2-only-beacon", *FIX, "--hosts", ",".join(NAMES[1:]), "--canary", "0",
+                  "--parallel", "1", "--max-failures", "1", "--force", "--timeout", "20")
+    assert run.code == 1, run
+    assert [run.host(n)["status"] for n in ("r1", "r2", "r3", "r4")] == \
+        ["verified", "rolled-back", "verified", "rolled-back"]
+    for n in ("r2", "r4"):
+        assert snapshot(fleet8, [n])[n][:2] == PRISTINE
+        assert run.host(n)["rollback"]["ok"] is True
+        assert not (fleet8.hosts[n].state_dir / "lock").exists(), "the lock held through the rollback is released"
+        # deploy, failed verification and the rollback after it: one agent process, one remote command
+        assert len(fleet8.commands(n)) == 1, (n, [c[:60] for c in fleet8.commands(n)])
+    for n in ("r5", "r6", "r7"):
+        assert run.host(n)["status"] == "skipped"
+        assert snapshot(fleet8, [n])[n][:2] == PRISTINE
+    assert "more than --max-failures 1" in run.output
+    stopped = [line for line in run.output.splitlines() if line.startswith("stopped:")]
+    assert stopped == [run.report["stopped"]]
+    assert "in the end 2 failed (r2 rolled-back, r4 rolled-back)" in stopped[0], stopped
+    assert "3 hosts not started (skipped, untouched)" in stopped[0], stopped
+    last = run.output.splitlines()[-1]
+    assert last.startswith("FAILED on 2 of 7 hosts: r2 (rolled-back), r4 (rolled-back) — 2 verified, 2 failed, "
+                           "3 skipped"), last
+    assert run.report["counts"] == {"verified": 2, "failed": 2, "skipped": 3}
+
+
+def test_an_unreachable_host_is_reported_and_does_not_block_the_others(op8, fleet8):
+    doc = op8.inventory()
+    dead = dict(doc["hosts"]["r1"])
+    dead["port"] = 1  # nothing listens there
+    doc["hosts"]["gone"] = dead
+    op8.write_inventory(doc)
+    run = op8.run("rollout", "--patch", "spec-path-beacon", "--hosts", "r1,gone,r2", "--canary", "0")
+    assert run.code == 1, run
+    assert run.host("gone")["status"] == "unreachable"
+    assert run.host("r1")["status"] == "verified"
+    assert run.host("r2")["status"] == "verified"
+    last = run.output.splitlines()[-1]
+    assert last.startswith("FAILED on 1 of 3 hosts: gone (unreachable) — 2 verified, 1 unreachable"), last
+    assert run.report["counts"] == {"verified": 2, "unreachable": 1}
+
+
+def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untouched(op8, fleet8):
+    doc = op8.inventory()
+    for n in NAMES:
+        doc["hosts"][n]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_STARTUP_DELAY"] = "1.5"
+    op8.write_inventory(doc)
+    before = snapshot(fleet8, NAMES)
+    report = op8.workdir / "int.json"
+    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "rollout", "--patch", "spec-path-beacon",
+                             "--group", "all", "--canary", "0", "--parallel", "2", "--report", str(report)],
+                            cwd=op8.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if " restart" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + out
+    doc = json.loads(report.read_text())
+    assert doc["interrupted"] is True
+    statuses = {n: doc["hosts"][n]["status"] for n in NAMES}
+    assert set(statuses.values()) <= {"verified", "rolled-back", "skipped"}, statuses
+    assert "verified" in statuses.values() and "skipped" in statuses.values()
+    last = out.splitlines()[-1]
+    assert last.startswith("INTERRUPTED: rollout on 8 hosts: "), last
+    assert "skipped" in last and "failed" not in last, "hosts skipped after Ctrl-C are not failed"
+    assert doc["counts"]["skipped"] == sum(1 for st in statuses.values() if st == "skipped")
+    after = snapshot(fleet8, NAMES)
+    for n, st in statuses.items():
+        if st == "skipped":
+            assert after[n] == before[n], f"{n} was touched"
+            assert fleet8.commands(n) == []
+        elif st == "verified":
+            assert after[n][:2] != PRISTINE
