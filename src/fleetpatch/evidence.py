@@ -145,6 +145,7 @@ class _Window:
         self.ready = obs.since_ready_s is not None or any(ready_line in l for l in self.lines)
         self.settled = obs.since_ready_s is not None and obs.since_ready_s >= subject.settle_s
         self.health_ok = obs.healthy is True or (obs.healthy is None and self.ready)
+        self.unknown_release = not _knows(self.profile, self.version)
 
     def head(self, ok: bool, text: str, tag: Optional[str] = None) -> str:
         tag = tag or ("OK" if ok else "FAIL")
@@ -357,6 +358,12 @@ class _Markers:
         key = next((k for k in route.lineage if k in check.markers), None)
         own = seen.by_key.get(key, []) if key else []
         ok = bool(route.res.determined and route.path and own)
+        if not route.res.determined and w.unknown_release and seen.by_key:
+            # A release the profile does not know: the path is not guessed, but a marker
+            # is in its path's own code, so the first one that appears names the path that ran.
+            key = min(seen.by_key, key=lambda k: seen.by_key[k][0])
+            own, ok = seen.by_key[key], True
+            route.lineage = [key]
         expect_missing = [e for e in check.expect if not any(e in l for l in w.lines)]
         others = [(k, seen.by_key[k][0]) for k in seen.by_key if k not in route.lineage]
         missing = ([] if w.ready else ["the server to be ready"])
@@ -402,10 +409,28 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
 
 
 def _verified(w: _Window, route: _Route, m: _Markers, seen: _Seen) -> Verdict:
-    via = f" via {m.key} code" if m.key != route.path else ""
     count = f"; seen {len(m.own)} times" if len(m.own) > 1 else ""
+    if route.path is None:   # a release the profile does not know: the marker named the path
+        note = _version_note(w.profile, w.version)
+        msg = [w.head(True, f"verified on {m.key} by its marker ({w.quote(m.own[0])}{count})")]
+        msg += [f"  {note}" if note else "  the engine profile does not know this release",
+                f"  the path was not predicted: the marker of {m.key} shows that its patched code ran"]
+        return Verdict(Status.VERIFIED, True, m.key, route.used, route.res.reason, seen.listed, [], "\n".join(msg))
+    via = f" via {m.key} code" if m.key != route.path else ""
     msg = [w.head(True, f"verified on {route.path}{via} ({w.quote(m.own[0])}{count})")] + _runs_block(w, route)
     return Verdict(Status.VERIFIED, True, route.path, route.used, route.cause, seen.listed, [], "\n".join(msg))
+
+
+def _knows(profile, version: Optional[str]) -> bool:
+    try:
+        return bool(version) and bool(profile.knows(version))
+    except Exception:   # a profile that cannot say: treat as known (its routing decides, as before)
+        return True
+
+
+def _version_note(profile, version: Optional[str]) -> Optional[str]:
+    note = getattr(profile, "version_note", None)
+    return note(version) if note is not None else None
 
 
 def _path_unknown(w: _Window, check: Check, seen: _Seen, route: _Route, m: _Markers) -> Verdict:
