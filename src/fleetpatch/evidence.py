@@ -400,7 +400,7 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
         return w.wait(m.missing, path, used, cause, seen.listed)
     if m.ok and not m.expect_missing and not w.health_ok:
         msg = [w.head(False, "restart failed: the server is not healthy"),
-               f"  {w.quote(m.own[0])} shows {path} ran, but the health check does not answer 200"]
+               f"  {w.quote(m.own[0])} shows {path or m.key} ran, but the health check does not answer 200"]
         return Verdict(Status.RESTART_FAILED, True, path, used, cause, seen.listed, m.missing,
                        "\n".join(msg + w.tail()))
     if not route.res.determined:
@@ -503,6 +503,7 @@ def _failure_lines(w: _Window, forbid_hit, failures) -> List[int]:
 def _conflict(w: _Window, route: _Route, seen: _Seen) -> Verdict:
     log_path, si_path, ev, si_f = route.conflict
     where = f"line {ev.line_no}" if ev is not None and ev.line_no is not None else "the log"
+    log_path, si_path = (p or f"no {w.profile.path_noun}" for p in (log_path, si_path))
     cause = f"evidence conflict: log says {log_path} ({where}), server_info says {si_path}"
     si_text = next(iter(si_f.evidence.values())).text if si_f.evidence else "/server_info"
     msg = [w.head(False, "not verified: evidence conflict"),

@@ -129,7 +129,7 @@ def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply) -> Ho
         # would wait for lines that are gone. The process fleetpatch verified still runs.
         return run.result(True, Status.ALREADY_APPLIED,
                           f"{run.name}: {plan.label} already applied; nothing changed; the server fleetpatch verified "
-                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path')}) "
+                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path') or 'its path'}) "
                           "still runs; its log since that restart is no longer there to re-read",
                           patch=plan.label, executed_path=verification.get("executed_path"))
     return verify(run, Watch(protocol.log_window(last), plan.launch, [job.patch], [plan.label]), already=True)

@@ -130,7 +130,9 @@ def superseded_line(profile, patch, version: str) -> str | None:
     if sup is None or not sup.admits(version):
         return None
     engine = ENGINE_NAMES.get(getattr(profile, "kind", ""), profile.package)
-    return f"superseded on {engine} {version} by {sup.use} (from {sup.spec_text}): use that instead"
+    release = getattr(profile, "release_of", lambda v: None)(version) or version   # 0.5.23+cu128 is 0.5.23
+    return (f"superseded on {engine} {release} by {sup.use}: use that instead\n  (its manifest: upstream has "
+            f"the change for {sup.spec_text})")
 
 
 def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
@@ -143,7 +145,8 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
                                         "holds its METADATA")
     superseded = superseded_line(profile, job.patch, version)
     if superseded:
-        raise HostFailure(Status.SKIPPED, f"{host.name}: {job.patch.name} is {superseded}; nothing was changed")
+        raise HostFailure(Status.SKIPPED, f"{host.name}: {job.patch.name} is {superseded}; nothing was changed "
+                                          "on this host")
     try:
         revision = job.patch.choose(job.rev, version)
     except NoRevisionFits as e:
@@ -171,7 +174,7 @@ def launch_note(host: Host, profile, version: str, launch: LaunchConfig, predict
     if host.server.restart.kind == "command":
         planned = profile.predict(version, inventory_launch(host))
         if (planned.path, planned.starts) != (prediction.path, prediction.starts):
-            what = planned.path if planned.starts else f"nothing: {planned.error}"
+            what = (planned.path or f"no {profile.path_noun}") if planned.starts else f"nothing: {planned.error}"
             note += (f"\n  note: the inventory's start and env would run {what} ({planned.cause}); "
                      "fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the running "
                      "server in line, or rerun with --force")
