@@ -50,6 +50,11 @@ class Observation:
     healthy: Optional[bool]        # health_url answered 200
     since_ready_s: Optional[float]  # seconds since the ready line was first seen (None = not seen)
     timed_out: bool                # the --timeout has passed
+    # A window that keeps only what can decide (steps.follow.EventLog): the line number of
+    # each of `lines` (None: they are consecutive from first_line_no), and how many lines
+    # the server logged since the restart in all (None: len(lines)).
+    line_nos: Optional[List[int]] = None
+    total_lines: Optional[int] = None
 
 
 @dataclass
@@ -141,6 +146,8 @@ class _Window:
         self.host, self.label = subject.host, label
         self.lines = [str(l).rstrip("\r\n") for l in (obs.lines or [])]
         self.first = obs.first_line_no or 1
+        self.nos = obs.line_nos if obs.line_nos is not None and len(obs.line_nos) == len(self.lines) else None
+        self.count = obs.total_lines if obs.total_lines is not None else len(self.lines)   # lines since the restart
         ready_line = self.profile.ready_line
         self.ready = obs.since_ready_s is not None or any(ready_line in l for l in self.lines)
         self.settled = obs.since_ready_s is not None and obs.since_ready_s >= subject.settle_s
@@ -152,7 +159,19 @@ class _Window:
         return f"{tag:<4} {self.host}  {self.label} {text}"
 
     def no(self, i: int) -> int:
-        return self.first + i
+        return self.nos[i] if self.nos is not None else self.first + i
+
+    def log_facts(self) -> Facts:
+        """The profile's facts of the window, with the line numbers of the log."""
+        if self.nos is None:
+            return self.profile.log_facts(self.version, self.lines, self.first)
+        facts = self.profile.log_facts(self.version, self.lines, 0)   # line_no: the index in the window
+        done = set()
+        for ev in list(facts.evidence.values()) + list(facts.notes):
+            if id(ev) not in done and ev.line_no is not None and 0 <= ev.line_no < len(self.nos):
+                done.add(id(ev))
+                ev.line_no = self.nos[ev.line_no]
+        return facts
 
     def text(self, i: int) -> str:
         return self.profile.strip_prefix(self.lines[i])
@@ -261,7 +280,7 @@ def _predict(subject: Subject) -> Tuple[Optional[Prediction], Optional[str]]:
 def _route(w: _Window, pred: Optional[Prediction], launch_error: Optional[str]) -> _Route:
     """The path from the log, /server_info and the launch (later sources win a fact)."""
     profile, version = w.profile, w.version
-    log_f = profile.log_facts(version, w.lines, w.first)
+    log_f = w.log_facts()
     si_f = profile.server_info_facts(version, w.obs.server_info) if w.obs.server_info else None
     la_f = profile.launch_facts(pred, w.subject.launch) if pred is not None else None
     combined: Dict[str, object] = {}
@@ -392,7 +411,7 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
         return _verified(w, route, m, seen)
     if obs.timed_out and not w.ready:
         msg = [w.head(False, "timed out: the server never became ready"),
-               f'  no "{w.profile.ready_line}" in the {len(w.lines)} log lines since the restart']
+               f'  no "{w.profile.ready_line}" in the {w.count} log lines since the restart']
         if route.pred is not None and not route.pred.starts:
             msg.append(f"    cause: {route.pred.cause}")
         return Verdict(Status.TIMEOUT, True, path, used, cause, seen.listed, m.missing, "\n".join(msg + w.tail()))
@@ -523,7 +542,7 @@ def _rollback(w: _Window, seen: _Seen, route: _Route) -> Verdict:
         return _still_patched(w, seen, route)
     missing = [] if w.ready and w.health_ok else ["the server to be ready" if not w.ready
                                                     else "a healthy /health answer"]
-    lines = len(w.lines)
+    lines = w.count
     if w.ready and w.health_ok and (w.settled or obs.timed_out):
         msg = w.head(True, "rolled back: the server is ready and healthy, and no marker of the patch "
                            f"appeared in the {lines} log lines since the restart")
