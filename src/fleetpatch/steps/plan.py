@@ -1,5 +1,13 @@
 """What applying a patch would do to one host, computed from its probe, and
-check-patch, which shows it."""
+check-patch, which shows it.
+
+A release the profile does not know is never guessed (`can_prove`): deploy-patch
+writes to such a host only when the result can be proven from what runs. Its
+refusal, like the pre-flight's, is found on the host (the version is read there)
+and is per host: the host fails (status `error`, details `refused: unprovable`),
+nothing is written to it, and the command exits 1 as for any failed host; --force
+does not override it. A superseded patch (manifest `superseded`) fails the host
+as `skipped`, saying what to use instead, with nothing written."""
 from __future__ import annotations
 
 import dataclasses
@@ -303,7 +311,9 @@ def check_patch(run: HostRun) -> HostResult:
     base = dict(engine_version=plan.version, patch=plan.label, details={"files_state": {
         p: {"state": r.state, "offsets": r.offsets, "detail": r.detail} for p, r in plan.states.items()}})
     if plan.conflicts:
-        return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}", **base)
+        note = version_note(run.profile, plan.version)
+        return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}"
+                          + (f"\n  {note}" if note else ""), **base)
     proof = can_prove(run, plan)
     if not proof.ok and not plan.already:
         base["details"]["refused"] = "unprovable"
