@@ -269,13 +269,17 @@ def can_prove(run: HostRun, plan: Plan) -> Proof:
 
 
 def probe_proves(run: HostRun, plan: Plan) -> Proof | None:
-    """The execution probe's proof, once it is wired in (None: it cannot prove here)."""
+    """The execution probe's proof (None: it cannot prove here). The hook for its wiring:
+    it returns Proof(True, "by the probe: ...") when the probe goes into this host's
+    server (not --no-probe, not engine.probe: false, not the patch's `executed: off`)."""
     return None
 
 
 def markers_prove(profile, patch, plan: Plan) -> Proof:
     changed: dict[str, str] = {}   # code path -> the file of the patch that it runs from
     for fd in getattr(plan.revision, "files", None) or []:
+        if fd.op == diffapply.DELETE:
+            continue   # deleted code logs nothing (the patch rule's reading too)
         for path in profile.paths_of_file(fd.path):
             changed.setdefault(path, fd.path)
     markers = dict(getattr(patch, "markers", None) or {})
