@@ -50,6 +50,11 @@ class Observation:
     healthy: Optional[bool]        # health_url answered 200
     since_ready_s: Optional[float]  # seconds since the ready line was first seen (None = not seen)
     timed_out: bool                # the --timeout has passed
+    # A window that keeps only what can decide (steps.follow.EventLog): the line number of
+    # each of `lines` (None: they are consecutive from first_line_no), and how many lines
+    # the server logged since the restart in all (None: len(lines)).
+    line_nos: Optional[List[int]] = None
+    total_lines: Optional[int] = None
 
 
 @dataclass
@@ -141,17 +146,32 @@ class _Window:
         self.host, self.label = subject.host, label
         self.lines = [str(l).rstrip("\r\n") for l in (obs.lines or [])]
         self.first = obs.first_line_no or 1
+        self.nos = obs.line_nos if obs.line_nos is not None and len(obs.line_nos) == len(self.lines) else None
+        self.count = obs.total_lines if obs.total_lines is not None else len(self.lines)   # lines since the restart
         ready_line = self.profile.ready_line
         self.ready = obs.since_ready_s is not None or any(ready_line in l for l in self.lines)
         self.settled = obs.since_ready_s is not None and obs.since_ready_s >= subject.settle_s
         self.health_ok = obs.healthy is True or (obs.healthy is None and self.ready)
+        self.unknown_release = not _knows(self.profile, self.version)
 
     def head(self, ok: bool, text: str, tag: Optional[str] = None) -> str:
         tag = tag or ("OK" if ok else "FAIL")
         return f"{tag:<4} {self.host}  {self.label} {text}"
 
     def no(self, i: int) -> int:
-        return self.first + i
+        return self.nos[i] if self.nos is not None else self.first + i
+
+    def log_facts(self) -> Facts:
+        """The profile's facts of the window, with the line numbers of the log."""
+        if self.nos is None:
+            return self.profile.log_facts(self.version, self.lines, self.first)
+        facts = self.profile.log_facts(self.version, self.lines, 0)   # line_no: the index in the window
+        done = set()
+        for ev in list(facts.evidence.values()) + list(facts.notes):
+            if id(ev) not in done and ev.line_no is not None and 0 <= ev.line_no < len(self.nos):
+                done.add(id(ev))
+                ev.line_no = self.nos[ev.line_no]
+        return facts
 
     def text(self, i: int) -> str:
         return self.profile.strip_prefix(self.lines[i])
@@ -260,7 +280,7 @@ def _predict(subject: Subject) -> Tuple[Optional[Prediction], Optional[str]]:
 def _route(w: _Window, pred: Optional[Prediction], launch_error: Optional[str]) -> _Route:
     """The path from the log, /server_info and the launch (later sources win a fact)."""
     profile, version = w.profile, w.version
-    log_f = profile.log_facts(version, w.lines, w.first)
+    log_f = w.log_facts()
     si_f = profile.server_info_facts(version, w.obs.server_info) if w.obs.server_info else None
     la_f = profile.launch_facts(pred, w.subject.launch) if pred is not None else None
     combined: Dict[str, object] = {}
@@ -357,6 +377,12 @@ class _Markers:
         key = next((k for k in route.lineage if k in check.markers), None)
         own = seen.by_key.get(key, []) if key else []
         ok = bool(route.res.determined and route.path and own)
+        if not route.res.determined and w.unknown_release and seen.by_key:
+            # A release the profile does not know: the path is not guessed, but a marker
+            # is in its path's own code, so the first one that appears names the path that ran.
+            key = min(seen.by_key, key=lambda k: seen.by_key[k][0])
+            own, ok = seen.by_key[key], True
+            route.lineage = [key]
         expect_missing = [e for e in check.expect if not any(e in l for l in w.lines)]
         others = [(k, seen.by_key[k][0]) for k in seen.by_key if k not in route.lineage]
         missing = ([] if w.ready else ["the server to be ready"])
@@ -385,7 +411,7 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
         return _verified(w, route, m, seen)
     if obs.timed_out and not w.ready:
         msg = [w.head(False, "timed out: the server never became ready"),
-               f'  no "{w.profile.ready_line}" in the {len(w.lines)} log lines since the restart']
+               f'  no "{w.profile.ready_line}" in the {w.count} log lines since the restart']
         if route.pred is not None and not route.pred.starts:
             msg.append(f"    cause: {route.pred.cause}")
         return Verdict(Status.TIMEOUT, True, path, used, cause, seen.listed, m.missing, "\n".join(msg + w.tail()))
@@ -393,7 +419,7 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
         return w.wait(m.missing, path, used, cause, seen.listed)
     if m.ok and not m.expect_missing and not w.health_ok:
         msg = [w.head(False, "restart failed: the server is not healthy"),
-               f"  {w.quote(m.own[0])} shows {path} ran, but the health check does not answer 200"]
+               f"  {w.quote(m.own[0])} shows {path or m.key} ran, but the health check does not answer 200"]
         return Verdict(Status.RESTART_FAILED, True, path, used, cause, seen.listed, m.missing,
                        "\n".join(msg + w.tail()))
     if not route.res.determined:
@@ -402,10 +428,28 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
 
 
 def _verified(w: _Window, route: _Route, m: _Markers, seen: _Seen) -> Verdict:
-    via = f" via {m.key} code" if m.key != route.path else ""
     count = f"; seen {len(m.own)} times" if len(m.own) > 1 else ""
+    if route.path is None:   # a release the profile does not know: the marker named the path
+        note = _version_note(w.profile, w.version)
+        msg = [w.head(True, f"verified on {m.key} by its marker ({w.quote(m.own[0])}{count})")]
+        msg += [f"  {note}" if note else "  the engine profile does not know this release",
+                f"  the path was not predicted: the marker of {m.key} shows that its patched code ran"]
+        return Verdict(Status.VERIFIED, True, m.key, route.used, route.res.reason, seen.listed, [], "\n".join(msg))
+    via = f" via {m.key} code" if m.key != route.path else ""
     msg = [w.head(True, f"verified on {route.path}{via} ({w.quote(m.own[0])}{count})")] + _runs_block(w, route)
     return Verdict(Status.VERIFIED, True, route.path, route.used, route.cause, seen.listed, [], "\n".join(msg))
+
+
+def _knows(profile, version: Optional[str]) -> bool:
+    try:
+        return bool(version) and bool(profile.knows(version))
+    except Exception:   # a profile that cannot say: treat as known (its routing decides, as before)
+        return True
+
+
+def _version_note(profile, version: Optional[str]) -> Optional[str]:
+    note = getattr(profile, "version_note", None)
+    return note(version) if note is not None else None
 
 
 def _path_unknown(w: _Window, check: Check, seen: _Seen, route: _Route, m: _Markers) -> Verdict:
@@ -478,6 +522,7 @@ def _failure_lines(w: _Window, forbid_hit, failures) -> List[int]:
 def _conflict(w: _Window, route: _Route, seen: _Seen) -> Verdict:
     log_path, si_path, ev, si_f = route.conflict
     where = f"line {ev.line_no}" if ev is not None and ev.line_no is not None else "the log"
+    log_path, si_path = (p or f"no {w.profile.path_noun}" for p in (log_path, si_path))
     cause = f"evidence conflict: log says {log_path} ({where}), server_info says {si_path}"
     si_text = next(iter(si_f.evidence.values())).text if si_f.evidence else "/server_info"
     msg = [w.head(False, "not verified: evidence conflict"),
@@ -497,7 +542,7 @@ def _rollback(w: _Window, seen: _Seen, route: _Route) -> Verdict:
         return _still_patched(w, seen, route)
     missing = [] if w.ready and w.health_ok else ["the server to be ready" if not w.ready
                                                     else "a healthy /health answer"]
-    lines = len(w.lines)
+    lines = w.count
     if w.ready and w.health_ok and (w.settled or obs.timed_out):
         msg = w.head(True, "rolled back: the server is ready and healthy, and no marker of the patch "
                            f"appeared in the {lines} log lines since the restart")

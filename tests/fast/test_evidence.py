@@ -295,12 +295,24 @@ def test_expect_lines():
     assert v.status == "not-executed" and 'expected line not seen: "batch size over threshold"' in v.message
 
 
-def test_unknown_version_never_verifies():
+def test_unknown_version_is_never_guessed_and_its_marker_names_the_path_that_ran():
+    """Issue 26: a release the profile does not know is not routed; the marker that
+    appears is in its path's own code, so it verifies that path (never printing None)."""
     window = [dump("0.5.15", "EAGLE", False), tp(V2_MARK, 0), ready("0.5.15")]
-    v = J(obs(window), "0.5.24", V2_LAUNCH)   # newer than the profile
+    for version in ("0.5.24", "0.5.24.dev3", "0.5.6", None):
+        v = J(obs(window), version, V2_LAUNCH)
+        assert (v.status, v.final, v.executed_path) == ("verified", True, "EAGLEWorkerV2"), v.message
+        assert "verified on EAGLEWorkerV2 by its marker (log line 2" in v.message
+        assert "the path was not predicted" in v.message and "None" not in v.message
+    v = J(obs(window), "0.5.24", V2_LAUNCH)
+    assert "SGLang 0.5.24 is newer than the profile (0.5.7 \u2013 0.5.23)" in v.message
+
+
+def test_unknown_version_without_a_marker_never_verifies():
+    window = [dump("0.5.15", "EAGLE", False), ready("0.5.15")]
+    v = J(obs(window, timed_out=True), "0.5.24", V2_LAUNCH)
     assert v.status == "not-executed" and v.final and v.executed_path is None
-    assert "not in fleetpatch's engine profile" in v.cause
-    assert "a marker proves nothing unless it belongs to the path that runs" in v.message
+    assert "not in fleetpatch's engine profile" in v.cause and "None" not in v.message
 
 
 def test_long_lines_are_shortened():

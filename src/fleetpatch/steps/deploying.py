@@ -10,7 +10,7 @@ from ..inventory import Host
 from .context import HostRun, deploy_command, host_step, inventory_launch, sha256
 from .follow import Watch, follow_ahead
 from .lock import HostLock
-from .plan import Plan, describe_states, file_bytes, make_plan, packed, revision_files
+from .plan import Plan, can_prove, describe_states, file_bytes, make_plan, packed, revision_files, unprovable_message
 from .rolling_back import rollback_after_failure
 from .verify import cut_off, verify
 
@@ -39,6 +39,11 @@ def _refusal(run: HostRun, plan: Plan) -> HostResult | None:
                           f"{label}'s pre-image nor its post-image\n{describe_states(plan)}\n"
                           "  inspect the hand edits (fleetpatch fetch), restore the originals, then rerun",
                           patch=label)
+    proof = can_prove(run, plan)
+    if not proof.ok and not plan.already:
+        # Not overridden by --force: a file is never changed without a way to prove the result.
+        return run.result(False, Status.ERROR, unprovable_message(run, plan, proof, "refused"), patch=label,
+                          details={"refused": "unprovable"})
     if plan.preflight is not None and not run.job.force:
         return run.result(False, Status.NOT_EXECUTED, plan.preflight.message, patch=label,
                           executed_path=plan.preflight.executed_path)
@@ -124,7 +129,7 @@ def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply) -> Ho
         # would wait for lines that are gone. The process fleetpatch verified still runs.
         return run.result(True, Status.ALREADY_APPLIED,
                           f"{run.name}: {plan.label} already applied; nothing changed; the server fleetpatch verified "
-                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path')}) "
+                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path') or 'its path'}) "
                           "still runs; its log since that restart is no longer there to re-read",
                           patch=plan.label, executed_path=verification.get("executed_path"))
     return verify(run, Watch(protocol.log_window(last), plan.launch, [job.patch], [plan.label]), already=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from .context import HostRun, host_step, probe, sha256
-from .plan import file_bytes
+from .plan import file_bytes, version_note
 
 
 def recorded_patches(ledger: dict) -> list[str]:
@@ -51,4 +51,7 @@ def fetch(run: HostRun) -> HostResult:
     if patches:
         msg += (f"; these files already carry {', '.join(patches)} (the host's ledger): a diff written against "
                 "them applies on top of " + ("that patch" if len(patches) == 1 else "those patches"))
+    note = version_note(profile, version)
+    if note:   # a release the profile does not know: the files of every known release were looked for
+        msg += f"\n  {note}"
     return run.result(True, Status.FETCHED, msg, files=files, details={"patches": patches})

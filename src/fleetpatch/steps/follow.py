@@ -3,6 +3,10 @@ arrives; the decision (record the verdict, maybe release the lock) goes back on
 the same channel."""
 from __future__ import annotations
 
+import bisect
+import collections
+import itertools
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -43,31 +47,136 @@ class Watch:
         return self.check or ("deploy" if self.want_markers else "rollback")
 
 
+class Needles:
+    """What makes a log line worth keeping for the verdict: the ready line, the patches'
+    markers, expect and forbid lines, and the profile's signatures (the lines that show
+    the path, the settings dump, the failure lines). Texts are substrings and patterns
+    are compiled with re.M, so a whole batch is searched as one string (at C speed) and
+    only the lines that hold a hit are looked at. A profile that does not list its
+    signatures is `exhaustive`: each batch goes through its own log_facts/find_failures."""
+
+    def __init__(self, profile, version: str | None, patches: list, ready_line: str):
+        self.profile, self.version = profile, version
+        texts: list[str] = [ready_line] + [t for p in patches
+                                           for t in list(p.expect or []) + list(p.forbid or []) if t]
+        patterns: list[str] = []
+        self.odd_markers = []   # markers with neither a literal nor a regex: matched line by line
+        for m in (m for p in patches for m in (p.markers or {}).values()):
+            if getattr(m, "literal", None):
+                texts.append(m.literal)
+            elif getattr(m, "regex", None):
+                patterns.append(m.regex)
+            else:
+                self.odd_markers.append(m)
+        failures = getattr(profile, "failure_signatures", None)
+        range_for = getattr(profile, "range_for", None)
+        self.exhaustive = failures is None or range_for is None
+        self.failure_texts, self.failure_patterns = self._split(failures(version) if failures else [])
+        route_sigs = getattr(range_for(version) if range_for and version else None, "signatures", ()) or ()
+        more_texts, more_patterns = self._split(route_sigs)
+        texts += more_texts + [w[:-3] for w in getattr(profile, "whole_evidence", ()) if w.endswith("...")]
+        self.texts = list(dict.fromkeys(t for t in texts + self.failure_texts if t))
+        self.patterns = [self._compile(r) for r in dict.fromkeys(patterns + more_patterns + self.failure_patterns)]
+        self.patterns = [r for r in self.patterns if r is not None]
+
+    @staticmethod
+    def _split(sigs) -> tuple[list, list]:
+        texts = [s.text for s in sigs if getattr(s, "regex", None) is None and getattr(s, "text", None)]
+        return texts, [s.regex for s in sigs if getattr(s, "regex", None)]
+
+    @staticmethod
+    def _compile(regex: str):
+        try:
+            return re.compile(regex, re.M)
+        except re.error:   # a broken marker never matches (evidence does the same)
+            return None
+
+    def hits(self, lines: list[str], blob: str, quota: dict) -> tuple[set, int | None]:
+        """The indexes of `lines` worth keeping, and the first that holds a failure (None:
+        none). `quota` counts the lines kept per needle: a needle stops being looked for
+        once it has kept its share (a marker logged at every request keeps its first ones)."""
+        out: set[int] = set()
+        starts: list[int] = []
+        for needle in self.texts:
+            at = blob.find(needle) if quota.get(needle, 0) < EventLog.MOST_PER_NEEDLE else -1
+            while at >= 0 and quota.get(needle, 0) < EventLog.MOST_PER_NEEDLE:
+                i = self._line_at(lines, starts, at)
+                out.add(i)
+                quota[needle] = quota.get(needle, 0) + 1
+                at = blob.find(needle, starts[i + 1])
+        for rx in self.patterns:
+            m = rx.search(blob) if quota.get(rx.pattern, 0) < EventLog.MOST_PER_NEEDLE else None
+            while m is not None and quota.get(rx.pattern, 0) < EventLog.MOST_PER_NEEDLE:
+                i = self._line_at(lines, starts, m.start())
+                if rx.search(lines[i]):   # not a match that spans lines
+                    out.add(i)
+                    quota[rx.pattern] = quota.get(rx.pattern, 0) + 1
+                m = rx.search(blob, starts[i + 1])
+        if self.odd_markers or self.exhaustive:
+            out |= self._line_by_line(lines)
+        failed = [i for i in sorted(out) if self._is_failure(lines[i])]
+        return out, (failed[0] if failed else None)
+
+    @staticmethod
+    def _line_at(lines: list[str], starts: list[int], at: int) -> int:
+        if not starts:   # where each line starts in the batch's blob (computed once, on the first hit)
+            starts.extend(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+        return bisect.bisect_right(starts, at) - 1
+
+    def _line_by_line(self, lines: list[str]) -> set[int]:
+        out = {i for i, line in enumerate(lines) if any(_marker_matches(m, line) for m in self.odd_markers)}
+        if self.exhaustive:
+            facts = self.profile.log_facts(self.version, lines, 0)
+            out.update(ev.line_no for ev in list(facts.evidence.values()) + list(facts.notes)
+                       if ev.line_no is not None)
+            out.update(i for i, _sig in self.profile.find_failures(self.version, lines))
+        return out
+
+    def _is_failure(self, line: str) -> bool:
+        if self.exhaustive:
+            return bool(self.profile.find_failures(self.version, [line]))
+        return any(t in line for t in self.failure_texts) or any(
+            re.search(r, line) for r in self.failure_patterns)
+
+
 class EventLog:
     """What the follow stream has told so far: the log window, the server's
     state, its /server_info and how it was launched.
 
-    The window is bounded: a chatty server may write hundreds of MB after its
-    restart, while what decides (the settings dump, the markers, the ready line,
-    a traceback) comes at start. The first MAX_LINES lines are kept; later lines
-    are counted (`dropped`) and still seen for the ready line, not judged."""
+    Every line since the restart is judged, however many, in memory that does not
+    grow with the log: a batch is searched for what can decide (`Needles`) as it
+    arrives, and only these lines are kept: the first HEAD_LINES (how the server
+    started), every line that holds a needle (up to MOST_PER_NEEDLE per needle), the
+    AFTER_FAILURE lines after a failure line (its traceback), and the last TAIL_LINES
+    (a failure's last words). Each is cut to LINE_MOST characters."""
 
-    MAX_LINES = 50_000   # a judgement of this many lines takes about half a second
+    HEAD_LINES = 1000
+    TAIL_LINES = 200
+    MOST_PER_NEEDLE = 200
+    AFTER_FAILURE = 100
+    LINE_MOST = 1 << 16    # a settings dump is ~20 kB; a line is at most the agent's 1 MB read
 
-    def __init__(self, ready_line: str, launch: LaunchConfig):
+    def __init__(self, ready_line: str, launch: LaunchConfig, needles: Needles | None = None):
         self.ready_line = ready_line
-        self.lines: list[str] = []
-        self.arrived: list[float] = []   # when each line reached the laptop
+        self.needles = needles
+        self.kept: dict[int, str] = {}      # line number -> line: what the verdict may need
+        self.arrived: dict[int, float] = {}  # when each kept line reached the laptop
+        self.tail: collections.deque = collections.deque(maxlen=self.TAIL_LINES)   # (line number, line)
+        self.quota: dict = {}
         self.first_line_no: int | None = None
+        self.next_no = 0
+        self.total = 0                  # lines since the restart, all judged
+        self.after_failure = 0          # lines still to keep after a failure line
+        self.decisive = False           # the last batch held a line that can decide
         self.alive: bool | None = None
         self.healthy: bool | None = None
         self.server_info: dict | None = None
         self.ready_at: float | None = None
         self.launch = launch
-        self.dropped = 0
 
     def add(self, ev: dict) -> None:
         kind = ev.get("t")
+        self.decisive = kind != "lines"
         if kind == "lines":
             self._add_lines(ev)
         elif kind == "state":
@@ -80,26 +189,47 @@ class EventLog:
 
     def _add_lines(self, ev: dict) -> None:
         if self.first_line_no is None:
-            self.first_line_no = ev["first_line_no"]
-        now = time.monotonic()
-        lines = ev["lines"]
-        room = max(0, self.MAX_LINES - len(self.lines))
-        self.lines.extend(lines[:room])
-        self.arrived.extend([now] * min(room, len(lines)))
-        self.dropped += max(0, len(lines) - room)
-        if self.ready_at is None and any(self.ready_line in line for line in lines):
+            self.first_line_no = self.next_no = ev["first_line_no"]
+        now, lines, first = time.monotonic(), ev["lines"], self.next_no
+        n = len(lines)
+        keep = set(range(min(n, max(0, self.HEAD_LINES - self.total), )))
+        keep.update(range(min(n, self.after_failure)))
+        self.after_failure = max(0, self.after_failure - n)
+        blob = "\n".join(lines)
+        if self.needles is not None:
+            hits, failed = self.needles.hits(lines, blob, self.quota)
+            keep |= hits
+            self.decisive = bool(hits)
+            if failed is not None:
+                keep.update(range(failed, min(n, failed + self.AFTER_FAILURE)))
+                self.after_failure = max(self.after_failure, failed + self.AFTER_FAILURE - n)
+        for i in sorted(keep):
+            self.kept[first + i] = lines[i][:self.LINE_MOST]
+            self.arrived[first + i] = now
+        self.tail.extend((first + i, lines[i][:self.LINE_MOST]) for i in range(max(0, n - self.TAIL_LINES), n))
+        if self.ready_at is None and self.ready_line in blob:
             self.ready_at = now
+        self.next_no += n
+        self.total += n
+
+    def window(self) -> tuple[list[int], list[str]]:
+        """The kept lines in log order: their numbers, and the lines."""
+        merged = dict(self.kept)
+        merged.update(self.tail)
+        nos = sorted(merged)
+        return nos, [merged[no] for no in nos]
 
     def observation(self, timed_out: bool) -> evidence.Observation:
         from .. import evidence
         since_ready = None if self.ready_at is None else time.monotonic() - self.ready_at
-        return evidence.Observation(lines=list(self.lines), first_line_no=self.first_line_no or 1,
+        nos, lines = self.window()
+        return evidence.Observation(lines=lines, first_line_no=self.first_line_no or 1,
                                     server_info=self.server_info, alive=self.alive, healthy=self.healthy,
-                                    since_ready_s=since_ready, timed_out=timed_out)
+                                    since_ready_s=since_ready, timed_out=timed_out, line_nos=nos,
+                                    total_lines=self.total)
 
     def arrival_of(self, line_no: int) -> float | None:
-        idx = line_no - (self.first_line_no or 1)
-        return self.arrived[idx] if 0 <= idx < len(self.arrived) else None
+        return self.arrived.get(line_no)
 
     def facts(self) -> dict:
         """The server facts a verdict read: how it was launched, and its /server_info."""
@@ -137,28 +267,16 @@ class Judging:
         return [evidence.judge(obs, subject, evidence.Check.of(p, label, self.watch.want_markers))
                 for p, label in zip(self.watch.patches, self.watch.labels)]
 
-    # Lines are judged at most this often (other events at once): the whole window is
-    # read on every judgement, so judging every batch of a chatty log would be quadratic.
+    # A batch of lines that holds nothing that can decide is judged at most this often:
+    # the judgement reads the kept window, which a chatty log does not grow.
     JUDGE_EVERY_S = 0.25
-    SCAN_LINES = 1000
 
     def _worth_judging(self, ev: dict, timed_out: bool) -> bool:
-        """A batch of lines is judged at once when it holds a line that can decide (the ready
-        line, a marker, an expect or forbid text); else at most every JUDGE_EVERY_S."""
-        if ev.get("t") != "lines" or timed_out or self.last_judged is None:
+        """Judge at once when the batch held a line that can decide (the ready line, a marker,
+        an expect or forbid text, a signature), or any other event; else at most every JUDGE_EVERY_S."""
+        if ev.get("t") != "lines" or timed_out or self.last_judged is None or self.events.decisive:
             return True
-        if time.monotonic() - self.last_judged >= max(self.JUDGE_EVERY_S, 2 * self.judge_s):
-            return True  # at most half of the laptop's time goes to judging, however big the window
-        if len(ev.get("lines") or ()) > self.SCAN_LINES:
-            return False  # a burst: the next judgement is at most JUDGE_EVERY_S away
-        patches = self.watch.patches
-        texts = [self.events.ready_line] + [t for p in patches for t in list(p.expect or []) + list(p.forbid or [])
-                                            if t]
-        markers = [m for p in patches for m in (p.markers or {}).values()]
-        for line in ev.get("lines") or ():
-            if any(t in line for t in texts) or any(_marker_matches(m, line) for m in markers):
-                return True
-        return False
+        return time.monotonic() - self.last_judged >= max(self.JUDGE_EVERY_S, 2 * self.judge_s)
 
     def on_event(self, ev: dict) -> list[evidence.Verdict] | None:
         """The final verdicts once decided, else None (keep listening)."""
@@ -238,14 +356,15 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
     back on the same channel as follow-ups: record the verdict, and release the run's
     lock when `watch.ends_work(ok)` says nothing follows under it, so verification
     costs one round trip. The timings carry the events seen (for -v)."""
-    judging = Judging(run, watch, EventLog(run.profile.ready_line, watch.launch))
+    needles = Needles(run.profile, run.version, watch.patches, run.profile.ready_line)
+    judging = Judging(run, watch, EventLog(run.profile.ready_line, watch.launch, needles))
     lock = run.lock
     req = follow_request(run.host, run.job, watch.start, run.timeout)
 
     def on_event(ev: dict) -> list | None:
         decided = judging.on_event(ev)
-        # The window holds what it keeps; Remote keeps every event until the result,
-        # so a chatty log must not stay in memory twice.
+        # The window keeps what can decide; Remote keeps every event until the result,
+        # so a chatty log must not stay in memory there.
         ev.pop("lines", None)
         if decided is None:
             return None
@@ -260,12 +379,9 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
     if judging.verdicts is None:  # the stream ended before a decision (the server host went away)
         judging.verdicts = judging.judge(True)
     judging.timings["server_facts"] = judging.events.facts()
-    if judging.events.dropped:
-        judging.timings["log_lines_not_kept"] = judging.events.dropped
-        if not judging.ok:
-            for v in judging.verdicts:
-                v.message += (f"\n  note: the log grew by {judging.events.dropped} more lines after the first "
-                              f"{EventLog.MAX_LINES} since the restart; only those first lines were judged")
+    # every line since the restart was judged; these were kept for the verdict
+    judging.timings["log_lines"] = judging.events.total
+    judging.timings["log_lines_kept"] = len(judging.events.kept)
     return judging.verdicts, judging.timings
 
 

@@ -1,5 +1,13 @@
 """What applying a patch would do to one host, computed from its probe, and
-check-patch, which shows it."""
+check-patch, which shows it.
+
+A release the profile does not know is never guessed (`can_prove`): deploy-patch
+writes to such a host only when the result can be proven from what runs. Its
+refusal, like the pre-flight's, is found on the host (the version is read there)
+and is per host: the host fails (status `error`, details `refused: unprovable`),
+nothing is written to it, and the command exits 1 as for any failed host; --force
+does not override it. A superseded patch (manifest `superseded`) fails the host
+as `skipped`, saying what to use instead, with nothing written."""
 from __future__ import annotations
 
 import dataclasses
@@ -61,6 +69,7 @@ class Plan:
     prediction: object | None
     launch: LaunchConfig
     misfits: list = field(default_factory=list)   # conflicts of layout: a changed file or a created one's folder is missing
+    revision: object | None = None                  # the patchset.Revision this plan applies
 
     @property
     def changes(self):
@@ -107,12 +116,45 @@ def _file_states(profile, revision, reply: dict, version: str) -> tuple[dict, li
     return states, misfits
 
 
+def version_note(profile, version: str | None) -> str | None:
+    """None for a release the profile knows; else the one line that says so and how
+    the path is judged instead (never the text "None"). A profile without the method
+    knows only what `knows` says."""
+    note = getattr(profile, "version_note", None)
+    if note is not None:
+        return note(version)
+    if version and profile.knows(version):
+        return None
+    return (f"{profile.package} {version or '(the host does not say which version)'} is not in the engine profile: "
+            "the path will be judged by the markers")
+
+
+ENGINE_NAMES = {"sglang": "SGLang"}   # how messages name an engine (else its package name)
+
+
+def superseded_line(profile, patch, version: str) -> str | None:
+    """What to use instead of `patch` on this engine version, when its manifest says upstream has it."""
+    sup = getattr(patch, "superseded", None)
+    if sup is None or not sup.admits(version):
+        return None
+    engine = ENGINE_NAMES.get(getattr(profile, "kind", ""), profile.package)
+    release = getattr(profile, "release_of", lambda v: None)(version) or version   # 0.5.23+cu128 is 0.5.23
+    return (f"superseded on {engine} {release} by {sup.use}: use that instead\n  (its manifest: upstream has "
+            f"the change for {sup.spec_text})")
+
+
 def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     profile = get_profile(host.engine.kind)
-    version = reply.get("version")
+    version = reply.get("version") or None
     if not version:
-        raise HostFailure(Status.ERROR, f"{host.name}: cannot read the {profile.package} version with "
-                                        f"{host.engine.python} (importlib.metadata found no distribution)")
+        raise HostFailure(Status.ERROR, f"{host.name}: {version_note(profile, None)}\n  {job.patch.name}: no "
+                                        f"revision can be chosen without the version, so nothing was changed; check "
+                                        f"that {host.engine.python} imports the {profile.package} whose dist-info "
+                                        "holds its METADATA")
+    superseded = superseded_line(profile, job.patch, version)
+    if superseded:
+        raise HostFailure(Status.SKIPPED, f"{host.name}: {job.patch.name} is {superseded}; nothing was changed "
+                                          "on this host")
     try:
         revision = job.patch.choose(job.rev, version)
     except NoRevisionFits as e:
@@ -123,12 +165,12 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
         # so the pre-flight cannot predict; the log after the restart decides.
-        return Plan(version, label, states, None, None, launch, misfits), revision
+        return Plan(version, label, states, None, None, launch, misfits, revision=revision), revision
     prediction = profile.predict(version, launch)
     verdict = preflight_verdict(host, profile, revision, prediction, label)
     if verdict is not None:
         verdict.message += launch_note(host, profile, version, launch, prediction)
-    return Plan(version, label, states, verdict, prediction, launch, misfits), revision
+    return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision), revision
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
@@ -140,7 +182,7 @@ def launch_note(host: Host, profile, version: str, launch: LaunchConfig, predict
     if host.server.restart.kind == "command":
         planned = profile.predict(version, inventory_launch(host))
         if (planned.path, planned.starts) != (prediction.path, prediction.starts):
-            what = planned.path if planned.starts else f"nothing: {planned.error}"
+            what = (planned.path or f"no {profile.path_noun}") if planned.starts else f"nothing: {planned.error}"
             note += (f"\n  note: the inventory's start and env would run {what} ({planned.cause}); "
                      "fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the running "
                      "server in line, or rerun with --force")
@@ -201,23 +243,105 @@ def describe_states(plan: Plan) -> str:
     return "\n".join("  " + p for p in parts)
 
 
+@dataclass
+class Proof:
+    """Whether a deploy could prove its result on one host, and how (or what is missing)."""
+
+    ok: bool
+    how: str
+
+
+def can_prove(run: HostRun, plan: Plan) -> Proof:
+    """Whether deploying `plan` could prove that the patched code ran on this host.
+
+    A release the profile knows: its routing says which path runs, and the pre-flight
+    judged the patch against it. A release it does not know is never guessed: the
+    result must be provable from what runs. The proofs, in order: the execution probe
+    (`probe_proves`, the hook its wiring fills in), then a marker for every code path
+    that the patch changes (the marker that appears names the path that ran)."""
+    profile = run.profile
+    if profile.knows(plan.version):
+        return Proof(True, "")
+    by_probe = probe_proves(run, plan)
+    if by_probe is not None:
+        return by_probe
+    return markers_prove(profile, run.job.patch, plan)
+
+
+def probe_proves(run: HostRun, plan: Plan) -> Proof | None:
+    """The execution probe's proof (None: it cannot prove here). The hook for its wiring:
+    it returns Proof(True, "by the probe: ...") when the probe goes into this host's
+    server (not --no-probe, not engine.probe: false, not the patch's `executed: off`)."""
+    return None
+
+
+def markers_prove(profile, patch, plan: Plan) -> Proof:
+    changed: dict[str, str] = {}   # code path -> the file of the patch that it runs from
+    for fd in getattr(plan.revision, "files", None) or []:
+        if fd.op == diffapply.DELETE:
+            continue   # deleted code logs nothing (the patch rule's reading too)
+        for path in profile.paths_of_file(fd.path):
+            changed.setdefault(path, fd.path)
+    markers = dict(getattr(patch, "markers", None) or {})
+    if not changed:
+        files = ", ".join(sorted(plan.states)) or "no file"
+        return Proof(False, f"{plan.label} changes no file that a {profile.short_noun()} runs from ({files}), so "
+                            "no marker can show which path ran")
+    missing = [f"{path} ({file})" for path, file in changed.items() if path not in markers]
+    if missing:
+        return Proof(False, f"{plan.label} has no marker for {', '.join(missing)}, which it changes")
+    return Proof(True, f"by the marker of the path that runs (markers for {', '.join(changed)})")
+
+
+def unprovable_message(run: HostRun, plan: Plan, proof: Proof, doing: str) -> str:
+    """A refusal: the release is not known and nothing proves the result. `doing`: what is refused."""
+    note = version_note(run.profile, plan.version)
+    add = getattr(run.profile, "add_release_command", None)
+    fix = (f"add the release to the profile (a fleetpatch maintainer runs `{add(plan.version)}`)"
+           if add else "add the release to the engine profile")
+    return (f"FAIL {run.name}  {plan.label} {doing}: its result could not be proven\n"
+            f"  {note}\n  {proof.how}\n"
+            f"  nothing was written; {fix}, or give the patch a marker for every code path it changes")
+
+
 @host_step
 def check_patch(run: HostRun) -> HostResult:
     job, host = run.job, run.host
     run.progress("fetch")
     reply = probe(run.remote, host, job, revision_files(job), content=True, lock=False)
     plan, _ = make_plan(job, host, reply)
+    run.version = plan.version
     detail = describe_states(plan)
     base = dict(engine_version=plan.version, patch=plan.label, details={"files_state": {
         p: {"state": r.state, "offsets": r.offsets, "detail": r.detail} for p, r in plan.states.items()}})
     if plan.conflicts:
-        return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}", **base)
+        note = version_note(run.profile, plan.version)
+        return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}"
+                          + (f"\n  {note}" if note else ""), **base)
+    proof = can_prove(run, plan)
+    if not proof.ok and not plan.already:
+        base["details"]["refused"] = "unprovable"
+        return HostResult(host.name, False, Status.ERROR,
+                          unprovable_message(run, plan, proof, "would be refused by deploy-patch") + "\n" + detail,
+                          **base)
     if plan.preflight is not None and not job.force:
         return HostResult(host.name, False, Status.NOT_EXECUTED, plan.preflight.message + "\n" + detail,
                           executed_path=plan.preflight.executed_path, **base)
     status = Status.ALREADY_APPLIED if plan.already else Status.APPLIES
-    note = ""
-    if plan.prediction is not None:
-        note = f"\n  the server runs {plan.prediction.path} ({plan.launch.source} launch config): {plan.prediction.cause}"
-    return HostResult(host.name, True, status, f"{host.name}: {plan.label} {status}\n{detail}{note}", **base,
+    return HostResult(host.name, True, status, f"{host.name}: {plan.label} {status}\n{detail}"
+                      f"{runs_note(run.profile, plan, proof)}", **base,
                       executed_path=getattr(plan.prediction, "path", None))
+
+
+def runs_note(profile, plan: Plan, proof: Proof) -> str:
+    """check-patch's last line: which path the server runs, or why that is not predicted and how it is proven."""
+    note = version_note(profile, plan.version)
+    if note is not None:
+        return f"\n  {note}" + (f"\n  deploy-patch will prove it {proof.how}" if proof.how else "")
+    pred = plan.prediction
+    if pred is None:
+        return ""
+    if not pred.starts:
+        return f"\n  the server would not start ({plan.launch.source} launch config): {pred.error or pred.cause}"
+    runs = pred.path or f"no {profile.path_noun}"
+    return f"\n  the server runs {runs} ({plan.launch.source} launch config): {pred.cause}"
