@@ -22,7 +22,7 @@ from . import steps
 from . import engines
 from .errors import FleetpatchError, UsageError, exit_code
 from .inventory import load_inventory, resolve_inventory_path
-from .patchset import load_patch, search_dirs
+from .patchset import MANIFEST, load_patch, parse_ref, search_dirs
 from .textsafe import safe_line
 
 HELP = {
@@ -190,14 +190,21 @@ def required(flag: str, value, what: str):
 
 # ----------------------------------------------------------------- running
 
-def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=None):
+# Commands that judge a deployed patch by the host's record of it: --patch needs no folder here.
+BY_HOST_RECORD = ("verify-logs", "rollback")
+
+
+def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=None, by_host_record=False):
     """Everything checked before a host is contacted: the report path, the
-    inventory and selection, the patch. Raises UsageError."""
+    inventory and selection, the patch. Raises UsageError. With `by_host_record`,
+    a patch this laptop has no folder of is left to the hosts' records (None)."""
     rep.check_report_path(report)
     inv = load_inventory(resolve_inventory_path(inventory))
     selected = inv.select(hosts or None, group or None, changes_hosts=changes_hosts)
     dirs = search_dirs(patches or None, Path.cwd())
     patch_obj, rev = None, None
+    if patch and by_host_record and not any((d / parse_ref(patch)[0] / MANIFEST).is_file() for d in dirs):
+        return inv, selected, dirs, None, None
     if patch:
         patch_obj, rev = load_patch(patch, dirs, engines.for_hosts(selected))
     return inv, selected, dirs, patch_obj, rev
@@ -249,7 +256,9 @@ def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=
     job_kw["timeout"] = seconds("timeout", job_kw.get("timeout"))
     inv, selected, dirs, patch_obj, rev = prepare(inventory=flags.inventory, hosts=flags.hosts, group=flags.group,
                                                   patches=flags.patches, patch=patch, changes_hosts=changes_hosts,
-                                                  report=flags.report)
+                                                  report=flags.report, by_host_record=task_name in BY_HOST_RECORD)
+    if patch and patch_obj is None:
+        job_kw["patch_name"] = parse_ref(patch)[0]
     at_once = fleet.default_parallel(len(selected), parallel_n)
     drainer = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)], router,
                            preflight=changes_hosts, require_listed=task_name != "rollback")

@@ -79,6 +79,9 @@ class Drainer:
 
 
 def _via(conf: RouterConf) -> dict:
+    """How the routers are reached: through router.proxy, through router.via's host, or direct."""
+    if conf.proxy:
+        return {"proxy": conf.proxy}
     if not conf.via:
         return {}
     if conf.via_host is None:   # a RouterConf not made by the inventory

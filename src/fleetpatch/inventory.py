@@ -595,7 +595,7 @@ def _group_router(v: "_V", name: str, groups: Dict[str, List[str]],
 def _router_origin(name: str, raw: dict, group: Optional[Tuple[str, Optional[dict]]]) -> Dict[str, str]:
     """Where each key of a host's merged router section was written ("hosts.X.router", …)."""
     at: Dict[str, str] = {}
-    for key in ("urls", "via"):
+    for key in ("urls", "via", "proxy"):
         if "router" in raw:
             if isinstance(raw["router"], dict) and key in raw["router"]:
                 at[key] = f"hosts.{name}.router"

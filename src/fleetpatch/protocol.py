@@ -130,6 +130,7 @@ class ApplyRequest(Request, total=False):
     label: str                  # "name@rev"
     diff_sha256: str
     files: List[ApplyFile]
+    record: "PatchRecord"       # kept in the ledger entry: what verify-logs and rollback need of the patch
 
 
 class RestartRequest(Request, total=False):
@@ -313,6 +314,14 @@ class Verification(TypedDict):
     at: str
 
 
+class PatchRecord(TypedDict, total=False):
+    """A deployed patch as the host keeps it (fleetpatch.patchrecord): verify-logs and
+    rollback judge by it, from any laptop, with or without the patch's folder."""
+    manifest: Dict[str, Any]    # patch.yaml as data: name, engine, markers, expect, forbid, smoke_expect, executed, ...
+    revision: Dict[str, Any]    # the revision deployed: rev, engine_versions, diff (its name), diff_sha256, files
+    added: Dict[str, List[int]]  # the lines it adds, as numbered in the files written on this host
+
+
 class LedgerEntry(TypedDict, total=False):
     rev: int
     label: str
@@ -321,6 +330,7 @@ class LedgerEntry(TypedDict, total=False):
     seq: int                    # order of application: later patches stack on earlier ones
     files: Dict[str, LedgerFile]
     verification: Optional[Verification]
+    record: PatchRecord         # absent in an entry written by a fleetpatch older than the record
 
 
 class LastRestart(TypedDict, total=False):
@@ -343,9 +353,13 @@ class LastVerification(TypedDict, total=False):
     check: str                  # deploy (markers seen) | rollback (markers gone) | verify-logs
 
 
-class RolledBack(TypedDict):
+class _RolledBackRequired(TypedDict):
     label: str
     at: str
+
+
+class RolledBack(_RolledBackRequired, total=False):
+    record: PatchRecord         # the rolled-back entry's: a pending restart's check needs its markers
 
 
 class Ledger(TypedDict, total=False):

@@ -169,12 +169,17 @@ class Router:
     `via` and `tunnel`: router.via's host name and its tunnel (fleetpatch.router_via,
     built by drain.router_of); every call then goes through the SSH connection to that
     host. Anything with ``request(address, port, method, target, data, headers,
-    timeout) -> (status, body)`` that raises TunnelError will do."""
+    timeout) -> (status, body)`` that raises TunnelError will do.
+
+    `proxy`: router.proxy, the HTTP proxy every call goes through. Without it the
+    calls go direct, whatever http_proxy/https_proxy the laptop's environment sets:
+    a router on a private address is not reached through the operator's proxy."""
 
     def __init__(self, url: str, *, http_timeout: float = DEFAULT_HTTP_TIMEOUT, api: Optional[RouterApi] = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 via: Optional[str] = None, tunnel: Any = None):
+                 via: Optional[str] = None, tunnel: Any = None, proxy: Optional[str] = None):
         self.url = url.rstrip("/")
+        self.proxy = proxy
         self.http_timeout = http_timeout
         self._api = api
         self._clock, self._sleep = clock, sleep
@@ -184,7 +189,9 @@ class Router:
 
     @property
     def label(self) -> str:
-        """The router as messages name it: its URL, and the host it is reached through."""
+        """The router as messages name it: its URL, and the host or proxy it is reached through."""
+        if self.proxy:
+            return f"{self.url} (through proxy {without_userinfo(self.proxy)})"
         return f"{self.url} (via {self.via})" if self.via else self.url
 
     # -- HTTP
@@ -200,7 +207,7 @@ class Router:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.http_timeout) as r:
+            with http_opener(self.proxy).open(req, timeout=timeout or self.http_timeout) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -341,6 +348,21 @@ class Router:
             self._sleep(0.05)
 
 
+def http_opener(proxy: Optional[str]):
+    """urllib's opener for the laptop's HTTP calls: through `proxy` when the inventory
+    names one (router.proxy), else direct. Never the environment's http_proxy/https_proxy,
+    which urlopen's default opener would use."""
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy, "https": proxy} if proxy else {}))
+
+
+def without_userinfo(url: str) -> str:
+    """A URL as messages show it: no user or password."""
+    p = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(p._replace(netloc=p.netloc.rpartition("@")[2]))
+
+
 def worker_loads(worker_url: str, timeout: float = DEFAULT_HTTP_TIMEOUT) -> Tuple[int, int]:
     """(running, waiting) from the worker itself: GET /v1/loads, else the deprecated GET /get_load."""
     import urllib.error
@@ -350,7 +372,7 @@ def worker_loads(worker_url: str, timeout: float = DEFAULT_HTTP_TIMEOUT) -> Tupl
     last = None
     for path in ("/v1/loads", "/get_load"):
         try:
-            with urllib.request.urlopen(base + path, timeout=timeout) as r:
+            with http_opener(None).open(base + path, timeout=timeout) as r:
                 return parse_worker_loads(json.loads(r.read().decode("utf-8")))
         except urllib.error.HTTPError as e:
             last = f"GET {path}: HTTP {e.code}"
@@ -425,6 +447,7 @@ class Routers:
 class RouterConf:
     urls: Tuple[str, ...]
     via: Optional[str] = None          # an inventory host to reach the routers' API through
+    proxy: Optional[str] = None        # an HTTP proxy to reach the routers' API through (else direct)
     # the via host's inventory record (and its gateway's), set by the inventory: what the tunnel dials
     via_hosts: Dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -460,7 +483,8 @@ def check_router_section(fail: Fail, key: str, node: Any) -> Dict[str, Any]:
 
     `fail(key, reason)` builds the error (inventory.py passes its InventoryError maker)."""
     if not isinstance(node, dict):
-        raise fail(key, f"expected a mapping with 'urls:' (and optionally 'via:'), got {type(node).__name__}")
+        raise fail(key, f"expected a mapping with 'urls:' (and optionally 'via:' or 'proxy:'), "
+                        f"got {type(node).__name__}")
     out: Dict[str, Any] = {}
     for k, value in node.items():
         sub = f"{key}.{k}"
@@ -483,8 +507,10 @@ def check_router_section(fail: Fail, key: str, node: Any) -> Dict[str, Any]:
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise fail(sub, f"expected the name of an inventory host, got {value!r}")
             out["via"] = value
+        elif k == "proxy":
+            out["proxy"] = None if value is None else _url(fail, sub, value)
         else:
-            raise fail(sub, "unknown key; known keys here: urls, via")
+            raise fail(sub, "unknown key; known keys here: urls, via, proxy")
     return out
 
 
@@ -516,9 +542,13 @@ def build_router_conf(fail: Fail, host: str, router: Optional[dict], server_url:
         return written_at.get(key, f"hosts.{host}.router")
 
     if not router or not router.get("urls"):
-        if router and "urls" in router and router.get("via"):
-            raise fail(f"{at('urls')}.urls", "required when router.via is set")
+        for key in ("via", "proxy"):
+            if router and "urls" in router and router.get(key):
+                raise fail(f"{at('urls')}.urls", f"required when router.{key} is set")
         return None
+    if router.get("via") and router.get("proxy"):
+        raise fail(f"{at('proxy')}.proxy", f"router.via ({router['via']}) already says how the routers are "
+                                           "reached (through that host's SSH connection); set one of via and proxy")
     if not server_url:
         raise fail(f"hosts.{host}.server.url", "required when a router section applies to the host: the "
                                                 "worker's URL exactly as the router lists it (set it under "
@@ -529,4 +559,4 @@ def build_router_conf(fail: Fail, host: str, router: Optional[dict], server_url:
                 raise fail(f"{at('urls')}.urls[{i}]", f"{u!r}: a router reached through router.via "
                                                        f"({router['via']}) must be an http:// URL (the SSH "
                                                        "tunnel carries plain HTTP; the SSH connection encrypts it)")
-    return RouterConf(urls=tuple(router["urls"]), via=router.get("via"))
+    return RouterConf(urls=tuple(router["urls"]), via=router.get("via"), proxy=router.get("proxy"))

@@ -102,7 +102,7 @@ def test_a_host_in_two_groups_with_different_routers_is_refused_naming_both_and_
     (f'east: {{hosts: [e1], router: {{urls: ["{EAST}", "{EAST}/"]}}}}\n',
      f"hosts.yaml: groups.east.router.urls[1]: '{EAST}/' is listed twice"),
     (f'east: {{hosts: [e1], router: {{url: ["{EAST}"]}}}}\n',
-     "hosts.yaml: groups.east.router.url: unknown key; known keys here: urls, via"),
+     "hosts.yaml: groups.east.router.url: unknown key; known keys here: urls, via, proxy"),
     ('east: {hosts: [e1], router: [x]}\n', "hosts.yaml: groups.east.router: expected a mapping, got a list"),
     (f'east: {{hosts: [e1], router: {{urls: ["{EAST}"], via: nowhere}}}}\n',
      "hosts.yaml: groups.east.router.via: unknown host 'nowhere'"),

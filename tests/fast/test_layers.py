@@ -19,7 +19,7 @@ CORE = SRC / "fleetpatch"
 LAYERS = [
     {"errors", "textsafe", "protocol", "agentboot", "dialer", "probe"},
     {"engines", "diffapply", "inventory", "router"},
-    {"patchset", "evidence", "agent", "ssh_errors", "lockview"},
+    {"patchset", "patchrecord", "evidence", "agent", "ssh_errors", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},
     {"drain"},
     {"steps"},

@@ -149,7 +149,7 @@ def test_a_single_router_url_may_be_a_string():
      "hosts.yaml: defaults.router.urls[0]: expected an http:// or https:// URL, got '10.0.0.9:30080'"),
     ("router: {urls: [\"http://r:1\", \"http://r:1/\"]}", None, "defaults.router.urls[1]: 'http://r:1/' is listed twice"),
     ("router: {urls: [\"http://r:99999\"]}", None, "defaults.router.urls[0]: bad port in 'http://r:99999'"),
-    ("router: {url: [\"http://r:1\"]}", None, "defaults.router.url: unknown key; known keys here: urls, via"),
+    ("router: {url: [\"http://r:1\"]}", None, "defaults.router.url: unknown key; known keys here: urls, via, proxy"),
     ("router: [\"http://r:1\"]", None, "defaults.router: expected a mapping, got a list"),
     ("router: {urls: [\"http://r:1\"], via: gpu-z}", None, "hosts.yaml: defaults.router.via: unknown host 'gpu-z'"),
     ("router: {via: gpu-a}", None, None),

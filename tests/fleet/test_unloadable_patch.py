@@ -1,7 +1,9 @@
 """A host whose ledger names a patch this laptop cannot load (it was deployed
-with --patches DIR, and this run has no such DIR): verify-logs and rollback say
-so once per host, naming the host and the flag that finds the patch, and
-rollback changes nothing. End to end on the real sshd fleet."""
+with --patches DIR, and this run has no such DIR) by an older fleetpatch, which
+kept no record of the patch on the host: verify-logs and rollback say so once
+per host, naming the host and the flag that finds the patch, and rollback
+changes nothing. (A deploy by this fleetpatch records the patch on the host:
+tests/test_patch_record.py.) End to end on the real sshd fleet."""
 from __future__ import annotations
 
 import json
@@ -18,6 +20,11 @@ FIX = ("--patches", str(FIXTURE_PATCHES))
 def deploy_fixture(operator, hosts):
     run = operator.run("deploy-patch", "--patch", "v2-only-beacon", *FIX, "--hosts", hosts)
     assert run.code == 0, run
+    for name in hosts.split(","):   # as an older fleetpatch left the ledger: no record of the patch
+        path = operator.fleet.hosts[name].state_dir / "ledger.json"
+        ledger = json.loads(path.read_text())
+        del ledger["patches"]["v2-only-beacon"]["record"]
+        path.write_text(json.dumps(ledger))
 
 
 def test_verify_logs_names_each_host_once_and_suggests_patches_dir(operator, fleet):

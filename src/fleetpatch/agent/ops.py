@@ -141,6 +141,8 @@ def op_apply(state, req):
         files[ch["path"]] = rec
     entry = protocol.LedgerEntry(rev=req["rev"], label=label, diff_sha256=req["diff_sha256"], applied_at=now_iso(),
                                  seq=seq, files=files, verification=None)
+    if req.get("record"):   # what verify-logs and rollback judge by, from any laptop
+        entry["record"] = req["record"]
     ledger.setdefault("patches", {})[req["name"]] = entry
     # The ledger says "restart pending" before any engine file changes: a run that
     # dies between the write and the restart is finished by the next run.
@@ -235,7 +237,10 @@ def op_rollback(state, req):
                if c is not None]
     previous = json.loads(json.dumps(ledger))
     del ledger["patches"][req["name"]]
-    ledger.setdefault("rolled_back", {})[req["name"]] = protocol.RolledBack(label=entry["label"], at=now_iso())
+    rolled = protocol.RolledBack(label=entry["label"], at=now_iso())
+    if entry.get("record"):   # a pending restart's check, from any laptop, needs the patch's markers
+        rolled["record"] = entry["record"]
+    ledger.setdefault("rolled_back", {})[req["name"]] = rolled
     if changes:  # a patch whose files are all original already needs no restart to undo it
         ledger["restart_pending"] = True
         # the originals are back: recorded before a restart that may fail

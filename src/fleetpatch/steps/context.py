@@ -35,6 +35,8 @@ class Job:
     hosts_by_name: dict
     patch: Patch | None = None
     rev: int | None = None
+    # --patch of verify-logs and rollback when this laptop has no such folder: the host's record has it
+    patch_name: str | None = None
     timeout: float | None = None
     no_restart: bool = False
     on_failure: str = "keep"
@@ -172,30 +174,6 @@ def deploy_command(job: Job) -> str:
 
 
 def rollback_command(job: Job) -> str:
-    return "rollback" + (f" --patch {job.patch.name}" if job.patch else "")
+    name = job.patch.name if job.patch else job.patch_name
+    return "rollback" + (f" --patch {name}" if name else "")
 
-
-def load_named(run: HostRun, name: str) -> Patch:
-    """A patch the host's ledger names: the command's own, or one from the same patch directories."""
-    if run.job.patch and run.job.patch.name == name:
-        return run.job.patch
-    return load_all_named(run.job, run.host, [name])[0]
-
-
-def load_all_named(job: Job, host: Host, names: list[str]) -> list[Patch]:
-    """The patches the host's ledger names, or one HostFailure naming the host once
-    and every patch that cannot be loaded here, with the flag that finds them."""
-    from ..patchset import PatchError, load_patch
-    out, missing, why = [], [], []
-    for name in names:
-        try:
-            out.append(load_patch(name, job.patch_dirs, get_profile(host.engine.kind))[0])
-        except PatchError as e:
-            missing.append(name)
-            why.append(str(e))
-    if missing:
-        raise HostFailure(Status.ERROR, f"{host.name}: the ledger records {', '.join(missing)} as applied, but "
-                                        f"{'it' if len(missing) == 1 else 'they'} cannot be loaded here: "
-                                        f"{'; '.join(why)}; nothing was changed; rerun with --patches DIR, the "
-                                        "folder that holds <name>/patch.yaml")
-    return out

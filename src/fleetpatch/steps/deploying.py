@@ -63,7 +63,7 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
     run.progress("apply", f"{len(plan.changes)} files")
     apply_req = protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
                                       rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
-                                      files=apply_files(reply, plan))
+                                      files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
     if job.no_restart:
         lock = run.lock
         lock.chained_done(run.remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup())))
@@ -71,6 +71,15 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
                           f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
     return _restart_and_verify(run, plan, Restart("apply", apply_req, ""))
+
+
+def deploy_record(job, revision, plan: Plan) -> protocol.PatchRecord:
+    """What the host keeps of the patch, so verify-logs and rollback work from any laptop:
+    the manifest, the revision, and its added lines where this host's files put them."""
+    from ..patchrecord import record_of
+    from ..probe.verdict import added_lines
+    offsets = {r.path: list(r.offsets or []) for r in plan.changes}
+    return record_of(job.patch, revision, added_lines(revision.diff_text, offsets))
 
 
 def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:

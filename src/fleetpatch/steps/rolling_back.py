@@ -6,9 +6,10 @@ from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from . import follow
-from .context import HostRun, host_step, load_all_named, load_named, rollback_command, running_launch
+from .context import HostRun, host_step, rollback_command, running_launch
 from .follow import Watch
 from .lock import HostLock
+from .recorded import Deployed, deployed, wanted_name, with_notes
 from .verify import cut_off, no_answer
 
 
@@ -21,7 +22,7 @@ def rollback(run: HostRun) -> HostResult:
         reply = lock.probe([], content=False)
         run.version = reply.get("version")
         ledger = reply.get("ledger") or {}
-        names = [job.patch.name] if job.patch else newest_first(ledger)
+        names = [wanted_name(job)] if wanted_name(job) else newest_first(ledger)
         if not names and ledger.get("restart_pending") and ledger.get("rolled_back"):
             # an earlier rollback restored the files (or the next run finished it for a
             # killed one) but the server still runs the patched code: restart and check it
@@ -29,17 +30,18 @@ def rollback(run: HostRun) -> HostResult:
         if not names:
             return run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
         # Every patch's markers are needed for the checks: refuse before the first restore, not between two.
-        load_all_named(job, run.host, [n for n in names if not (job.patch and job.patch.name == n)])
+        entries = ledger.get("patches", {})
+        found = {d.name: d for d in deployed(job, run.host, [(n, entries[n]) for n in names if n in entries])}
 
         def undo_all() -> HostResult:
             result = None
             for i, name in enumerate(names):
-                result = _rollback_locked(run, reply, name, last=i == len(names) - 1)
+                result = _rollback_locked(run, reply, name, last=i == len(names) - 1, found=found.get(name))
                 if not result.ok:
                     break
             return result
         result = drain.around_restart(job, run.host, run.remote, undo_all)
-    return lock.annotate(result)
+    return with_notes(lock.annotate(result), list(found.values()))
 
 
 def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
@@ -49,11 +51,11 @@ def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostR
     run.progress("restart", f"pending restart after rolling back {label}")
     out = run.remote.call("restart", protocol.RestartRequest(**run.request(),
                                                              reason=f"pending restart after rollback {label}"))
-    patch = load_named(run, name)
-    watch = Watch(protocol.log_window(out["restart"]), running_launch(run.host, {}), [patch], [label],
+    found = deployed(run.job, run.host, [(name, rolled[name])])
+    watch = Watch(protocol.log_window(out["restart"]), running_launch(run.host, {}), [found[0].patch], [label],
                   want_markers=False)
     verdicts, timings = follow.follow_and_judge(run, watch)
-    result = follow.verdict_result(run, verdicts, [label], timings)
+    result = with_notes(follow.verdict_result(run, verdicts, [label], timings), found)
     if result.ok:
         result.status = Status.ROLLED_BACK
         result.message = (f"{run.name}: {label} was rolled back with its restart pending; restarted, the server "
@@ -68,13 +70,14 @@ def newest_first(ledger: protocol.Ledger) -> list[str]:
                   reverse=True)
 
 
-def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: bool) -> HostResult:
+def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: bool,
+                     found: Deployed | None = None) -> HostResult:
     entry = (reply.get("ledger") or {}).get("patches", {}).get(name)
     if entry is None:
         return run.result(False, Status.ERROR, f"{run.name}: {name} is not recorded as applied on this host; "
                                                "`fleetpatch status` shows what is")
-    # The patch's markers are what the check after the restore looks for: load it before anything changes.
-    patch = load_named(run, name)
+    # The patch's markers are what the check after the restore looks for: have them before anything changes.
+    patch = (found or deployed(run.job, run.host, [(name, entry)])[0]).patch
     label = entry["label"]
     run.progress("rollback", label)
     try:

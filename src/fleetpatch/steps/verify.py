@@ -6,8 +6,9 @@ from .. import protocol
 from ..errors import HostFailure, NoAnswer, Status
 from ..hostcalls import HostResult
 from . import follow
-from .context import HostRun, host_step, load_all_named, probe, running_launch
+from .context import HostRun, host_step, probe, running_launch
 from .follow import Watch
+from .recorded import deployed, wanted_name, with_notes
 
 
 def verify(run: HostRun, watch: Watch, already: bool = False) -> HostResult:
@@ -59,16 +60,22 @@ def verify_logs(run: HostRun) -> HostResult:
         return run.result(False, Status.ERROR, f"{host.name}: fleetpatch has not restarted this server yet, so "
                                                "there is no log window to read; deploy first")
     recorded = ledger.get("patches", {})
-    if job.patch:
-        patches = [job.patch]
-        labels = [f"{job.patch.name}@{recorded.get(job.patch.name, {}).get('rev', '?')}"]
-    else:
-        names = sorted(recorded)
-        if not names:
-            return run.result(False, Status.ERROR, f"{host.name}: no patch recorded as applied; name one with "
-                                                   "--patch")
-        patches = load_all_named(job, host, names)
-        labels = [recorded[n]["label"] for n in names]
+    name = wanted_name(job)
+    names = [name] if name else sorted(recorded)
+    if not names:
+        return run.result(False, Status.ERROR, f"{host.name}: no patch recorded as applied; name one with "
+                                               "--patch")
+    if name and not job.patch and name not in recorded:
+        return run.result(False, Status.ERROR, f"{host.name}: {name} is not recorded as applied on this host "
+                                               f"({recorded_list(recorded)}), and there is no {name} folder here to "
+                                               "judge it by; `fleetpatch status` shows what is applied")
+    found = deployed(job, host, [(n, recorded.get(n)) for n in names])
     # No lock: verify-logs reads, and records only its verdict.
-    return verify(run, Watch(protocol.log_window(last), running_launch(host, reply), patches, labels,
-                             check="verify-logs"))
+    result = verify(run, Watch(protocol.log_window(last), running_launch(host, reply), [d.patch for d in found],
+                               [d.label for d in found], check="verify-logs"))
+    return with_notes(result, found)
+
+
+def recorded_list(recorded: dict) -> str:
+    labels = sorted(e.get("label") or n for n, e in recorded.items())
+    return "recorded: " + ", ".join(labels) if labels else "none is"
