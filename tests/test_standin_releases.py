@@ -35,7 +35,7 @@ EAGLE3 = ["--model-path", "/models/llama", "--speculative-algorithm", "EAGLE3",
 SYNC = ["--disable-overlap-schedule"]
 # Releases whose real files the stand-in runs today. 0.5.20+ (ServerArgs a msgspec
 # Struct assembled from arg_groups/fields) is not yet run by the stand-in.
-RELEASES = ("0.5.15", "0.5.16", "0.5.19")
+RELEASES = ("0.5.15", "0.5.16", "0.5.19", "0.5.20", "0.5.22", "0.5.23")
 
 
 def facts(version: str) -> dict:

@@ -163,6 +163,29 @@ FORCE_STUB = (
 # completely, so a missing module there is a genuine ImportError.
 NEVER_STUB = ("sglang.srt.speculative",)
 
+# The tree holds all of sglang/srt/arg_groups/, but of it the stand-in runs only
+# the declarations of the flags (the Structs/fields, their CLI registration, the
+# argparse actions and choice lists): the resolution hooks and overrides probe
+# hardware and model files, so the stand-in replays the routing part of them
+# itself (apply_routing) and serves the other arg_groups modules as stubs.
+STANDIN_RESOLVES = "sglang.srt.arg_groups"
+REAL_ARG_GROUPS = ("", ".arg_utils", ".argparse_actions", ".choices", ".field_order", ".fields")
+
+
+def _standin_resolves(fullname):
+    if not fullname.startswith(STANDIN_RESOLVES + "."):
+        return False
+    rest = fullname[len(STANDIN_RESOLVES):]
+    return rest not in REAL_ARG_GROUPS and not rest.startswith(".fields.")
+
+
+def _is_stdlib(top):
+    # A stub for a platform module of the stdlib (msvcrt, _winapi, ...) would make
+    # the stdlib take its other platform's branch: subprocess imports msvcrt to
+    # decide whether it runs on Windows.
+    names = getattr(sys, "stdlib_module_names", None)
+    return names is not None and top in names
+
 # Calls of `is_*` helpers return False (not NPU, not HIP, not CPU, ...) except
 # these, so the CUDA code path is taken.
 TRUE_PREDICATES = {
@@ -417,10 +440,10 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.split(".", 1)[0]
         if self.force:
-            if top not in FORCE_STUB:
+            if top not in FORCE_STUB and not _standin_resolves(fullname):
                 return None
         else:
-            if top.startswith("_"):
+            if top.startswith("_") or _is_stdlib(top):
                 return None  # C accelerators etc.: keep stdlib's ImportError fallbacks
             for prefix in NEVER_STUB:
                 if fullname.startswith(prefix + "."):
@@ -832,6 +855,15 @@ def _pair(*args, **kwargs):
     return (_Stub("first"), _Stub("second"))
 
 
+def get_model_architecture(model_config, *args, **kwargs):
+    """sglang.srt.model_loader.utils: (model class, architecture name). The class is
+    a plain one, so that getattr(cls, "draft_parallel_spec", None) (0.5.23) sees
+    no declaration, as for a model that makes none."""
+    hf_config = getattr(model_config, "hf_config", None)
+    archs = getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"]
+    return type(str(archs[0]), (object,), {}), archs[0]
+
+
 # Names that have the same meaning wherever a stub module (or stub object)
 # provides them.
 _BY_NAME = {
@@ -871,6 +903,7 @@ _BY_NAME = {
     "get_attention_tp_rank": get_rank,
     "get_embed_and_head": _pair,
     "get_batch_sizes_to_capture": get_batch_sizes_to_capture,
+    "get_model_architecture": get_model_architecture,
     "get_memory_pool": _pair,
     "is_out_of_tree": lambda *a, **k: False,
     "LORA_TARGET_ALL_MODULES": "all",
@@ -1314,6 +1347,213 @@ class DeprecatedAliasStoreAction(_DeprecatedWithReplacement):
         setattr(namespace, self.dest, values)
 
 
+# --- msgspec (0.5.20+: ServerArgs is a msgspec Struct) ------------------------
+# From 0.5.20 the launch flags are fields of msgspec Structs declared in
+# sglang/srt/arg_groups/fields/*.py, and server_args.py assembles ServerArgs with
+# msgspec.defstruct. What of msgspec the releases use on that path (read from the
+# 0.5.20 - 0.5.23 wheels): Struct (class keywords frozen=, dict=), field,
+# NODEFAULT, defstruct, structs.fields / asdict / replace, Struct.__setattr__.
+# msgspec is not installed on a stand-in host, so this is a stdlib rendition:
+# fields live in the instance __dict__, which is what dict=True gives too.
+
+class _NoDefault(object):
+    def __repr__(self):
+        return "NODEFAULT"
+
+    def __bool__(self):
+        return False
+
+
+NODEFAULT = _NoDefault()
+
+
+class _FieldDefault(object):
+    """What msgspec.field(...) returns: a default, or a factory for one."""
+
+    def __init__(self, default=NODEFAULT, default_factory=NODEFAULT, name=None):
+        if default is not NODEFAULT and default_factory is not NODEFAULT:
+            raise TypeError("Cannot set both `default` and `default_factory`")
+        self.default, self.default_factory, self.name = default, default_factory, name
+
+
+def msgspec_field(default=NODEFAULT, default_factory=NODEFAULT, name=None):
+    return _FieldDefault(default, default_factory, name)
+
+
+class FieldInfo(object):
+    """msgspec.structs.FieldInfo."""
+
+    def __init__(self, name, type_, default, default_factory):
+        self.name, self.encode_name, self.type = name, name, type_
+        self.default, self.default_factory = default, default_factory
+
+    @property
+    def required(self):
+        return self.default is NODEFAULT and self.default_factory is NODEFAULT
+
+    def __repr__(self):
+        return "FieldInfo(name=%r, type=%r, default=%r, default_factory=%r)" % (
+            self.name, self.type, self.default, self.default_factory)
+
+
+def _is_classvar(annotation):
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    return text.startswith(("ClassVar", "typing.ClassVar"))
+
+
+class _StructMeta(type):
+    """Collects a Struct's fields (its bases' first) and its class keywords."""
+
+    def __new__(mcls, name, bases, namespace, **config):
+        own = {}
+        for field_name, annotation in namespace.get("__annotations__", {}).items():
+            if _is_classvar(annotation):
+                continue
+            value = namespace.pop(field_name, NODEFAULT)
+            if isinstance(value, _FieldDefault):
+                own[field_name] = (annotation, value.default, value.default_factory)
+            else:
+                own[field_name] = (annotation, value, NODEFAULT)
+        cls = super(_StructMeta, mcls).__new__(mcls, name, bases, namespace)
+        fields, merged = {}, {}
+        for base in reversed(cls.__mro__[1:]):
+            fields.update(base.__dict__.get("_standin_fields", {}))
+            merged.update(base.__dict__.get("__struct_config__", {}))
+        fields.update(own)
+        merged.update(config)
+        cls._standin_fields = fields
+        cls.__struct_config__ = merged
+        cls.__struct_fields__ = tuple(fields)
+        if merged.get("frozen"):
+            cls.__hash__ = _Struct_hash
+        return cls
+
+    def __init__(cls, name, bases, namespace, **config):
+        super(_StructMeta, cls).__init__(name, bases, namespace)
+
+
+def _Struct_hash(self):
+    return hash((type(self),) + tuple(getattr(self, n) for n in self.__struct_fields__))
+
+
+class Struct(object, metaclass=_StructMeta):
+    """msgspec.Struct: keyword or positional construction, defaults (empty
+    mutable defaults copied per instance), __post_init__, repr, eq, frozen."""
+
+    def __init__(self, *args, **kwargs):
+        names = self.__struct_fields__
+        if len(args) > len(names):
+            raise TypeError("Extra positional arguments provided")
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in self._standin_fields:
+                raise TypeError("Unexpected keyword argument '%s'" % key)
+            if key in values:
+                raise TypeError("Argument '%s' given by name and position" % key)
+            values[key] = value
+        for key in names:
+            if key not in values:
+                _, default, factory = self._standin_fields[key]
+                if factory is not NODEFAULT:
+                    values[key] = factory()
+                elif default is NODEFAULT:
+                    raise TypeError("Missing required argument '%s'" % key)
+                else:
+                    values[key] = type(default)() if isinstance(default, (list, dict, set)) and not default else default
+            object.__setattr__(self, key, values[key])
+        post_init = getattr(type(self), "__post_init__", None)
+        if post_init is not None:
+            post_init(self)
+
+    def __setattr__(self, name, value):
+        if type(self).__struct_config__.get("frozen"):
+            raise AttributeError("immutable type: '%s'" % type(self).__name__)
+        object.__setattr__(self, name, value)
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join(
+            "%s=%r" % (n, getattr(self, n, None)) for n in self.__struct_fields__))
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__struct_fields__)
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None
+
+    def __copy__(self):
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+
+def defstruct(name, fields, bases=None, module=None, namespace=None, **config):
+    """msgspec.defstruct: a Struct class from (name[, type[, default]]) entries."""
+    body = dict(namespace or {})
+    annotations = {}
+    for entry in fields:
+        entry = (entry,) if isinstance(entry, str) else tuple(entry)
+        annotations[entry[0]] = entry[1] if len(entry) > 1 else object
+        if len(entry) > 2:
+            body[entry[0]] = entry[2]
+    body["__annotations__"] = annotations
+    if module is not None:
+        body["__module__"] = module
+    body.setdefault("__qualname__", name)
+    return _StructMeta(name, tuple(bases or (Struct,)), body, **config)
+
+
+def _struct_type(obj):
+    return obj if isinstance(obj, type) else type(obj)
+
+
+def struct_fields(obj):
+    """msgspec.structs.fields: types resolved like msgspec (get_type_hints)."""
+    cls = _struct_type(obj)
+    import typing
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:
+        hints = {}
+    return tuple(FieldInfo(n, hints.get(n, ann), default, factory)
+                 for n, (ann, default, factory) in cls._standin_fields.items())
+
+
+def struct_asdict(obj):
+    return dict((n, getattr(obj, n)) for n in obj.__struct_fields__)
+
+
+def struct_astuple(obj):
+    return tuple(getattr(obj, n) for n in obj.__struct_fields__)
+
+
+def struct_replace(obj, **changes):
+    new = obj.__copy__()
+    for key, value in changes.items():
+        if key not in obj._standin_fields:
+            raise TypeError("`%s` has no field '%s'" % (type(obj).__name__, key))
+        object.__setattr__(new, key, value)
+    return new
+
+
+_MSGSPEC_STRUCTS = {"fields": struct_fields, "asdict": struct_asdict, "astuple": struct_astuple,
+                    "replace": struct_replace, "FieldInfo": FieldInfo}
+_MSGSPEC = {"Struct": Struct, "field": msgspec_field, "NODEFAULT": NODEFAULT,
+            "defstruct": defstruct}
+
+
+def record_fields(record):
+    """The field names of a ServerArgs: a dataclass through 0.5.19, a Struct after."""
+    names = getattr(record, "__struct_fields__", None)
+    if names is not None:
+        return tuple(names)
+    return tuple(f.name for f in dataclasses.fields(record))
+
+
 _UTILS = {}  # filled below: same helpers in sglang.srt.utils and sglang.srt.utils.common
 
 _MODULE_ATTRS = {
@@ -1330,6 +1570,8 @@ _MODULE_ATTRS = {
         "print_deprecated_warning": print_deprecated_warning},
     "sglang.srt.utils": _UTILS,
     "sglang.srt.utils.common": _UTILS,
+    "msgspec": _MSGSPEC,
+    "msgspec.structs": _MSGSPEC_STRUCTS,
 }
 
 
@@ -1614,12 +1856,23 @@ def _accepted(cls, kwargs):
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+# engine.py's redact_watermark_secrets (sampling/watermarking/core.py, 0.5.22+):
+# in the dict it dumps, these keys read "<redacted>" whatever their value.
+WATERMARK_SECRET_FIELD_NAMES = ("watermark_key", "watermark_key_b", "watermark_config")
+
+
 def server_args_line(server_args):
     """engine.py's dump: `server_args=ServerArgs(...)` (the dataclass repr) through
-    0.5.18, `server_args={...}` (resolved_dict(), field by field) from 0.5.19."""
+    0.5.18, `server_args={...}` (resolved_dict(), field by field) from 0.5.19
+    (fields of the msgspec Struct from 0.5.20), its watermark secrets redacted
+    from 0.5.22."""
     if _version_tuple() < (0, 5, 19):
         return "server_args=%r" % (server_args,)
-    fields = dict((f.name, getattr(server_args, f.name, None)) for f in dataclasses.fields(server_args))
+    fields = dict((name, getattr(server_args, name, None)) for name in record_fields(server_args))
+    if _version_tuple() >= (0, 5, 22):
+        for name in WATERMARK_SECRET_FIELD_NAMES:
+            if name in fields:
+                fields[name] = "<redacted>"
     return "server_args=%r" % (fields,)
 
 
@@ -1900,7 +2153,7 @@ def _jsonable(value):
 
 def server_info():
     sa = _State.server_args
-    info = {f.name: _jsonable(getattr(sa, f.name, None)) for f in dataclasses.fields(sa)}
+    info = {name: _jsonable(getattr(sa, name, None)) for name in record_fields(sa)}
     info.update(_State.scheduler_info)
     info["internal_states"] = [{}]
     info["version"] = _State.version
