@@ -105,6 +105,10 @@ Test-control environment variables:
     exit 1 with a traceback that many seconds after the ready line.
 ``FLEETPATCH_STANDIN_TOKEN_SECONDS``
     seconds per generated token, default 0.01.
+``SGLANG_RUST_SERVER=1``
+    as in SGLANG 0.5.22+: no uvicorn lines, and the ready line is the Rust
+    server's (same text, tracing's format, on stdout). Earlier releases log
+    Python's ready line as without it.
 ``FLEETPATCH_STANDIN_SIGTERM_POLL``
     seconds between the SIGTERM watchdog's checks, default 0.5 (SGLang: 5).
 
@@ -1912,6 +1916,7 @@ class _State(object):
     workers = []            # the constructed draft worker of each TP rank
     terminating = False     # SIGTERM received: drain, then exit
     fatal = None            # exit code once the scheduler died during a request
+    rust_server = False     # SGLANG_RUST_SERVER=1 on 0.5.22+: no uvicorn, the Rust ready line
 
 
 # ---------------------------------------------------------------------------
@@ -2287,7 +2292,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def log_request(self, code="-", size="-"):
-        # uvicorn's access log line
+        # uvicorn's access log line (the Rust server logs none)
+        if _State.rust_server:
+            return
         try:
             code = int(getattr(code, "value", code))
         except (TypeError, ValueError):
@@ -2374,6 +2381,46 @@ def _serve_until_stopped(exit_after):
                 return 1
 
 
+def rust_server_serves():
+    """SGLANG_RUST_SERVER=1 on 0.5.22+: the Rust extension serves HTTP, runs the
+    warm-up and prints the ready line itself; Python's http_server never starts.
+    (0.5.17 - 0.5.21 still log Python's ready line after its warm-up.)"""
+    try:
+        wanted = _parse_env_bool(os.environ.get("SGLANG_RUST_SERVER", "false"))
+    except ValueError:
+        wanted = False  # EnvBool: an invalid value reads as the default
+    return wanted and _version_tuple() >= (0, 5, 22)
+
+
+def _python_ready():
+    # _wait_and_warmup: one request through the server before "ready"
+    access = logging.getLogger("uvicorn.access")
+    access.info('INFO:     127.0.0.1:%d - "GET /model_info HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+    logging.getLogger("sglang.srt.managers.scheduler").info(
+        "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
+        "#running-req: 0, #queue-req: 0, ")
+    access.info('INFO:     127.0.0.1:%d - "POST /generate HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+    _State.ready = True
+    logging.getLogger("sglang.srt.entrypoints.http_server").info("The server is fired up and ready to roll!")
+    _flush()
+
+
+def _rust_ready():
+    """The Rust server's ready line (sglang-server's api_server/http/app.rs): the
+    same text as Python's, in tracing-subscriber's format, on stdout. The wheel
+    holds the text; the format is the stand-in's reading of the crate (tracing)."""
+    logging.getLogger("sglang.srt.managers.scheduler").info(
+        "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
+        "#running-req: 0, #queue-req: 0, ")
+    _State.ready = True
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%06dZ" % int((now % 1) * 1e6)
+    _flush()
+    sys.stdout.write("%s  INFO sglang_server::api_server::http::app: "
+                     "The server is fired up and ready to roll!\n" % stamp)
+    _flush()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):  # the launcher appends both to a file
@@ -2440,28 +2487,28 @@ def main(argv=None):
         host = server_args.host or "127.0.0.1"
         httpd = _make_http_server(host, int(server_args.port))
         threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
-        # uvicorn's lines, with SGLang's set_uvicorn_logging_configs format
-        uv = logging.getLogger("uvicorn.error")
-        uv.info("INFO:     Started server process [%d]" % os.getpid())
-        uv.info("INFO:     Waiting for application startup.")
-        uv.info("INFO:     Application startup complete.")
-        uv.info("INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)"
-                % ("[%s]" % host if ":" in host else host, httpd.server_address[1]))
+        shown_host = "[%s]" % host if ":" in host else host
+        rust = _State.rust_server = rust_server_serves()
+        if rust:
+            logging.getLogger("sglang.srt.rust_server.server").info(
+                "SGLANG_RUST_SERVER enabled, Rust server listen on %s:%s" % (shown_host, httpd.server_address[1]))
+        else:
+            # uvicorn's lines, with SGLang's set_uvicorn_logging_configs format
+            uv = logging.getLogger("uvicorn.error")
+            uv.info("INFO:     Started server process [%d]" % os.getpid())
+            uv.info("INFO:     Waiting for application startup.")
+            uv.info("INFO:     Application startup complete.")
+            uv.info("INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)"
+                    % (shown_host, httpd.server_address[1]))
 
         time.sleep(max(0.0, _env_float("FLEETPATCH_STANDIN_STARTUP_DELAY", 0.2)))
         if _env_true("FLEETPATCH_STANDIN_NEVER_READY"):
             while True:
                 time.sleep(0.2)
-        # _wait_and_warmup: one request through the server before "ready"
-        access = logging.getLogger("uvicorn.access")
-        access.info('INFO:     127.0.0.1:%d - "GET /model_info HTTP/1.1" 200 OK' % random.randint(40000, 60000))
-        logging.getLogger("sglang.srt.managers.scheduler").info(
-            "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
-            "#running-req: 0, #queue-req: 0, ")
-        access.info('INFO:     127.0.0.1:%d - "POST /generate HTTP/1.1" 200 OK' % random.randint(40000, 60000))
-        _State.ready = True
-        logging.getLogger("sglang.srt.entrypoints.http_server").info("The server is fired up and ready to roll!")
-        _flush()
+        if rust:
+            _rust_ready()
+        else:
+            _python_ready()
 
         return _serve_until_stopped(_env_float("FLEETPATCH_STANDIN_EXIT_AFTER_READY", None))
     except _Stop:
