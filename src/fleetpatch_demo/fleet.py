@@ -91,6 +91,7 @@ class HostSpec:
     env: dict = field(default_factory=dict)   # extra server environment
     start_server: bool = True         # start its stand-in server in start() / reset()
     restart_kind: str = "command"     # "command", or "supervisor": supervisord runs the stand-in
+    args: tuple = ()                  # extra launch flags, e.g. ("--disable-overlap-schedule",)
 
     @property
     def topk(self) -> int:
@@ -273,6 +274,7 @@ class FleetHost:
             f" --speculative-num-steps 3 --speculative-eagle-topk {self.spec.topk}"
             f" --speculative-num-draft-tokens {self.spec.num_draft_tokens}"
             f" --port {self.http_port}"
+            + "".join(" " + shlex.quote(str(a)) for a in self.spec.args)
         )
 
     @property
