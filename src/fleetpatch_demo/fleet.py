@@ -94,6 +94,7 @@ class HostSpec:
     start_server: bool = True         # start its stand-in server in start() / reset()
     restart_kind: str = "command"     # "command", or "supervisor": supervisord runs the stand-in
     container: bool = False           # True: the engine runs in a Docker container (containerhost.py)
+    args: tuple = ()                  # extra launch flags, e.g. ("--disable-overlap-schedule",)
 
     @property
     def topk(self) -> int:
@@ -291,6 +292,7 @@ class FleetHost:
             f" --speculative-num-steps 3 --speculative-eagle-topk {self.spec.topk}"
             f" --speculative-num-draft-tokens {self.spec.num_draft_tokens}"
             f" --port {self.http_port}"
+            + "".join(" " + shlex.quote(str(a)) for a in self.spec.args)
         )
 
     @property

@@ -105,6 +105,10 @@ Test-control environment variables:
     exit 1 with a traceback that many seconds after the ready line.
 ``FLEETPATCH_STANDIN_TOKEN_SECONDS``
     seconds per generated token, default 0.01.
+``SGLANG_RUST_SERVER=1``
+    as in SGLANG 0.5.22+: no uvicorn lines, and the ready line is the Rust
+    server's (same text, tracing's format, on stdout). Earlier releases log
+    Python's ready line as without it.
 ``FLEETPATCH_STANDIN_SIGTERM_POLL``
     seconds between the SIGTERM watchdog's checks, default 0.5 (SGLang: 5).
 
@@ -162,6 +166,29 @@ FORCE_STUB = (
 # Modules inside these packages are never stubbed: the tree holds them
 # completely, so a missing module there is a genuine ImportError.
 NEVER_STUB = ("sglang.srt.speculative",)
+
+# The tree holds all of sglang/srt/arg_groups/, but of it the stand-in runs only
+# the declarations of the flags (the Structs/fields, their CLI registration, the
+# argparse actions and choice lists): the resolution hooks and overrides probe
+# hardware and model files, so the stand-in replays the routing part of them
+# itself (apply_routing) and serves the other arg_groups modules as stubs.
+STANDIN_RESOLVES = "sglang.srt.arg_groups"
+REAL_ARG_GROUPS = ("", ".arg_utils", ".argparse_actions", ".choices", ".field_order", ".fields")
+
+
+def _standin_resolves(fullname):
+    if not fullname.startswith(STANDIN_RESOLVES + "."):
+        return False
+    rest = fullname[len(STANDIN_RESOLVES):]
+    return rest not in REAL_ARG_GROUPS and not rest.startswith(".fields.")
+
+
+def _is_stdlib(top):
+    # A stub for a platform module of the stdlib (msvcrt, _winapi, ...) would make
+    # the stdlib take its other platform's branch: subprocess imports msvcrt to
+    # decide whether it runs on Windows.
+    names = getattr(sys, "stdlib_module_names", None)
+    return names is not None and top in names
 
 # Calls of `is_*` helpers return False (not NPU, not HIP, not CPU, ...) except
 # these, so the CUDA code path is taken.
@@ -417,10 +444,10 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.split(".", 1)[0]
         if self.force:
-            if top not in FORCE_STUB:
+            if top not in FORCE_STUB and not _standin_resolves(fullname):
                 return None
         else:
-            if top.startswith("_"):
+            if top.startswith("_") or _is_stdlib(top):
                 return None  # C accelerators etc.: keep stdlib's ImportError fallbacks
             for prefix in NEVER_STUB:
                 if fullname.startswith(prefix + "."):
@@ -832,6 +859,15 @@ def _pair(*args, **kwargs):
     return (_Stub("first"), _Stub("second"))
 
 
+def get_model_architecture(model_config, *args, **kwargs):
+    """sglang.srt.model_loader.utils: (model class, architecture name). The class is
+    a plain one, so that getattr(cls, "draft_parallel_spec", None) (0.5.23) sees
+    no declaration, as for a model that makes none."""
+    hf_config = getattr(model_config, "hf_config", None)
+    archs = getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"]
+    return type(str(archs[0]), (object,), {}), archs[0]
+
+
 # Names that have the same meaning wherever a stub module (or stub object)
 # provides them.
 _BY_NAME = {
@@ -871,6 +907,7 @@ _BY_NAME = {
     "get_attention_tp_rank": get_rank,
     "get_embed_and_head": _pair,
     "get_batch_sizes_to_capture": get_batch_sizes_to_capture,
+    "get_model_architecture": get_model_architecture,
     "get_memory_pool": _pair,
     "is_out_of_tree": lambda *a, **k: False,
     "LORA_TARGET_ALL_MODULES": "all",
@@ -1314,6 +1351,213 @@ class DeprecatedAliasStoreAction(_DeprecatedWithReplacement):
         setattr(namespace, self.dest, values)
 
 
+# --- msgspec (0.5.20+: ServerArgs is a msgspec Struct) ------------------------
+# From 0.5.20 the launch flags are fields of msgspec Structs declared in
+# sglang/srt/arg_groups/fields/*.py, and server_args.py assembles ServerArgs with
+# msgspec.defstruct. What of msgspec the releases use on that path (read from the
+# 0.5.20 - 0.5.23 wheels): Struct (class keywords frozen=, dict=), field,
+# NODEFAULT, defstruct, structs.fields / asdict / replace, Struct.__setattr__.
+# msgspec is not installed on a stand-in host, so this is a stdlib rendition:
+# fields live in the instance __dict__, which is what dict=True gives too.
+
+class _NoDefault(object):
+    def __repr__(self):
+        return "NODEFAULT"
+
+    def __bool__(self):
+        return False
+
+
+NODEFAULT = _NoDefault()
+
+
+class _FieldDefault(object):
+    """What msgspec.field(...) returns: a default, or a factory for one."""
+
+    def __init__(self, default=NODEFAULT, default_factory=NODEFAULT, name=None):
+        if default is not NODEFAULT and default_factory is not NODEFAULT:
+            raise TypeError("Cannot set both `default` and `default_factory`")
+        self.default, self.default_factory, self.name = default, default_factory, name
+
+
+def msgspec_field(default=NODEFAULT, default_factory=NODEFAULT, name=None):
+    return _FieldDefault(default, default_factory, name)
+
+
+class FieldInfo(object):
+    """msgspec.structs.FieldInfo."""
+
+    def __init__(self, name, type_, default, default_factory):
+        self.name, self.encode_name, self.type = name, name, type_
+        self.default, self.default_factory = default, default_factory
+
+    @property
+    def required(self):
+        return self.default is NODEFAULT and self.default_factory is NODEFAULT
+
+    def __repr__(self):
+        return "FieldInfo(name=%r, type=%r, default=%r, default_factory=%r)" % (
+            self.name, self.type, self.default, self.default_factory)
+
+
+def _is_classvar(annotation):
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    return text.startswith(("ClassVar", "typing.ClassVar"))
+
+
+class _StructMeta(type):
+    """Collects a Struct's fields (its bases' first) and its class keywords."""
+
+    def __new__(mcls, name, bases, namespace, **config):
+        own = {}
+        for field_name, annotation in namespace.get("__annotations__", {}).items():
+            if _is_classvar(annotation):
+                continue
+            value = namespace.pop(field_name, NODEFAULT)
+            if isinstance(value, _FieldDefault):
+                own[field_name] = (annotation, value.default, value.default_factory)
+            else:
+                own[field_name] = (annotation, value, NODEFAULT)
+        cls = super(_StructMeta, mcls).__new__(mcls, name, bases, namespace)
+        fields, merged = {}, {}
+        for base in reversed(cls.__mro__[1:]):
+            fields.update(base.__dict__.get("_standin_fields", {}))
+            merged.update(base.__dict__.get("__struct_config__", {}))
+        fields.update(own)
+        merged.update(config)
+        cls._standin_fields = fields
+        cls.__struct_config__ = merged
+        cls.__struct_fields__ = tuple(fields)
+        if merged.get("frozen"):
+            cls.__hash__ = _Struct_hash
+        return cls
+
+    def __init__(cls, name, bases, namespace, **config):
+        super(_StructMeta, cls).__init__(name, bases, namespace)
+
+
+def _Struct_hash(self):
+    return hash((type(self),) + tuple(getattr(self, n) for n in self.__struct_fields__))
+
+
+class Struct(object, metaclass=_StructMeta):
+    """msgspec.Struct: keyword or positional construction, defaults (empty
+    mutable defaults copied per instance), __post_init__, repr, eq, frozen."""
+
+    def __init__(self, *args, **kwargs):
+        names = self.__struct_fields__
+        if len(args) > len(names):
+            raise TypeError("Extra positional arguments provided")
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in self._standin_fields:
+                raise TypeError("Unexpected keyword argument '%s'" % key)
+            if key in values:
+                raise TypeError("Argument '%s' given by name and position" % key)
+            values[key] = value
+        for key in names:
+            if key not in values:
+                _, default, factory = self._standin_fields[key]
+                if factory is not NODEFAULT:
+                    values[key] = factory()
+                elif default is NODEFAULT:
+                    raise TypeError("Missing required argument '%s'" % key)
+                else:
+                    values[key] = type(default)() if isinstance(default, (list, dict, set)) and not default else default
+            object.__setattr__(self, key, values[key])
+        post_init = getattr(type(self), "__post_init__", None)
+        if post_init is not None:
+            post_init(self)
+
+    def __setattr__(self, name, value):
+        if type(self).__struct_config__.get("frozen"):
+            raise AttributeError("immutable type: '%s'" % type(self).__name__)
+        object.__setattr__(self, name, value)
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join(
+            "%s=%r" % (n, getattr(self, n, None)) for n in self.__struct_fields__))
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__struct_fields__)
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None
+
+    def __copy__(self):
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+
+def defstruct(name, fields, bases=None, module=None, namespace=None, **config):
+    """msgspec.defstruct: a Struct class from (name[, type[, default]]) entries."""
+    body = dict(namespace or {})
+    annotations = {}
+    for entry in fields:
+        entry = (entry,) if isinstance(entry, str) else tuple(entry)
+        annotations[entry[0]] = entry[1] if len(entry) > 1 else object
+        if len(entry) > 2:
+            body[entry[0]] = entry[2]
+    body["__annotations__"] = annotations
+    if module is not None:
+        body["__module__"] = module
+    body.setdefault("__qualname__", name)
+    return _StructMeta(name, tuple(bases or (Struct,)), body, **config)
+
+
+def _struct_type(obj):
+    return obj if isinstance(obj, type) else type(obj)
+
+
+def struct_fields(obj):
+    """msgspec.structs.fields: types resolved like msgspec (get_type_hints)."""
+    cls = _struct_type(obj)
+    import typing
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:
+        hints = {}
+    return tuple(FieldInfo(n, hints.get(n, ann), default, factory)
+                 for n, (ann, default, factory) in cls._standin_fields.items())
+
+
+def struct_asdict(obj):
+    return dict((n, getattr(obj, n)) for n in obj.__struct_fields__)
+
+
+def struct_astuple(obj):
+    return tuple(getattr(obj, n) for n in obj.__struct_fields__)
+
+
+def struct_replace(obj, **changes):
+    new = obj.__copy__()
+    for key, value in changes.items():
+        if key not in obj._standin_fields:
+            raise TypeError("`%s` has no field '%s'" % (type(obj).__name__, key))
+        object.__setattr__(new, key, value)
+    return new
+
+
+_MSGSPEC_STRUCTS = {"fields": struct_fields, "asdict": struct_asdict, "astuple": struct_astuple,
+                    "replace": struct_replace, "FieldInfo": FieldInfo}
+_MSGSPEC = {"Struct": Struct, "field": msgspec_field, "NODEFAULT": NODEFAULT,
+            "defstruct": defstruct}
+
+
+def record_fields(record):
+    """The field names of a ServerArgs: a dataclass through 0.5.19, a Struct after."""
+    names = getattr(record, "__struct_fields__", None)
+    if names is not None:
+        return tuple(names)
+    return tuple(f.name for f in dataclasses.fields(record))
+
+
 _UTILS = {}  # filled below: same helpers in sglang.srt.utils and sglang.srt.utils.common
 
 _MODULE_ATTRS = {
@@ -1330,6 +1574,8 @@ _MODULE_ATTRS = {
         "print_deprecated_warning": print_deprecated_warning},
     "sglang.srt.utils": _UTILS,
     "sglang.srt.utils.common": _UTILS,
+    "msgspec": _MSGSPEC,
+    "msgspec.structs": _MSGSPEC_STRUCTS,
 }
 
 
@@ -1614,12 +1860,23 @@ def _accepted(cls, kwargs):
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+# engine.py's redact_watermark_secrets (sampling/watermarking/core.py, 0.5.22+):
+# in the dict it dumps, these keys read "<redacted>" whatever their value.
+WATERMARK_SECRET_FIELD_NAMES = ("watermark_key", "watermark_key_b", "watermark_config")
+
+
 def server_args_line(server_args):
     """engine.py's dump: `server_args=ServerArgs(...)` (the dataclass repr) through
-    0.5.18, `server_args={...}` (resolved_dict(), field by field) from 0.5.19."""
+    0.5.18, `server_args={...}` (resolved_dict(), field by field) from 0.5.19
+    (fields of the msgspec Struct from 0.5.20), its watermark secrets redacted
+    from 0.5.22."""
     if _version_tuple() < (0, 5, 19):
         return "server_args=%r" % (server_args,)
-    fields = dict((f.name, getattr(server_args, f.name, None)) for f in dataclasses.fields(server_args))
+    fields = dict((name, getattr(server_args, name, None)) for name in record_fields(server_args))
+    if _version_tuple() >= (0, 5, 22):
+        for name in WATERMARK_SECRET_FIELD_NAMES:
+            if name in fields:
+                fields[name] = "<redacted>"
     return "server_args=%r" % (fields,)
 
 
@@ -1659,6 +1916,7 @@ class _State(object):
     workers = []            # the constructed draft worker of each TP rank
     terminating = False     # SIGTERM received: drain, then exit
     fatal = None            # exit code once the scheduler died during a request
+    rust_server = False     # SGLANG_RUST_SERVER=1 on 0.5.22+: no uvicorn, the Rust ready line
 
 
 # ---------------------------------------------------------------------------
@@ -1900,7 +2158,7 @@ def _jsonable(value):
 
 def server_info():
     sa = _State.server_args
-    info = {f.name: _jsonable(getattr(sa, f.name, None)) for f in dataclasses.fields(sa)}
+    info = {name: _jsonable(getattr(sa, name, None)) for name in record_fields(sa)}
     info.update(_State.scheduler_info)
     info["internal_states"] = [{}]
     info["version"] = _State.version
@@ -2034,7 +2292,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def log_request(self, code="-", size="-"):
-        # uvicorn's access log line
+        # uvicorn's access log line (the Rust server logs none)
+        if _State.rust_server:
+            return
         try:
             code = int(getattr(code, "value", code))
         except (TypeError, ValueError):
@@ -2121,6 +2381,46 @@ def _serve_until_stopped(exit_after):
                 return 1
 
 
+def rust_server_serves():
+    """SGLANG_RUST_SERVER=1 on 0.5.22+: the Rust extension serves HTTP, runs the
+    warm-up and prints the ready line itself; Python's http_server never starts.
+    (0.5.17 - 0.5.21 still log Python's ready line after its warm-up.)"""
+    try:
+        wanted = _parse_env_bool(os.environ.get("SGLANG_RUST_SERVER", "false"))
+    except ValueError:
+        wanted = False  # EnvBool: an invalid value reads as the default
+    return wanted and _version_tuple() >= (0, 5, 22)
+
+
+def _python_ready():
+    # _wait_and_warmup: one request through the server before "ready"
+    access = logging.getLogger("uvicorn.access")
+    access.info('INFO:     127.0.0.1:%d - "GET /model_info HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+    logging.getLogger("sglang.srt.managers.scheduler").info(
+        "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
+        "#running-req: 0, #queue-req: 0, ")
+    access.info('INFO:     127.0.0.1:%d - "POST /generate HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+    _State.ready = True
+    logging.getLogger("sglang.srt.entrypoints.http_server").info("The server is fired up and ready to roll!")
+    _flush()
+
+
+def _rust_ready():
+    """The Rust server's ready line (sglang-server's api_server/http/app.rs): the
+    same text as Python's, in tracing-subscriber's format, on stdout. The wheel
+    holds the text; the format is the stand-in's reading of the crate (tracing)."""
+    logging.getLogger("sglang.srt.managers.scheduler").info(
+        "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
+        "#running-req: 0, #queue-req: 0, ")
+    _State.ready = True
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%06dZ" % int((now % 1) * 1e6)
+    _flush()
+    sys.stdout.write("%s  INFO sglang_server::api_server::http::app: "
+                     "The server is fired up and ready to roll!\n" % stamp)
+    _flush()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):  # the launcher appends both to a file
@@ -2187,28 +2487,28 @@ def main(argv=None):
         host = server_args.host or "127.0.0.1"
         httpd = _make_http_server(host, int(server_args.port))
         threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
-        # uvicorn's lines, with SGLang's set_uvicorn_logging_configs format
-        uv = logging.getLogger("uvicorn.error")
-        uv.info("INFO:     Started server process [%d]" % os.getpid())
-        uv.info("INFO:     Waiting for application startup.")
-        uv.info("INFO:     Application startup complete.")
-        uv.info("INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)"
-                % ("[%s]" % host if ":" in host else host, httpd.server_address[1]))
+        shown_host = "[%s]" % host if ":" in host else host
+        rust = _State.rust_server = rust_server_serves()
+        if rust:
+            logging.getLogger("sglang.srt.rust_server.server").info(
+                "SGLANG_RUST_SERVER enabled, Rust server listen on %s:%s" % (shown_host, httpd.server_address[1]))
+        else:
+            # uvicorn's lines, with SGLang's set_uvicorn_logging_configs format
+            uv = logging.getLogger("uvicorn.error")
+            uv.info("INFO:     Started server process [%d]" % os.getpid())
+            uv.info("INFO:     Waiting for application startup.")
+            uv.info("INFO:     Application startup complete.")
+            uv.info("INFO:     Uvicorn running on http://%s:%s (Press CTRL+C to quit)"
+                    % (shown_host, httpd.server_address[1]))
 
         time.sleep(max(0.0, _env_float("FLEETPATCH_STANDIN_STARTUP_DELAY", 0.2)))
         if _env_true("FLEETPATCH_STANDIN_NEVER_READY"):
             while True:
                 time.sleep(0.2)
-        # _wait_and_warmup: one request through the server before "ready"
-        access = logging.getLogger("uvicorn.access")
-        access.info('INFO:     127.0.0.1:%d - "GET /model_info HTTP/1.1" 200 OK' % random.randint(40000, 60000))
-        logging.getLogger("sglang.srt.managers.scheduler").info(
-            "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
-            "#running-req: 0, #queue-req: 0, ")
-        access.info('INFO:     127.0.0.1:%d - "POST /generate HTTP/1.1" 200 OK' % random.randint(40000, 60000))
-        _State.ready = True
-        logging.getLogger("sglang.srt.entrypoints.http_server").info("The server is fired up and ready to roll!")
-        _flush()
+        if rust:
+            _rust_ready()
+        else:
+            _python_ready()
 
         return _serve_until_stopped(_env_float("FLEETPATCH_STANDIN_EXIT_AFTER_READY", None))
     except _Stop:

@@ -33,9 +33,9 @@ EAGLE3 = ["--model-path", "/models/llama", "--speculative-algorithm", "EAGLE3",
           "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
           "--speculative-num-draft-tokens", "4", "--port", "0"]
 SYNC = ["--disable-overlap-schedule"]
-# Releases whose real files the stand-in runs today. 0.5.20+ (ServerArgs a msgspec
-# Struct assembled from arg_groups/fields) is not yet run by the stand-in.
-RELEASES = ("0.5.15", "0.5.16", "0.5.19")
+# Releases whose real files the stand-in runs (0.5.20+: ServerArgs a msgspec Struct
+# assembled from arg_groups/fields; 0.5.22+: the dump redacted, the Rust server).
+RELEASES = ("0.5.15", "0.5.16", "0.5.19", "0.5.20", "0.5.22", "0.5.23")
 
 
 def facts(version: str) -> dict:
@@ -72,9 +72,10 @@ def mark_init(site: Path, rel_file: str, cls: str, text: str) -> None:
     path.write_text("".join(lines))
 
 
-def run_until_ready(site: Path, args: list[str], timeout: float = 30) -> tuple[int | None, str]:
+def run_until_ready(site: Path, args: list[str], timeout: float = 30,
+                    extra_env: dict | None = None) -> tuple[int | None, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "FLEETPATCH_STANDIN_", "PYTHON"))}
-    env.update(FLEETPATCH_STANDIN_STARTUP_DELAY="0", PYTHONPATH=str(site))
+    env.update(FLEETPATCH_STANDIN_STARTUP_DELAY="0", PYTHONPATH=str(site), **(extra_env or {}))
     log = site.parent / ("server-%d.log" % time.monotonic_ns())
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "sglang_standin", *args], cwd=site.parent, env=env,
@@ -112,3 +113,26 @@ def test_standin_runs_the_release_routing(tmp_path, version, sync):
     payload = dump.split("server_args=", 1)[1]
     assert payload.startswith("ServerArgs(" if shape == "ServerArgs(...)" else "{"), (shape, dump[:200])
     assert ("'disable_overlap_schedule': True" in payload or "disable_overlap_schedule=True" in payload) is sync
+
+
+def redacted(payload: str) -> bool:
+    return "'watermark_key': '<redacted>'" in payload
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.22", "0.5.23"])
+def test_rust_server_prints_the_ready_line_from_0522(tmp_path, version):
+    """SGLANG_RUST_SERVER=1: from 0.5.22 the ready line is the Rust server's (the text
+    the release's facts name a Rust .so for), Python's http_server logs none and
+    uvicorn does not run; 0.5.20 still logs Python's."""
+    rust_in_facts = any(r["source"].endswith(".so") for r in facts(version)["ready"])
+    site = make_site(tmp_path, version)
+    rc, log = run_until_ready(site, EAGLE3 + SYNC, extra_env={"SGLANG_RUST_SERVER": "1"})
+    assert rc is None, log[-3000:]
+    (ready,) = [line for line in log.splitlines() if READY in line]
+    python_line = re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] " + re.escape(READY) + "$", ready)
+    assert (python_line is None) is rust_in_facts, (version, ready)
+    assert ("Uvicorn running on" in log) is not rust_in_facts
+    assert ("SGLANG_RUST_SERVER enabled, Rust server listen on 127.0.0.1:" in log) is rust_in_facts
+    assert sync_line(version) in log
+    (dump,) = [line for line in log.splitlines() if "server_args=" in line]
+    assert redacted(dump) is (version >= "0.5.22")
