@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from localhost import LocalHost, job, speculative_tree
+from support.localhost import LocalHost, job, speculative_tree
 from fleetpatch import steps
 from fleetpatch.engines.sglang import PROFILE
 

@@ -17,6 +17,7 @@ from fleetpatch.inventory import InventoryError, parse_inventory
 from fleetpatch.router import Router, RouterError, worker_loads
 from fleetpatch_demo import fleet as fleetmod
 from fleetpatch_demo.routerproc import LocalWorker, RouterProcess, free_port, router_command, standin_site
+from support.paths import FIXTURE_PATCHES
 
 needs_router = pytest.mark.skipif(router_command() is None, reason="sglang-router is not installed (test extra)")
 needs_fleet = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD),
@@ -170,7 +171,7 @@ def routed(operator, fleet, tmp_path):
 def test_deploy_behind_a_router_ignores_the_environments_proxy_unless_the_inventory_names_one(routed, proxy):
     from pathlib import Path
     operator, router, doc = routed
-    fixtures = str(Path(__file__).resolve().parent / "fixtures" / "patches")
+    fixtures = str(FIXTURE_PATCHES)
     run = operator.run("deploy-patch", "--patch", "v2-only-beacon", "--patches", fixtures, "--hosts", "v2a",
                        "--timeout", "60", env=proxy.env())
     assert run.code == 0, run

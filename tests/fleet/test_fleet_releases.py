@@ -26,7 +26,7 @@ from fleetpatch_demo.wheels import sglang_tree
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD), reason="needs root and /usr/sbin/sshd")
 
-PATCHES = Path(__file__).resolve().parent / "fixtures" / "patches"
+from support.paths import FIXTURE_PATCHES as PATCHES  # noqa: E402
 PATCH = "release-marker"
 MARKER = "fleetpatch fixture release-marker: EAGLEWorkerV2 ("
 EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 
-from localhost import job
+from support.localhost import job
 from fleetpatch import steps
 
 FLOOD_MB = 200

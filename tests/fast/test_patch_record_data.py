@@ -10,7 +10,7 @@ from pathlib import Path
 from fleetpatch import engines, patchrecord
 from fleetpatch.patchset import load_patch
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "patches"
+from support.paths import FIXTURE_PATCHES as FIXTURES  # noqa: E402
 PATCH = "v2-only-beacon"
 
 

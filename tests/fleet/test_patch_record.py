@@ -18,7 +18,7 @@ from fleetpatch_demo import fleet as fleetmod
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD),
                                 reason="needs root and /usr/sbin/sshd")
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "patches"
+from support.paths import FIXTURE_PATCHES as FIXTURES  # noqa: E402
 PATCH = "v2-only-beacon"   # a test fixture, not shipped with fleetpatch
 EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 
