@@ -106,13 +106,15 @@ class Follow(object):
 
     def send_state(self, now, alive, healthy):
         elapsed = round(now - self.started, 3)
-        if healthy is not None or alive is False:
-            if (alive, healthy) != self.last_state:
-                self.state.emit({"t": "state", "alive": alive, "healthy": healthy, "elapsed": elapsed})
-                self.last_state = (alive, healthy)
-                self.last_emit = now
+        if (healthy is not None or alive is False) and (alive, healthy) != self.last_state:
+            self.state.emit({"t": "state", "alive": alive, "healthy": healthy, "elapsed": elapsed})
+            self.last_state = (alive, healthy)
+            self.last_emit = now
         elif now - self.last_emit >= 0.5:
+            # a server that logs nothing after its ready line (no access log) and answers its
+            # health checks the same each time must still tick, or the laptop never re-judges
             self.state.emit({"t": "tick", "elapsed": elapsed})
+            self.last_emit = now
 
     def read_followups(self):
         """None while the laptop is still listening; else follow's result, with the
