@@ -92,6 +92,13 @@ class RunFailed(FleetpatchError):
     """At least one host failed; its story is already printed (exit 1)."""
 
 
+class RefusedUnchanged(RunFailed, UsageError):
+    """Every selected host was refused before anything on it changed, for a patch that
+    cannot be proven there (an engine release the profile does not know, and no way to
+    prove the result): a patch error found before any host was changed (exit 2). Where
+    another host went ahead, the run changed hosts, and the refusal is a failure (exit 1)."""
+
+
 def err_line(msg: str) -> None:
     # one line: a value quoted from a file or the command line cannot break it or act on the terminal
     print(f"fleetpatch: error: {safe_line(msg)}", file=sys.stderr, flush=True)
@@ -228,6 +235,8 @@ def finish(console, task_name, results, started, flags: Common, stop=None, extra
     if stop is not None and stop.interrupted:
         raise KeyboardInterrupt
     if not ok:
+        if all((r.details or {}).get("refused") == "unprovable" for r in results.values()):
+            raise RefusedUnchanged(f"{task_name} refused")
         raise RunFailed(f"{task_name} failed")
 
 

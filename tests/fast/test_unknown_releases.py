@@ -4,7 +4,7 @@ build tag is its release, and a superseded patch says what to use instead.
 On the local transport: the real agent, real SGLang 0.5.9 files and the stand-in
 server; the host's dist-info METADATA is rewritten to say which release it is
 (the files stay 0.5.9's, so these tests assert the version handling, not the
-routing of those releases). A host that fails is exit 1 in the CLI (the same as
+routing of those releases). A host that fails is exit 1 in the CLI, or 2 when every host is refused (the same as
 the pre-flight refusal): every refusal here is per host, before any write.
 """
 from __future__ import annotations

@@ -5,7 +5,8 @@ A release the profile does not know is never guessed (`can_prove`): deploy-patch
 writes to such a host only when the result can be proven from what runs. Its
 refusal, like the pre-flight's, is found on the host (the version is read there)
 and is per host: the host fails (status `error`, details `refused: unprovable`),
-nothing is written to it, and the command exits 1 as for any failed host; --force
+nothing is written to it. When every selected host is refused so, the command exits 2 (a patch
+error found before any host changed), otherwise 1 as for any failed host; --force
 does not override it. A superseded patch (manifest `superseded`) fails the host
 as `skipped`, saying what to use instead, with nothing written."""
 from __future__ import annotations
