@@ -14,8 +14,12 @@ plan, each written once:
 - ``F-<module>-<k>.json`` (functions mode, 3.8-3.11, or 3.12+ with no free
   monitoring tool id): a function, class body or module body that holds added
   lines started running; it lists the added lines it holds;
-- ``T-...`` like ``L-``/``F-``, when the first run happened while torch.compile
-  traced it or a CUDA graph was being captured;
+- ``T-...`` like ``L-``/``F-``, for a line or body that torch.compile traced
+  or that ran while a CUDA graph was being captured. TorchDynamo steps through
+  the bytecode of what it compiles or inlines without running it, and the
+  compiled code runs none of it: lines mode learns the lines it traces from
+  torch's ``TracingContext.set_current_loc`` (`hook_dynamo`), functions mode
+  from its guard call, which Dynamo runs at trace time (`rewrite`);
 - ``disabled``: the probe turned itself off, and why.
 
 How it hooks only the patched modules: a finder first in ``sys.meta_path``
@@ -556,13 +560,16 @@ class Probe:
 
     def unit_hit(self, name, k):
         try:
+            if ("F", name, k) in self.done:
+                return      # ran already, its flag kept set for a compiled graph: the cheapest way out
             guards = self.guards[name]
             how = traced_now()
             if how:
                 self.traced_units.add((name, k))
             elif (name, k) not in self.traced_units:
                 guards[k] = False   # later calls pay one list look-up
-            # else the flag stays set: a compiled graph guards on its value, and would be recompiled
+            # else the flag stays set: torch.compile's graph guards on its value, and would be
+            # recompiled (once per graph) if it changed; later eager calls pay a call and a set look-up
             kind = "T" if how else "F"
             key = (kind, name, k)
             if key in self.done:
