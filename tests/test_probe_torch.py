@@ -35,7 +35,7 @@ def postprocess(logits, temperature):
 '''
 ADDED = [n for n, line in enumerate(PATCHED.splitlines(), 1) if line.endswith("# added")]
 
-SERVER = '''import json, site, sys
+SERVER = '''import json, shutil, site, sys
 site.addsitedir(sys.argv[1])          # reads the probe's .pth, as site does at start
 sys.path.insert(0, sys.argv[2])
 import torch
@@ -58,9 +58,11 @@ compiled = torch.compile(step, backend=backend)
 x = torch.randn(4, 8)
 want = torch.argmax((x * 2).float() / 0.7, dim=-1) + 1
 same = all(torch.equal(compiled(x), want) for _ in range(3))
-if sys.argv[3] == "then-eager":       # the same function run eagerly, then compiled again
-    same = same and torch.equal(step(x), want) and torch.equal(compiled(x), want)
-print(json.dumps({"same": same, "graphs": graphs, "graph_breaks": sum(dynamo_utils.counters["graph_break"].values()),
+shutil.copytree(sys.argv[3], sys.argv[4])    # the records once compiled, before any eager run
+graphs_compiled = list(graphs)
+same = same and torch.equal(step(x), want) and torch.equal(compiled(x), want)   # then eager, then compiled again
+print(json.dumps({"same": same, "graphs_compiled": graphs_compiled, "graphs": graphs,
+                  "graph_breaks": sum(dynamo_utils.counters["graph_break"].values()),
                   "python": list(sys.version_info[:2])}))
 '''
 
@@ -81,7 +83,9 @@ def python():
     return torch_python()
 
 
-def run_server(python, tmp_path, mode, then):
+def run_server(python, tmp_path, mode):
+    """The server compiles, runs, then runs eagerly; returns its result and the execution blocks
+    of the records as they were once compiled and at the end."""
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "patched.py").write_text(PATCHED)
     (tmp_path / "site").mkdir()
@@ -91,36 +95,34 @@ def run_server(python, tmp_path, mode, then):
     probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "torchtest", plan)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([python, str(tmp_path / "server.py"), str(tmp_path / "site"), str(tmp_path / "mods"), then],
+    done = subprocess.run([python, str(tmp_path / "server.py"), str(tmp_path / "site"), str(tmp_path / "mods"),
+                           str(tmp_path / "probe" / "records"), str(tmp_path / "compiled" / "records")],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    files = probe_install.read_records(str(tmp_path / "probe"))
-    assert not any(name.endswith("/disabled") for name in files), files
-    return result, files, execution_block(files, plan, added)
+    blocks = []
+    for probe_dir in (tmp_path / "compiled", tmp_path / "probe"):
+        files = probe_install.read_records(str(probe_dir))
+        assert not any(name.endswith("/disabled") for name in files), files
+        blocks.append((files, execution_block(files, plan, added)))
+    return result, blocks
 
 
 @pytest.mark.parametrize("mode", ["lines", "functions"])
-def test_lines_torch_compile_traces_are_recorded_as_traced_with_no_graph_break(python, tmp_path, mode):
-    result, files, block = run_server(python, tmp_path, None if mode == "lines" else "functions", "compiled-only")
+def test_lines_torch_compile_traces_are_recorded_as_traced_with_no_graph_break_nor_recompile(python, tmp_path, mode):
+    result, ((files, compiled), (_, after_eager)) = run_server(python, tmp_path, None if mode == "lines" else "functions")
     if mode == "lines" and result["python"] < [3, 12]:
         pytest.skip("lines mode needs Python 3.12+; the torch interpreter is %d.%d" % tuple(result["python"]))
     assert result["same"] is True                     # the probe changed nothing that is computed
-    assert result["graphs"] == [result["graphs"][0]] and result["graph_breaks"] == 0, result
-    assert block["mode"] == mode
-    assert block["ran"] == {}
-    assert block["traced"] == {"patched.py": ADDED}
-    assert block["not_run"] == {"patched.py": ONLY_TRACED}
+    assert len(result["graphs_compiled"]) == 1 and result["graph_breaks"] == 0, result
+    # once compiled: traced, not run, and not never run
+    assert compiled["mode"] == mode
+    assert compiled["ran"] == {}
+    assert compiled["traced"] == {"patched.py": ADDED}
+    assert compiled["not_run"] == {"patched.py": ONLY_TRACED}
     traced = [json.loads(v) for k, v in files.items() if k.split("/")[1].startswith("T-")]
     assert traced and {t["traced"] for t in traced} == {"torch.compile"}
-
-
-@pytest.mark.parametrize("mode", ["lines", "functions"])
-def test_a_traced_function_that_then_runs_eagerly_is_recorded_as_run_and_not_recompiled(python, tmp_path, mode):
-    result, _, block = run_server(python, tmp_path, None if mode == "lines" else "functions", "then-eager")
-    if mode == "lines" and result["python"] < [3, 12]:
-        pytest.skip("lines mode needs Python 3.12+; the torch interpreter is %d.%d" % tuple(result["python"]))
-    assert result["same"] is True
-    # one graph: the eager run did not invalidate what Dynamo compiled (functions mode's flag stays set)
-    assert len(result["graphs"]) == 1 and result["graph_breaks"] == 0, result
-    assert block["ran"] == {"patched.py": ADDED} and block["traced"] == {} and block["not_run"] == {}
+    # the same function run eagerly: run; and what Dynamo compiled still holds (functions mode's flag stays set)
+    assert result["graphs"] == result["graphs_compiled"], result
+    assert after_eager["ran"] == {"patched.py": ADDED} and after_eager["traced"] == {}
+    assert after_eager["not_run"] == {}
