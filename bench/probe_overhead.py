@@ -12,20 +12,29 @@ both modes (chroot, root only).
 
 GPU (--gpu; needs torch with CUDA): a decode loop of a small randomly
 initialised transformer in plain torch (no weights), batch 1 and 64, eager,
-CUDA graphs and torch.compile. Each step calls a patched function
-(`postprocess`, its lines added by the "revision"). The probed copy and an
-identical unprobed copy run interleaved in the same process, 5 repetitions;
-tokens/s per configuration, the overhead, and what the probe recorded
-(executed, traced, or nothing).
+CUDA graphs and torch.compile, with the probe in the interpreter's best mode
+(lines on 3.12+), then eager and torch.compile again in functions mode (what
+3.8-3.11 hosts get). Each step calls a patched function (`postprocess`, its
+lines added by the "revision"). The probed copy and an identical unprobed copy
+run in the same process, in pairs: each repetition times both back to back,
+in alternating order (ABBA), each run about --run-seconds long (its steps
+sized from the measured step rate). The overhead is the median over the pairs
+of 1 - probed/plain tokens/s, which cancels drift slower than a pair (clocks,
+neighbours on the host); the interval is that of order statistics 2 and n-1 of
+the pairs' overheads (96% for 9 pairs, distribution-free); the spread is that
+of the unprobed runs ((max - min) / median). Also what the probe recorded
+(executed, traced, or nothing). Rows that would end past --budget-seconds are
+skipped, and say so.
 
     python3 bench/probe_overhead.py                 # CPU part
-    python3 bench/probe_overhead.py --gpu --out DIR  # CPU part here, then the GPU part
+    python3 bench/probe_overhead.py --gpu --out DIR  # CPU part here, then the GPU part (about 5 min on an H200)
 
 JSON goes to DIR/probe_overhead.json (DIR: --out, else $OUT, else the current dir).
 Needs no install: it imports the probe from src/ beside this folder.
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -92,7 +101,7 @@ def records_of(host):
     sys.path.insert(0, os.path.join(HERE, "..", "src"))
     from fleetpatch.probe import install as probe_install
     files = probe_install.read_records(host + "/probe")
-    out = {"processes": 0, "executed": [], "traced": [], "disabled": [], "mode": None}
+    out = {"processes": 0, "executed": [], "traced": [], "traced_by": [], "disabled": [], "mode": None}
     for name, data in files.items():
         obj = json.loads(data)
         base = name.split("/", 1)[1]
@@ -104,8 +113,10 @@ def records_of(host):
         elif base[:2] in ("L-", "F-"):
             out["executed"].extend(obj["lines"] if "lines" in obj else [obj["line"]])
         elif base[:2] == "T-":
-            out["traced"].append({"lines": obj.get("lines") or [obj.get("line")], "how": obj.get("traced")})
-    out["executed"] = sorted(set(out["executed"]))
+            out["traced"].extend(obj["lines"] if "lines" in obj else [obj["line"]])
+            out["traced_by"].append(obj.get("traced") or "?")
+    for key in ("executed", "traced", "traced_by"):
+        out[key] = sorted(set(out[key]))
     return out
 
 
@@ -154,49 +165,95 @@ def cpu_bench(reps):
     return results
 
 
-def gpu_bench(args):
+def gpu_configs(args):
+    """(probe mode the plan asks for, exec mode, batch) of each GPU row, in the order they run."""
+    split = lambda text: [k for k in (text or "").split(",") if k]   # noqa: E731
+    rows = [(None, kind, batch) for kind in split(args.modes) for batch in (1, 64)]
+    if sys.version_info >= (3, 12):     # below 3.12 the rows above are in functions mode already
+        rows += [("functions", kind, batch) for kind in split(args.functions_modes) for batch in (1, 64)]
+    return rows
+
+
+def gpu_skip_reason(device):
     from importlib.util import find_spec
     if find_spec("torch") is None:
-        return {"skipped": "torch is not installed"}
+        return "torch is not installed"
+    if device != "cuda":
+        return ""
     probe_cuda = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                                 capture_output=True, text=True)
     if probe_cuda.stdout.strip() != "True":
-        return {"skipped": "no CUDA device (torch.cuda.is_available() is %s)" % (probe_cuda.stdout.strip() or "?")}
+        return "no CUDA device (torch.cuda.is_available() is %s)" % (probe_cuda.stdout.strip() or "?")
+    return ""
+
+
+def gpu_bench(args, started):
+    skipped = gpu_skip_reason(args.device)
+    if skipped:
+        return {"skipped": skipped}
     rows = []
-    for kind in args.modes.split(","):
-        for batch in (1, 64):
-            inner, host = make_scratch("", GPU_MODULE, None)
-            try:
-                got = run_worker([sys.executable], inner, "gpu",
-                                 ["--exec-mode", kind, "--batch", str(batch), "--reps", str(args.reps),
-                                  "--steps", str(args.steps)], 590)
-                got["probe"] = records_of(host)
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                got = {"exec_mode": kind, "batch": batch, "error": str(exc)[-1500:]}
-            finally:
-                shutil.rmtree(host, ignore_errors=True)
-            rows.append(got)
-            print_gpu_row(got)
-    return {"device": device_description(), "rows": rows}
+    longest = 0.0
+    for plan_mode, kind, batch in gpu_configs(args):
+        left = args.budget_seconds - (time.monotonic() - started)
+        if left < max(30.0, 1.5 * longest):
+            row = {"exec_mode": kind, "batch": batch, "probe_mode_asked": plan_mode or "best",
+                   "skipped": "%.0f s left of --budget-seconds %d; the longest row so far took %.0f s"
+                              % (left, args.budget_seconds, longest)}
+        else:
+            t0 = time.monotonic()
+            row = gpu_row(args, plan_mode, kind, batch, min(590.0, left))
+            row["wall_s"] = round(time.monotonic() - t0, 1)
+            longest = max(longest, row["wall_s"])
+        rows.append(row)
+        print_gpu_row(row)
+    return {"device": device_description(args.device), "rows": rows}
+
+
+def gpu_row(args, plan_mode, kind, batch, timeout):
+    inner, host = make_scratch("", GPU_MODULE, plan_mode)
+    extra = ["--exec-mode", kind, "--batch", str(batch), "--reps", str(args.reps),
+             "--run-seconds", str(args.run_seconds), "--device", args.device]
+    extra += ["--steps", str(args.steps)] if args.steps else []
+    extra += ["--tiny"] if args.tiny else []
+    try:
+        got = run_worker([sys.executable], inner, "gpu", extra, timeout)
+        got["probe"] = records_of(host)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        got = {"exec_mode": kind, "batch": batch, "error": str(exc)[-1500:]}
+    finally:
+        shutil.rmtree(host, ignore_errors=True)
+    got["probe_mode_asked"] = plan_mode or "best"
+    return got
 
 
 def print_gpu_row(row):
-    if "error" in row:
-        print("%-8s batch %-3d ERROR %s" % (row["exec_mode"], row["batch"], row["error"][-300:]), flush=True)
+    head = "%-9s %-9s batch %-3d" % (row["probe_mode_asked"], row["exec_mode"], row["batch"])
+    if "skipped" in row or "error" in row:
+        print("%s %s %s" % (head, "SKIPPED" if "skipped" in row else "ERROR",
+                            (row.get("skipped") or row.get("error"))[-300:]), flush=True)
         return
     probe = row["probe"]
-    what = "executed %s" % probe["executed"] if probe["executed"] else (
-        "traced %s" % probe["traced"] if probe["traced"] else "nothing recorded")
-    print("%-8s batch %-3d plain %10.1f tok/s  probed %10.1f tok/s  overhead %+6.2f%%  probe (%s): %s"
-          % (row["exec_mode"], row["batch"], row["plain_tok_s"], row["probed_tok_s"], row["overhead_pct"],
-             probe["mode"], what), flush=True)
+    what = []
+    if probe["executed"]:
+        what.append("executed %s" % probe["executed"])
+    if probe["traced"]:
+        what.append("traced %s (%s)" % (probe["traced"], ", ".join(probe["traced_by"])))
+    what = "; ".join(what) or "nothing recorded"
+    print("%s plain %9.1f tok/s  probed %9.1f  overhead %+6.2f%% [%+.2f, %+.2f]  spread %4.1f%%  %5d steps  "
+          "probe (%s): %s" % (head, row["plain_tok_s"], row["probed_tok_s"], row["overhead_pct"],
+                              row["interval_pct"][0], row["interval_pct"][1], row["spread_pct"], row["steps"],
+                              probe["mode"], what), flush=True)
 
 
-def device_description():
-    code = ("import json, platform, sys, torch; p = torch.cuda.get_device_properties(0); "
-            "print(json.dumps({'gpu': p.name, 'memory_gib': round(p.total_memory / 2**30, 1), "
-            "'torch': torch.__version__, 'cuda': torch.version.cuda, 'python': platform.python_version(), "
-            "'cpu_count': __import__('os').cpu_count()}))")
+def device_description(device):
+    if device != "cuda":
+        code = ("import json, os, platform, torch; print(json.dumps({'gpu': None, 'device': 'cpu (smoke run)', "
+                "'torch': torch.__version__, 'python': platform.python_version(), 'cpu_count': os.cpu_count()}))")
+    else:
+        code = ("import json, os, platform, torch; p = torch.cuda.get_device_properties(0); "
+                "print(json.dumps({'gpu': p.name, 'memory_gib': round(p.total_memory / 2**30, 1), "
+                "'torch': torch.__version__, 'cuda': torch.version.cuda, 'python': platform.python_version(), "
+                "'cpu_count': os.cpu_count()}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-500:]}
 
@@ -231,10 +288,13 @@ def cpu_worker(scratch):
     print(json.dumps(out))
 
 
-def gpu_model(torch, batch, dim=1024, layers=8, heads=16, vocab=32000, max_len=512):
-    """A decoder of random weights, its KV cache static (CUDA-graph friendly); returns step(tokens, pos)."""
+def gpu_model(torch, batch, dev, tiny=False):
+    """A decoder of random weights, its KV cache static (CUDA-graph friendly); returns (step(tokens, pos), max_len).
+
+    1024 wide, 8 layers, 16 heads, vocab 32000, KV cache of 512 (tiny: a smoke run's 64, 2, 4, 1000, 64)."""
+    dim, layers, heads, vocab, max_len = (64, 2, 4, 1000, 64) if tiny else (1024, 8, 16, 32000, 512)
     nn = torch.nn
-    dev, dt = "cuda", torch.bfloat16
+    dt = torch.bfloat16
     torch.manual_seed(0)
     emb = nn.Embedding(vocab, dim).to(dev, dt)
     blocks = [nn.ModuleDict({"ln1": nn.LayerNorm(dim), "qkv": nn.Linear(dim, 3 * dim), "o": nn.Linear(dim, dim),
@@ -261,10 +321,10 @@ def gpu_model(torch, batch, dim=1024, layers=8, heads=16, vocab=32000, max_len=5
     return forward, max_len
 
 
-def gpu_runner(torch, kind, forward, post, batch, max_len):
-    """A function running one decode step of `kind` (eager, cudagraph, compile) with `post`."""
-    tokens = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
-    pos = torch.zeros((), dtype=torch.long, device="cuda")
+def gpu_runner(torch, kind, forward, post, batch, max_len, dev):
+    """A function running n decode steps of `kind` (eager, cudagraph, compile) with `post`."""
+    tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+    pos = torch.zeros((), dtype=torch.long, device=dev)
     temperature = 0.7
 
     def step():
@@ -295,71 +355,118 @@ def gpu_runner(torch, kind, forward, post, batch, max_len):
     return run
 
 
-def gpu_worker(scratch, kind, batch, reps, steps):
+def steps_for(run, sync, seconds):
+    """Steps that take about `seconds`, from the step rate of runs of at least 0.1 s."""
+    n = 8
+    while True:
+        sync()
+        t0 = time.perf_counter()
+        run(n)
+        sync()
+        took = time.perf_counter() - t0
+        if took >= 0.1 or n >= 1 << 16:
+            return max(8, int(round(n * seconds / took)))
+        n *= 2
+
+
+def median_interval(values):
+    """(lo, hi, coverage): order statistics 2 and n-1 of `values` (1 and n below 5), and how often
+    such an interval holds the true median (distribution-free: 1 - 2 P(Binomial(n, 1/2) < k))."""
+    ordered = sorted(values)
+    n = len(ordered)
+    k = 2 if n >= 5 else 1
+    coverage = 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
+    return ordered[k - 1], ordered[n - k], coverage
+
+
+def gpu_worker(args):
     import torch
     with torch.inference_mode():      # a server decodes without autograd (and torch.compile refuses the
-        gpu_worker_timed(torch, scratch, kind, batch, reps, steps)   # cache's in-place writes under it)
+        gpu_worker_timed(torch, args)  # cache's in-place writes under it)
 
 
-def gpu_worker_timed(torch, scratch, kind, batch, reps, steps):
-    probed, plain = worker_setup(scratch)
-    forward, max_len = gpu_model(torch, batch)
-    runners = {"probed": gpu_runner(torch, kind, forward, probed.postprocess, batch, max_len),
-               "plain": gpu_runner(torch, kind, forward, plain.postprocess, batch, max_len)}
-    for _ in range(3):                # warm-up (and compile) outside the timing, clocks settled
+def gpu_worker_timed(torch, args):
+    probed, plain = worker_setup(args.scratch)
+    batch, dev = args.batch, args.device
+    forward, max_len = gpu_model(torch, batch, dev, args.tiny)
+    runners = {label: gpu_runner(torch, args.exec_mode, forward, mod.postprocess, batch, max_len, dev)
+               for label, mod in (("probed", probed), ("plain", plain))}
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    for _ in range(3):                # warm-up (compile, capture) outside the timing, interleaved
         for run in runners.values():
-            run(steps // 4)
-    torch.cuda.synchronize()
+            run(16)
+    steps = args.steps or steps_for(runners["plain"], sync, args.run_seconds)
     tok_s = {"probed": [], "plain": []}
-    for rep in range(reps):
-        order = ("probed", "plain") if rep % 2 == 0 else ("plain", "probed")   # interleaved
+    pairs = []
+    for rep in range(args.reps):
+        order = ("probed", "plain") if rep % 2 == 0 else ("plain", "probed")   # ABBA: drift cancels
         for label in order:
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             runners[label](steps)
-            torch.cuda.synchronize()
+            sync()
             tok_s[label].append(batch * steps / (time.perf_counter() - t0))
-    plain_med, probed_med = statistics.median(tok_s["plain"]), statistics.median(tok_s["probed"])
-    print(json.dumps({"exec_mode": kind, "batch": batch, "reps": reps, "steps": steps,
-                      "plain_tok_s": plain_med, "probed_tok_s": probed_med,
-                      "overhead_pct": (plain_med - probed_med) / plain_med * 100.0,
+        pairs.append((1.0 - tok_s["probed"][-1] / tok_s["plain"][-1]) * 100.0)
+    lo, hi, coverage = median_interval(pairs)
+    plain_med = statistics.median(tok_s["plain"])
+
+    def spread(runs):
+        return (max(runs) - min(runs)) / statistics.median(runs) * 100.0
+    print(json.dumps({"exec_mode": args.exec_mode, "batch": batch, "reps": args.reps, "steps": steps,
+                      "plain_tok_s": plain_med, "probed_tok_s": statistics.median(tok_s["probed"]),
+                      "overhead_pct": statistics.median(pairs), "interval_pct": [lo, hi],
+                      "interval_coverage": round(coverage, 3), "pair_overheads_pct": pairs,
+                      "spread_pct": spread(tok_s["plain"]), "probed_spread_pct": spread(tok_s["probed"]),
                       "plain_runs": tok_s["plain"], "probed_runs": tok_s["probed"]}))
 
 
 # ---------------------------------------------------------------------------------------- main
 
 def main(argv=None):
+    started = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", action="store_true", help="also run the GPU decode-loop part (torch + CUDA)")
     ap.add_argument("--out", help="directory for probe_overhead.json (default: $OUT, else the current dir)")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=256, help="decode steps per repetition (GPU)")
-    ap.add_argument("--modes", default="eager,cudagraph,compile", help="GPU execution modes, comma-separated")
+    ap.add_argument("--reps", type=int, default=9, help="repetitions: CPU processes; GPU probed/plain pairs")
+    ap.add_argument("--run-seconds", type=float, default=0.6, help="GPU: seconds each timed run lasts (its steps "
+                    "sized from the step rate after warm-up)")
+    ap.add_argument("--steps", type=int, help="GPU: decode steps per timed run (instead of --run-seconds)")
+    ap.add_argument("--modes", default="eager,cudagraph,compile",
+                    help="GPU execution modes, comma-separated, with the probe in the interpreter's best mode")
+    ap.add_argument("--functions-modes", default="eager,compile",
+                    help="GPU execution modes run again in functions mode (3.12+ only; empty: none)")
+    ap.add_argument("--budget-seconds", type=int, default=480,
+                    help="GPU rows that would end past this many seconds since the start are skipped")
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU part")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)     # cpu: a smoke run of the GPU part
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # with a tiny model
     ap.add_argument("--worker", choices=("cpu", "gpu"), help=argparse.SUPPRESS)
     ap.add_argument("--scratch", help=argparse.SUPPRESS)
     ap.add_argument("--exec-mode", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.reps < 1 or args.steps < 1:
+    if args.reps < 1 or (args.steps is not None and args.steps < 1):
         ap.error("--reps and --steps must be at least 1")
+    if not args.run_seconds > 0:
+        ap.error("--run-seconds must be above 0")
     if args.worker == "cpu":
         return cpu_worker(args.scratch)
     if args.worker == "gpu":
-        return gpu_worker(args.scratch, args.exec_mode, args.batch, args.reps, args.steps)
-    report = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        return gpu_worker(args)
+    report = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:] if argv is None else argv}
     if not args.no_cpu:
         report["cpu"] = cpu_bench(args.reps)
     if args.gpu:
-        report["gpu"] = gpu_bench(args)
+        report["gpu"] = gpu_bench(args, started)
         if "skipped" in report["gpu"]:
             print("GPU part skipped: " + report["gpu"]["skipped"])
+    report["wall_s"] = round(time.monotonic() - started, 1)
     out_dir = args.out or os.environ.get("OUT") or "."
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "probe_overhead.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
-    print("wrote " + path)
+    print("wrote %s (%.0f s in all)" % (path, report["wall_s"]))
     return 0
 
 

@@ -34,3 +34,18 @@ def test_the_cpu_part_reports_each_cost_and_what_the_probe_recorded(tmp_path):
 def test_a_bad_flag_is_one_line():
     done = subprocess.run([sys.executable, str(BENCH), "--reps", "0"], capture_output=True, text=True)
     assert done.returncode == 2 and "--reps and --steps must be at least 1" in done.stderr
+
+
+def test_the_gpu_overhead_interval_is_order_statistics_2_and_8_of_9_pairs():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("probe_overhead", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lo, hi, coverage = bench.median_interval([5.0, -1.0, 0.2, 0.1, 30.0, -0.3, 0.0, 0.4, -20.0])
+    assert (lo, hi) == (-1.0, 5.0) and round(coverage, 3) == 0.961
+    assert bench.median_interval([1.0, 2.0, 3.0])[:2] == (1.0, 3.0)
+
+
+def test_a_run_seconds_of_zero_is_one_line():
+    done = subprocess.run([sys.executable, str(BENCH), "--run-seconds", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--run-seconds must be above 0" in done.stderr

@@ -343,6 +343,80 @@ def test_a_line_first_seen_while_traced_is_recorded_as_traced_then_as_run(interp
     assert LINE_OF["return i * 2"] not in block["traced"].get("toypkg/hot.py", [])
 
 
+STAND_IN_GUARDS = '''"""Stand-in for torch._guards: the TracingContext TorchDynamo holds while it traces."""
+import threading
+
+_tls = threading.local()
+
+
+class TracingContext:
+    def __init__(self):
+        self.loc_in_frame = None
+
+    @staticmethod
+    def try_get():
+        return getattr(_tls, "ctx", None)
+
+    @staticmethod
+    def set_current_loc(filename, lineno, frame_name):
+        TracingContext.try_get().loc_in_frame = (filename, lineno, frame_name)
+'''
+
+DYNAMO_LIKE = '''import json, sys
+import torch._guards as guards     # the stand-in, imported after the probe loaded, as `import torch` does
+import toypkg.hot as hot
+
+
+def trace(fn):
+    """What TorchDynamo does to a function it compiles or inlines: it steps through its lines
+    without running them, announcing each; the one call it runs is a guard marked constant."""
+    code = fn.__code__
+    ctx = guards._tls.ctx = guards.TracingContext()
+    try:
+        for line in sorted({n for _, _, n in code.co_lines() if n}):
+            guards.TracingContext.set_current_loc(code.co_filename, line, code.co_name)
+        table = vars(hot).get("__fleetpatch_probe__")
+        if table and getattr(table[0], "_dynamo_marked_constant", False):
+            fn()
+    finally:
+        guards._tls.ctx = None
+    return ctx.loc_in_frame
+
+
+loc = trace(hot.unused)            # never runs for real
+trace(hot.Holder().method)         # holds no added line
+hot.step(5)                        # runs for real
+print(json.dumps({"loc": loc, "wrapped": hasattr(guards.TracingContext.set_current_loc, "__wrapped__")}))
+'''
+
+
+def test_a_line_torch_compile_only_traced_is_recorded_as_traced(interp, work):
+    """Stand-in Dynamo: lines mode is told the traced lines through TracingContext.set_current_loc,
+    functions mode by its guard, which Dynamo calls at trace time (test_probe_torch.py: real torch)."""
+    inner, host = work
+    (host / "dynamo_like.py").write_text(DYNAMO_LIKE)
+    (host / "standin" / "torch").mkdir(parents=True)
+    (host / "standin" / "torch" / "__init__.py").write_text("")
+    (host / "standin" / "torch" / "_guards.py").write_text(STAND_IN_GUARDS)
+    site_inner, token, plan, added = deploy(interp, inner, host)
+    try:
+        done = interp.run([f"{inner}/dynamo_like.py"], env={"PYTHONPATH": f"{inner}/standin:{inner}/inst"})
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    got = json.loads(done.stdout)
+    # torch's own function still did its work, and the probe wrapped it only in lines mode
+    assert got["loc"][0] == f"{inner}/inst/toypkg/hot.py" and got["loc"][2] == "unused"
+    assert got["wrapped"] is (not interp.name.endswith("functions"))
+    files = probe_install.read_records(str(host / "probe"))
+    assert not any(name.endswith("/disabled") for name in files), files
+    traced = [json.loads(v) for k, v in files.items() if k.split("/")[1].startswith("T-")]
+    assert traced and all(t["traced"] == "torch.compile" for t in traced)
+    block = execution_block(files, plan, added)
+    assert block["traced"] == {"toypkg/hot.py": [LINE_OF["return 42"]]}
+    assert LINE_OF["return i * 2"] in block["ran"]["toypkg/hot.py"]
+    assert LINE_OF["return 42"] not in block["ran"]["toypkg/hot.py"]
+
+
 def test_taken_monitoring_tool_ids_make_the_probe_fall_back_to_functions(interp, work):
     if interp.name != "py3.13-lines":
         pytest.skip("sys.monitoring tool ids exist on Python 3.12+")

@@ -91,9 +91,13 @@ def pth_name(token):
 
 
 def pth_line(runtime_path):
-    """The .pth line: compile and run the probe from its own dir; a missing file or any error is silent."""
+    """The .pth line: compile and run the probe from its own dir; a missing file or any error is silent.
+
+    Its globals have no ``__name__``: TorchDynamo, inlining a function of the
+    probe, would import the module that names (none is) and fail the server's
+    torch.compile; with none it treats them as an unnamed scope."""
     body = ("try:\n with open(%r, 'rb') as f: s = f.read()\n"
-            " exec(compile(s, %r, 'exec'), {'__name__': 'fleetpatch_probe', '__file__': %r, "
+            " exec(compile(s, %r, 'exec'), {'__file__': %r, "
             "'__builtins__': __builtins__, '__fleetpatch_probe_boot__': True})\n"
             "except Exception:\n pass\n") % (runtime_path, runtime_path, runtime_path)
     return "import sys; exec(%r)\n" % body

@@ -14,8 +14,12 @@ plan, each written once:
 - ``F-<module>-<k>.json`` (functions mode, 3.8-3.11, or 3.12+ with no free
   monitoring tool id): a function, class body or module body that holds added
   lines started running; it lists the added lines it holds;
-- ``T-...`` like ``L-``/``F-``, when the first run happened while torch.compile
-  traced it or a CUDA graph was being captured;
+- ``T-...`` like ``L-``/``F-``, for a line or body that torch.compile traced
+  or that ran while a CUDA graph was being captured. TorchDynamo steps through
+  the bytecode of what it compiles or inlines without running it, and the
+  compiled code runs none of it: lines mode learns the lines it traces from
+  torch's ``TracingContext.set_current_loc`` (`hook_dynamo`), functions mode
+  from its guard call, which Dynamo runs at trace time (`rewrite`);
 - ``disabled``: the probe turned itself off, and why.
 
 How it hooks only the patched modules: a finder first in ``sys.meta_path``
@@ -46,6 +50,7 @@ import time
 PROBE_NAME = "__fleetpatch_probe__"   # the guard list in a patched module's globals (functions mode)
 FREE_TOOL_IDS = (4, 3)                # sys.monitoring ids no standard tool claims (0 debugger, 1 coverage, 2 profiler, 5 optimizer)
 TOOL_NAME = "fleetpatch-probe"
+TORCH_GUARDS = "torch._guards"        # where TorchDynamo says which line it traces (TracingContext.set_current_loc)
 ARGV_KEPT = 24
 ARG_CHARS = 300
 
@@ -53,11 +58,15 @@ ARG_CHARS = 300
 def traced_now():
     """Why the code running now is only being traced or captured ('' when it really runs).
 
-    torch is only looked at when the process already imported it."""
+    torch is only looked at when the process already imported it. Python that
+    runs while TorchDynamo traces (a guard call it runs at trace time) sees
+    torch.compiler.is_compiling() False: Dynamo's TracingContext tells."""
     torch = sys.modules.get("torch")
     if torch is None:
         return ""
     try:
+        if dynamo_tracing(sys.modules.get(TORCH_GUARDS)):
+            return "torch.compile"
         compiler = getattr(torch, "compiler", None)
         is_compiling = getattr(compiler, "is_compiling", None)
         if is_compiling is None:
@@ -70,6 +79,13 @@ def traced_now():
     except Exception:
         return ""
     return ""
+
+
+def dynamo_tracing(guards):
+    """True while TorchDynamo (torch.compile, torch.export) traces in this thread; `guards`: torch._guards."""
+    context = getattr(guards, "TracingContext", None)
+    try_get = getattr(context, "try_get", None)
+    return try_get is not None and try_get() is not None
 
 
 def describe_error(exc):
@@ -215,7 +231,7 @@ class Finder:
 
     def find_spec(self, name, path=None, target=None):
         probe = self.probe
-        if not probe.on or name not in probe.modules:
+        if not probe.on or (name not in probe.modules and name != probe.hook_module):
             return None
         return probe.find_spec(self, name, path, target)
 
@@ -256,6 +272,10 @@ class Probe:
         self.done = set()     # what this process recorded: ("L", module, line), ("F", module, k), ...
         self.guards = {}      # functions mode: module -> guard list [callback, flag1, flag2, ...]
         self.units = {}       # functions mode: module -> [(qualname, first line, lines)], index k-1
+        self.traced_units = set()  # functions mode: (module, k) whose guard torch.compile traced
+        self.traced_files = {}     # lines mode: co_filename -> (module, added lines its code holds)
+        self.hook_module = None    # lines mode: TORCH_GUARDS, hooked when the process imports it
+        self.dynamo_hook = None    # (TracingContext, its set_current_loc, ours) once hooked
 
     # ------------------------------------------------------------------ start and stop
 
@@ -265,6 +285,10 @@ class Probe:
         self.modules = {name: Watched(name, spec) for name, spec in plan["modules"].items()}
         self.pick_mode(plan.get("mode"))
         self.write_process()
+        if self.mode == "lines":
+            self.hook_module = TORCH_GUARDS
+            if TORCH_GUARDS in sys.modules:
+                self.hook_dynamo(sys.modules[TORCH_GUARDS])
         for name in self.modules:
             if name in sys.modules:   # imported before site ran: seen, but not watched
                 module = sys.modules[name]
@@ -306,6 +330,10 @@ class Probe:
         for guards in self.guards.values():
             for k in range(1, len(guards)):
                 guards[k] = False
+        try:
+            self.unhook_dynamo()
+        except Exception:
+            pass
         try:
             if self.tool is not None:
                 monitoring = sys.monitoring
@@ -364,6 +392,10 @@ class Probe:
         spec = module.__spec__
         spec.loader = real          # the module's own code sees its real loader
         module.__loader__ = real
+        if spec.name not in self.modules:     # torch._guards: load it as it is, then hook it
+            real.exec_module(module)
+            self.hook_dynamo(module)
+            return
         code = None
         if self.on:
             try:
@@ -422,6 +454,7 @@ class Probe:
             added = watched.lines & code_lines(each)
             if added:
                 self.watch[id(each)] = (each, watched.name, added)
+                self.traced_files.setdefault(each.co_filename, (watched.name, set()))[1].update(added)
                 monitoring.set_local_events(self.tool, each, line_event)
 
     def line_event(self, code, line):
@@ -429,19 +462,77 @@ class Probe:
             entry = self.watch.get(id(code))
             if entry is not None and entry[0] is code and line in entry[2]:
                 how = traced_now()
-                kind = "T" if how else "L"
-                key = (kind, entry[1], line)
-                if key not in self.done:
-                    self.done.add(key)
-                    watched = self.modules[entry[1]]
-                    self.records.write("%s-%s-%d.json" % (kind, entry[1], line), {
-                        "module": entry[1], "path": watched.path, "line": line, "traced": how,
-                        "pid": os.getpid(), "t": time.time()})
+                self.record_line("T" if how else "L", entry[1], line, how)
                 if how:
                     return None     # keep watching: the line may still run for real later
         except Exception as exc:
             self.disable("recording a line: " + describe_error(exc))
         return sys.monitoring.DISABLE
+
+    def record_line(self, kind, name, line, how):
+        key = (kind, name, line)
+        if key in self.done:
+            return
+        self.done.add(key)
+        self.records.write("%s-%s-%d.json" % (kind, name, line), {
+            "module": name, "path": self.modules[name].path, "line": line, "traced": how,
+            "pid": os.getpid(), "t": time.time()})
+
+    # ------------------------------------------------------------------ torch.compile (lines mode)
+
+    def hook_dynamo(self, guards):
+        """Be told the lines that TorchDynamo traces.
+
+        Dynamo runs a frame it compiles (and every function it inlines) only
+        symbolically: it steps through the bytecode without running it, so no
+        LINE event fires, then or when the compiled code runs. It announces each
+        line it steps to as TracingContext.set_current_loc(filename, line, name)
+        (torch 2.0 to 2.11 at least); a wrapper of that static method records the
+        added lines among them as traced. Dynamo pays one dict look-up per line it
+        traces; nothing changes for code that runs."""
+        if self.mode != "lines" or self.dynamo_hook is not None or not self.on:
+            return
+        try:
+            context = getattr(guards, "TracingContext", None)
+            original = vars(context).get("set_current_loc") if isinstance(context, type) else None
+            if not isinstance(original, staticmethod):
+                self.records.write("N-torch.json", {
+                    "module": TORCH_GUARDS, "pid": os.getpid(), "t": time.time(),
+                    "note": "torch has no TracingContext.set_current_loc: lines torch.compile traces are not told"})
+                return
+            real = original.__func__
+            told = self.traced_line
+
+            def set_current_loc(*args, **kwargs):
+                told(args)
+                return real(*args, **kwargs)
+
+            set_current_loc.__wrapped__ = real
+            ours = staticmethod(set_current_loc)
+            context.set_current_loc = ours
+            self.dynamo_hook = (context, original, ours)
+        except Exception as exc:
+            self.disable("hooking torch.compile's tracing: " + describe_error(exc))
+
+    def unhook_dynamo(self):
+        if self.dynamo_hook is not None:
+            context, original, ours = self.dynamo_hook
+            self.dynamo_hook = None
+            if vars(context).get("set_current_loc") is ours:
+                context.set_current_loc = original
+
+    def traced_line(self, args):
+        """TorchDynamo steps to line args[1] of file args[0]: record it as traced if it is an added line."""
+        try:
+            if not self.on or len(args) < 2:
+                return
+            entry = self.traced_files.get(args[0])
+            if entry is None or args[1] not in entry[1]:
+                return
+            if ("L", entry[0], args[1]) not in self.done:     # it ran for real already: that says more
+                self.record_line("T", entry[0], args[1], "torch.compile")
+        except Exception as exc:
+            self.disable("recording a traced line: " + describe_error(exc))
 
     # ------------------------------------------------------------------ functions mode
 
@@ -453,6 +544,11 @@ class Probe:
         def hit(k):
             self.unit_hit(name, k)
 
+        # TorchDynamo calls a function so marked while it traces and keeps only its result
+        # (None): the guard costs the compiled graph nothing, no graph break, and unit_hit runs
+        # once per trace and knows it is traced. Unmarked, Dynamo would inline it, and fail:
+        # it imports the module named by the function's globals, which is no module.
+        hit._dynamo_marked_constant = True
         guards = [hit] + [True] * len(units)
         for k, (node, _, _, _) in enumerate(units, 1):
             insert_guard(node, k)
@@ -464,10 +560,16 @@ class Probe:
 
     def unit_hit(self, name, k):
         try:
+            if ("F", name, k) in self.done:
+                return      # ran already, its flag kept set for a compiled graph: the cheapest way out
             guards = self.guards[name]
             how = traced_now()
-            if not how:
+            if how:
+                self.traced_units.add((name, k))
+            elif (name, k) not in self.traced_units:
                 guards[k] = False   # later calls pay one list look-up
+            # else the flag stays set: torch.compile's graph guards on its value, and would be
+            # recompiled (once per graph) if it changed; later eager calls pay a call and a set look-up
             kind = "T" if how else "F"
             key = (kind, name, k)
             if key in self.done:
