@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import protocol
 from ..errors import HostFailure, NoAnswer, Status
 from ..hostcalls import HostResult
-from . import follow
+from . import execution, follow
 from .context import HostRun, host_step, load_all_named, probe, running_launch
 from .follow import Watch
 
@@ -70,5 +70,6 @@ def verify_logs(run: HostRun) -> HostResult:
         patches = load_all_named(job, host, names)
         labels = [recorded[n]["label"] for n in names]
     # No lock: verify-logs reads, and records only its verdict.
+    view = execution.ExecutionView() if execution.probe_wanted(job, host, job.patch) else None
     return verify(run, Watch(protocol.log_window(last), running_launch(host, reply), patches, labels,
-                             check="verify-logs"))
+                             check="verify-logs", execution=view))
