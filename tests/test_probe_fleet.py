@@ -158,3 +158,38 @@ def test_engine_probe_false_turns_it_off(operator, fleet):
     operator.write_inventory(doc)
     bad = operator.run("status", "--hosts", "v1a")
     assert bad.code == 2 and "engine.probe" in bad.output and "expected true or false" in bad.output, bad
+
+
+def test_a_killed_laptop_leaves_no_probe_and_the_next_run_removes_a_stale_one(operator, fleet):
+    """Ctrl-C / a killed laptop: the agent finishes its step, and takes its probe out when its
+    channel ends. A probe left by an agent killed outright goes at the next run's lock."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    with_host_env(operator, "v1b", FLEETPATCH_STANDIN_NEVER_READY="1")
+    laptop = subprocess.Popen([sys.executable, "-m", "fleetpatch", "deploy-patch", "--patch", "both-quiet", *FIX,
+                               "--hosts", "v1b", "--timeout", "120"], cwd=operator.workdir,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):   # until the probe is in and the server restarted under it
+            if probe_pths(fleet, "v1b") and (fleet.hosts["v1b"].host_dir / "state" / "probe" / "records").is_dir():
+                break
+            time.sleep(0.1)
+        assert probe_pths(fleet, "v1b"), "the probe went in before the restart"
+    finally:
+        laptop.send_signal(signal.SIGKILL)
+        laptop.wait()
+    for _ in range(600):
+        if not probe_pths(fleet, "v1b"):
+            break
+        time.sleep(0.1)
+    assert probe_pths(fleet, "v1b") == [], "the agent took its probe out when the channel ended"
+    # an agent killed outright leaves its .pth: the next run's lock takes it out
+    site = fleet.hosts["v1b"].site_packages
+    (site / "zzz-fleetpatch-probe-deadrun.pth").write_text("import sys\n")
+    doc = operator.inventory()
+    doc["hosts"]["v1b"]["server"]["restart"]["env"].pop("FLEETPATCH_STANDIN_NEVER_READY")
+    operator.write_inventory(doc)
+    run = operator.run("rollback", "--hosts", "v1b", *FIX, "--break-lock")
+    assert probe_pths(fleet, "v1b") == [], run
