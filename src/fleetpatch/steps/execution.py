@@ -173,7 +173,11 @@ def _none_ran(v, block: dict, ctx: Context) -> list:
     if block.get("traced"):
         lines.append("    (lines seen only while traced or captured: "
                      + ", ".join(f"{p} {n}" for p, n in sorted(block["traced"].items())) + ")")
-    return lines + _runs(v, ctx)
+    lines += _runs(v, ctx)
+    paths = sorted({p for f in block.get("changed_files") or [] for p in ctx.profile.paths_of_file(f) or []})
+    if paths and v.executed_path and v.executed_path not in paths:
+        lines.append(f"  {ctx.label} changes code of {', '.join(paths)} only")
+    return lines
 
 
 def _contract_reason(why: str) -> str:
@@ -191,8 +195,14 @@ def _never_loaded(v, block: dict, ctx: Context) -> list:
 def _runs(v, ctx: Context) -> list:
     if not v.executed_path:
         return []
+    from ..evidence import EVIDENCE_WIDTH, shorten
     file = ctx.profile.file_of_path(v.executed_path, ctx.version)
     out = [f"  the server runs {v.executed_path}" + (f" ({file})" if file else "")]
+    for ev in v.evidence or []:   # what said which path runs, as the markers' verdict quotes it
+        if ev.source == "log":
+            out.append(f'    evidence: log line {ev.line_no} "{shorten(ev.text, EVIDENCE_WIDTH)}"')
+        elif ev.source == "server_info":
+            out.append(f"    evidence: {ev.text}")
     if v.cause:
         out.append(f"    cause: {v.cause}")
     return out
@@ -226,4 +236,6 @@ def exe_note(block: dict, view: ExecutionView) -> dict:
     block["server_pid"] = view.pid
     block["exe"] = view.exe
     block["python"] = (view.plan or {}).get("python") or view.installed.get("python")
+    block["changed_files"] = sorted(m["path"] for m in ((view.plan or {}).get("modules") or {}).values()
+                                    if m.get("lines"))
     return block
