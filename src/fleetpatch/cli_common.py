@@ -22,7 +22,7 @@ from . import steps
 from . import engines
 from .errors import FleetpatchError, UsageError, exit_code
 from .inventory import load_inventory, resolve_inventory_path
-from .patchset import MANIFEST, load_patch, parse_ref, search_dirs
+from .patchset import MANIFEST, PatchError, load_patch, parse_ref, require_markers, search_dirs
 from .textsafe import safe_line
 
 HELP = {
@@ -42,6 +42,8 @@ HELP = {
                      "(default 600; on expiry it is put back unrestarted, status drain-timeout)",
     "max_unavailable": "router section: at most N workers out of a router at once (default: the hosts worked "
                        "on at once); a run that could take more, or a router's last healthy worker, is refused",
+    "no_probe": "judge execution by the patch's markers alone: no probe in the server's interpreter "
+                "(the patch must then have a marker for every code path it changes)",
     "no_router": "restart as if the inventory had no router section (no drain, no smoke request)",
     "verbose": "print each host's evidence: the log lines seen (with their line numbers) and the server "
                "facts (launch flags and env, /server_info) that decided the path",
@@ -217,6 +219,24 @@ def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=No
     return inv, selected, dirs, patch_obj, rev
 
 
+def check_probe_off(patch_obj, selected, no_probe: bool) -> None:
+    """With the probe off (--no-probe, or engine.probe: false on a selected host) the patch's
+    markers alone judge execution: a path it changes without a marker is refused (exit 2)."""
+    if patch_obj is None:
+        return
+    if no_probe:
+        why = "--no-probe"
+    else:
+        off = [h.name for h in selected if not getattr(h.engine, "probe", True)]
+        if not off:
+            return
+        why = f"engine.probe: false (host{'s' if len(off) > 1 else ''} {', '.join(off)})"
+    try:
+        require_markers(patch_obj, engines.for_hosts(selected), why)
+    except PatchError as e:
+        raise UsageError(str(e)) from None
+
+
 def finish(console, task_name, results, started, flags: Common, stop=None, extra=None) -> None:
     """Print the outcome (with -v each host's evidence), write the report, end with the right exit code."""
     report_path = flags.report
@@ -268,6 +288,8 @@ def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=
                                                   report=flags.report, by_host_record=task_name in BY_HOST_RECORD)
     if patch and patch_obj is None:
         job_kw["patch_name"] = parse_ref(patch)[0]
+    if task_name in ("deploy-patch", "verify-logs"):
+        check_probe_off(patch_obj, selected, not job_kw.get("probe", True))
     at_once = fleet.default_parallel(len(selected), parallel_n)
     drainer = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)], router,
                            preflight=changes_hosts, require_listed=task_name != "rollback")

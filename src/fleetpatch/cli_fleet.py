@@ -11,8 +11,8 @@ from . import report as rep
 from . import rollout as fleet
 from . import drain, steps
 from .bake import bake_host
-from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, Common, choice, command, count, finish, helps, make_drainer,
-                         prepare, required, router_settings, seconds)
+from .cli_common import (COMMON, HELP, PATCH_NEEDED, ROUTER, Common, check_probe_off, choice, command, count, finish,
+                         helps, make_drainer, prepare, required, router_settings, seconds)
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
@@ -24,11 +24,11 @@ from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, Common, choice, command, 
                           "under a router, as many as --max-unavailable allows without taking out a router's "
                           "last healthy worker)",
                     max_failures="stop starting hosts once more than K have failed, a whole number (default 0)",
-                    on_failure="rollback (default) or keep the hosts that fail"))
+                    on_failure="rollback (default) or keep the hosts that fail", no_probe=HELP["no_probe"]))
 def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
             canary=None, batch=None, max_failures=None, on_failure="rollback", timeout=None, force=False,
             break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False, bake=None,
-            accept_new_host_keys=False, verbose=False):
+            accept_new_host_keys=False, verbose=False, no_probe=False):
     """Deploy fleet-wide: the canary first, then batches, within a failure budget."""
     on_failure = choice("on-failure", on_failure, ("rollback", "keep"))
     canary_n = count("canary", canary, minimum=0)
@@ -41,9 +41,10 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
     inv, selected, dirs, patch_obj, rev = prepare(
         inventory=inventory, hosts=hosts, group=group, patches=patches,
         patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, report=report)
+    check_probe_off(patch_obj, selected, no_probe)
     job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
                     on_failure=on_failure, force=force, break_lock=break_lock,
-                    accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory)
+                    accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe)
     canary_group = inv.groups.get("canary")
     if batch_n is None:   # under a router: as many at once as the routers can spare
         batch_n = drain.default_batch(selected, router)

@@ -9,7 +9,7 @@ from . import report as rep
 from . import rollout as fleet
 from . import steps
 from . import drain
-from .cli_common import (COMMON, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count, helps, prepare,
+from .cli_common import (COMMON, HELP, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count, helps, prepare,
                          required, router_settings, run_hosts)
 
 
@@ -33,26 +33,27 @@ def check_patch(c, patch=None, inventory=None, hosts=None, group=None, report=No
 
 @command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
                     no_restart="write the files but do not restart (the restart stays pending on the host)",
-                    on_failure="keep (default) or rollback the hosts that fail"))
+                    on_failure="keep (default) or rollback the hosts that fail", no_probe=HELP["no_probe"]))
 def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
                  no_restart=False, timeout=None, on_failure="keep", force=False, break_lock=False,
                  drain_timeout=None, max_unavailable=None, no_router=False, accept_new_host_keys=False,
-                 verbose=False):
+                 verbose=False, no_probe=False):
     """Deploy a patch: per host lock, apply, back up, write, restart, and verify the patched path ran."""
     run_hosts("deploy-patch", steps.deploy,
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
               patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, no_restart=no_restart,
               timeout=timeout, on_failure=choice("on-failure", on_failure, ("keep", "rollback")), force=force,
-              break_lock=break_lock, router=router_settings(drain_timeout, max_unavailable, no_router or no_restart))
+              break_lock=break_lock, router=router_settings(drain_timeout, max_unavailable, no_router or no_restart),
+              probe=not no_probe)
 
 
-@command(help=helps(*COMMON, "patch", "timeout"))
+@command(help=helps(*COMMON, "patch", "timeout", no_probe=HELP["no_probe"]))
 def verify_logs(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
-                timeout=None, accept_new_host_keys=False, verbose=False):
+                timeout=None, accept_new_host_keys=False, verbose=False, no_probe=False):
     """Read the log since fleetpatch's last restart, and pass only if the patched path executed."""
     run_hosts("verify-logs", steps.verify_logs,
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
-              patch=patch, timeout=timeout)
+              patch=patch, timeout=timeout, probe=not no_probe)
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "break_lock", *ROUTER,

@@ -90,12 +90,14 @@ class Check:
     expect: List[str] = field(default_factory=list)
     forbid: List[str] = field(default_factory=list)
     want_markers: bool = True      # False: a rollback check (no marker may appear)
+    # True while the probe judges execution: a path without a marker needs none (the probe proves it)
+    markers_optional: bool = False
 
     @classmethod
-    def of(cls, patch, label: str, want_markers: bool = True) -> "Check":
+    def of(cls, patch, label: str, want_markers: bool = True, markers_optional: bool = False) -> "Check":
         """The check of a patchset.Patch (anything with markers, expect and forbid)."""
         return cls(label, dict(patch.markers or {}), [e for e in (patch.expect or []) if e],
-                   [f for f in (patch.forbid or []) if f], want_markers)
+                   [f for f in (patch.forbid or []) if f], want_markers, markers_optional)
 
 
 # ----------------------------------------------------------------- helpers
@@ -376,7 +378,7 @@ class _Markers:
     def of(cls, w: _Window, check: Check, seen: _Seen, route: _Route) -> "_Markers":
         key = next((k for k in route.lineage if k in check.markers), None)
         own = seen.by_key.get(key, []) if key else []
-        ok = bool(route.res.determined and route.path and own)
+        ok = bool(route.res.determined and route.path and own) or (check.markers_optional and key is None)
         if not route.res.determined and w.unknown_release and seen.by_key:
             # A release the profile does not know: the path is not guessed, but a marker
             # is in its path's own code, so the first one that appears names the path that ran.
@@ -429,14 +431,18 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
 
 def _verified(w: _Window, route: _Route, m: _Markers, seen: _Seen) -> Verdict:
     count = f"; seen {len(m.own)} times" if len(m.own) > 1 else ""
-    if route.path is None:   # a release the profile does not know: the marker named the path
+    if route.path is None and m.own:   # a release the profile does not know: the marker named the path
         note = _version_note(w.profile, w.version)
         msg = [w.head(True, f"verified on {m.key} by its marker ({w.quote(m.own[0])}{count})")]
         msg += [f"  {note}" if note else "  the engine profile does not know this release",
                 f"  the path was not predicted: the marker of {m.key} shows that its patched code ran"]
         return Verdict(Status.VERIFIED, True, m.key, route.used, route.res.reason, seen.listed, [], "\n".join(msg))
     via = f" via {m.key} code" if m.key != route.path else ""
-    msg = [w.head(True, f"verified on {route.path}{via} ({w.quote(m.own[0])}{count})")] + _runs_block(w, route)
+    if m.own:
+        head = f"verified on {route.path}{via} ({w.quote(m.own[0])}{count})"
+    else:   # no marker for this path: the probe's records prove it (steps/execution.py)
+        head = f"verified on {route.path or 'the server'} by the lines it ran"
+    msg = [w.head(True, head)] + _runs_block(w, route)
     return Verdict(Status.VERIFIED, True, route.path, route.used, route.cause, seen.listed, [], "\n".join(msg))
 
 

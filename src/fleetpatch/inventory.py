@@ -79,6 +79,7 @@ class EngineConf:
     kind: str
     python: str
     state_dir: str
+    probe: bool = True   # False: no probe in this host's server; its patches are judged by markers alone
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ _RESTART_SCHEMA = {
 }
 _SERVER_SCHEMA = {"log": "str", "health_url": "url", "ready_timeout": "num", "restart": _RESTART_SCHEMA,
                   "url": "url", "smoke": "smoke"}
-_ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str"}
+_ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str", "probe": "bool"}
 _HOST_SCHEMA = {
     "address": "str", "user": "str", "port": "port", "identity_file": "str", "known_hosts": "str",
     "connect_timeout": "num", "gateway": "gateway", "engine": _ENGINE_SCHEMA, "server": _SERVER_SCHEMA,
@@ -378,6 +379,10 @@ def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
         return v.number(key, value, positive=False)
     if kind == "env":
         return _env(v, key, value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise v.fail(key, f"expected true or false, got {_got(value)}")
+        return value
     if kind == "restart_kind":
         value = v.string(key, value)
         if value not in RESTART_KINDS:
@@ -458,7 +463,8 @@ def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] =
     engine_d = d.get("engine", {})
     python = need(engine_d, "python", "engine.python")
     state_dir = engine_d.get("state_dir") or (DEFAULT_STATE_DIR_ROOT if user == "root" else DEFAULT_STATE_DIR_USER)
-    engine = EngineConf(kind=_or(engine_d.get("kind"), "sglang"), python=python, state_dir=state_dir)
+    engine = EngineConf(kind=_or(engine_d.get("kind"), "sglang"), python=python, state_dir=state_dir,
+                        probe=engine_d.get("probe") is not False)
 
     server_d = need(d, "server", "server")
     log = need(server_d, "log", "server.log")

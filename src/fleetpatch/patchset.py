@@ -11,7 +11,9 @@ rules that keep a patch from silently never running:
   not the other is refused;
 - the marker rule: a revision that changes or creates a file bearing a code
   path must have a marker for (at least one of) that file's paths (a deleted
-  file's code runs nowhere, so it needs none);
+  file's code runs nowhere, so it needs none) -- only where markers alone judge
+  execution: ``executed: off`` at load, ``--no-probe`` or ``engine.probe:
+  false`` before any host is contacted (`require_markers`);
 
 both unless the manifest says ``allow_single_path: "<reason>"``. A file that a
 revision creates or deletes (`FileDiff.op`, see `diffapply`) counts as changed
@@ -440,6 +442,7 @@ def _read_diff(folder: Path, file: str, key: str, name: Any, profile,
 
 def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDiff], markers: Dict[str, Marker],
                  allow_single_path: Optional[str], profile, spec: Optional[SpecifierSet] = None) -> None:
+    """The sibling rule, and the marker rule unless `markers` is None (the probe judges execution)."""
     if allow_single_path:
         return
     changed = [f.path for f in files]
@@ -455,19 +458,45 @@ def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDif
                 f"{diff_shown}: revision {rev} changes {have} but not its sibling {miss}: a server on the "
                 f"other code path would run the unpatched file and the patch would never execute. "
                 f"Patch both files, {fix}", file=diff_shown)
+    if markers is None:
+        return   # the probe proves which lines ran: markers are optional
+    gap = _marker_gap(files, markers, profile)
+    if gap is not None:
+        path, paths, verb = gap
+        want = " or ".join(paths)
+        raise PatchError(
+            f"{diff_shown}: revision {rev} {verb} {path} (code path {want}) but {patch_file} has no marker "
+            f"for {want}: nothing would prove the patched code ran. Add markers: {{{paths[0]}: "
+            f'"<a line only the patched code logs>"}}, {fix}', file=diff_shown)
+
+
+def _marker_gap(files: List[FileDiff], markers, profile) -> Optional[Tuple[str, List[str], str]]:
+    """(file, its code paths, verb) of the first changed or created path-bearing file without a marker."""
     # Deleted code logs nothing: the marker rule is for the files whose code will run.
     for fd in files:
         if fd.op == DELETE:
             continue
-        path = fd.path
-        paths = list(profile.paths_of_file(path) or [])
+        paths = list(profile.paths_of_file(fd.path) or [])
         if paths and not any(p in markers for p in paths):
-            want = " or ".join(paths)
-            verb = "creates" if fd.op == CREATE else "changes"
+            return fd.path, paths, "creates" if fd.op == CREATE else "changes"
+    return None
+
+
+def require_markers(patch: "Patch", profile, why: str) -> None:
+    """With the probe off (`why`: --no-probe, engine.probe: false), markers alone judge execution:
+    a revision that changes a path-bearing file without a marker for its path is refused (exit 2)."""
+    if patch.allow_single_path:
+        return
+    for revision in patch.revisions:
+        gap = _marker_gap(revision.files, patch.markers, profile)
+        if gap is not None:
+            path, paths, verb = gap
             raise PatchError(
-                f"{diff_shown}: revision {rev} {verb} {path} (code path {want}) but {patch_file} has no marker "
-                f"for {want}: nothing would prove the patched code ran. Add markers: {{{paths[0]}: "
-                f'"<a line only the patched code logs>"}}, {fix}', file=diff_shown)
+                f"{_display(patch.manifest)}: {why} judges by markers alone, but revision {revision.rev} {verb} "
+                f"{path} (code path {' or '.join(paths)}) and {patch.name} has no marker for "
+                f"{' or '.join(paths)}: nothing would prove the patched code ran. Add markers: {{{paths[0]}: "
+                f'"<a line only the patched code logs>"}}, or let the probe judge (drop {why})',
+                file=_display(patch.manifest), key="markers")
 
 
 def load_patch(ref: str, dirs: List[Path], profile) -> Tuple[Patch, Optional[int]]:
@@ -570,7 +599,9 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     revisions: List[Revision] = []
     seen: Dict[int, str] = {}
     for i, node in enumerate(revs_node):
-        revisions.append(_revision(file, folder, i, node, seen, markers, asp, profile, package))
+        # with `executed: off` markers alone judge execution: the marker rule holds at load
+        rule_markers = markers if executed == "off" else None
+        revisions.append(_revision(file, folder, i, node, seen, rule_markers, asp, profile, package))
     revisions.sort(key=lambda r: r.rev)
     return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
                  expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder, smoke_expect=smoke_expect,

@@ -50,6 +50,7 @@ LEDGER_VERSION = 1
 
 # Name under which the agent finds this module when both are sent to a host.
 AGENT_MODULE_NAME = "fleetpatch_protocol"
+PROBE_MODULE_NAME = "fleetpatch_probe_install"   # probe/install.py on a host, loaded after the protocol
 
 
 def pack(data):

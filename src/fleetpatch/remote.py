@@ -72,7 +72,8 @@ def sent_modules() -> list[tuple[str, str, str]]:
     """What a host loads, in order: (file below fleetpatch/, its module name on the host,
     its filename in tracebacks). The protocol, then the agent's modules, each after the
     modules it imports (agent.MODULES)."""
-    return [("protocol.py", protocol.AGENT_MODULE_NAME, "fleetpatch-protocol")] + [
+    return [("protocol.py", protocol.AGENT_MODULE_NAME, "fleetpatch-protocol"),
+            ("probe/install.py", protocol.PROBE_MODULE_NAME, "fleetpatch-probe/install.py")] + [
         (f"agent/{m}.py", f"{HOST_PACKAGE}.{m}", f"fleetpatch-agent/{m}.py") for m in AGENT_MODULES]
 
 
@@ -83,7 +84,7 @@ def __getattr__(name: str):
     if name == "AGENT_SOURCE":   # the module whose serve() is the request loop
         return _compressed(f"agent/{ENTRY}.py")
     if name == "AGENT_SOURCES":  # every agent module, by its name on the host
-        return {module: _compressed(path) for path, module, _ in sent_modules()[1:]}
+        return {module: _compressed(path) for path, module, _ in sent_modules()[2:]}
     if name == "BOOT_SOURCE":
         return _compressed("agentboot.py")
     if name == "SOURCES_BLOB":   # what boot_stream sends after its header

@@ -9,7 +9,7 @@ fleet would, and everything started over SSH inherits that view.
 Layout of a host, as the host sees it (``mount_point``, default
 ``/srv/fleetpatch-host``)::
 
-    sglang env/bin/python                      # wrapper around this Python, PYTHONPATH=site-packages
+    sglang env/bin/python                      # a venv: pyvenv.cfg, python linked to this Python
     sglang env/lib/pythonX.Y/site-packages/    # sglang/ + dist-info (copied from the real wheel)
                                    sglang_standin.py   # copy of fleetpatch_demo/standin.py
     logs/sglang.log   run/sglang.pid   state/   home/   models/demo/
@@ -671,10 +671,15 @@ class Fleet:
         if STANDIN_SOURCE.is_file():
             shutil.copy2(STANDIN_SOURCE, h.site_packages / "sglang_standin.py")
             _make_writable(h.site_packages / "sglang_standin.py")
-        h.python.write_text(PYTHON_WRAPPER
-                            .replace("@SITE@", shlex.quote(h.remote_site_packages))
-                            .replace("@PYTHON@", shlex.quote(sys.executable)))
-        h.python.chmod(0o755)
+        # A real venv (pyvenv.cfg, bin/python a link to this Python): its site-packages is a
+        # site directory of its own, read at start, as on a real host, so the probe's .pth goes
+        # there and never into this machine's shared one. The system site-packages stay visible
+        # (supervisor, for supervisorctl).
+        real = os.path.realpath(sys.executable)
+        (h.env_dir / "pyvenv.cfg").write_text(
+            f"home = {os.path.dirname(real)}\ninclude-system-site-packages = true\n"
+            f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+        h.python.symlink_to(real)
 
     def _write_sshd_files(self, h: FleetHost) -> None:
         h.sshd_dir.mkdir(parents=True, exist_ok=True)

@@ -111,6 +111,11 @@ Test-control environment variables:
     Python's ready line as without it.
 ``FLEETPATCH_STANDIN_SIGTERM_POLL``
     seconds between the SIGTERM watchdog's checks, default 0.5 (SGLang: 5).
+``FLEETPATCH_STANDIN_SPAWN_SCHEDULER=1``
+    like SGLang, build each rank's draft worker in a scheduler process started
+    with multiprocessing spawn (a fresh interpreter: site runs again there), not
+    in the server's own process; the scheduler stays until the server exits.
+    The server itself then constructs no worker (its /generate runs none).
 
 Stdlib only; Python 3.8+.
 """
@@ -124,6 +129,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import multiprocessing.connection   # now, before the stub finder: subprocess probes for Windows modules
 import os
 import random
 import signal
@@ -1914,6 +1920,7 @@ class _State(object):
     scheduler_info = {}
     version = "unknown"
     workers = []            # the constructed draft worker of each TP rank
+    schedulers = []         # FLEETPATCH_STANDIN_SPAWN_SCHEDULER: (process, pipe) of each spawned scheduler
     terminating = False     # SIGTERM received: drain, then exit
     fatal = None            # exit code once the scheduler died during a request
     rust_server = False     # SGLANG_RUST_SERVER=1 on 0.5.22+: no uvicorn, the Rust ready line
@@ -2421,6 +2428,52 @@ def _rust_ready():
     _flush()
 
 
+def _spawned_scheduler(argv, tp_rank, dp_rank, conn):
+    """A scheduler process (multiprocessing spawn): build this rank's worker with the
+    tree's real code, say its token budget, then live as long as the server does."""
+    install_stubs()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(2)
+    os.dup2(devnull, 2)   # the routing warnings were printed once, by the server
+    try:
+        server_args_mod, server_args = build_server_args(argv)
+        apply_routing(server_args)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    tp_size = max(1, int(server_args.tp_size or 1))
+    _RANK.update(tp_rank=tp_rank, tp_size=tp_size)
+    configure_logging(server_args, _rank_prefix(server_args, tp_rank, dp_rank))
+    try:
+        worker = construct_worker(server_args_mod, server_args, tp_rank, dp_rank)
+        conn.send(("ok", getattr(getattr(worker, "target_worker", None), "max_total_num_tokens", 400000)))
+    except Exception:
+        conn.send(("error", get_exception_traceback()))
+        return
+    try:
+        conn.recv()   # EOF (or anything): the server is gone
+    except (EOFError, OSError):
+        pass
+
+
+def spawn_scheduler(argv, tp_rank, dp_rank):
+    """Build one rank's worker in a spawned scheduler process; its max_total_num_tokens."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_spawned_scheduler, args=(argv, tp_rank, dp_rank, there), daemon=True,
+                       name="scheduler_TP%d" % tp_rank)
+    proc.start()
+    there.close()
+    _State.schedulers.append((proc, here))
+    status, value = here.recv()
+    if status != "ok":
+        raise RuntimeError("the spawned scheduler failed:\n" + value)
+    return value
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):  # the launcher appends both to a file
@@ -2455,7 +2508,9 @@ def main(argv=None):
             _RANK.update(tp_rank=tp_rank, tp_size=tp_size)
             configure_logging(server_args, _rank_prefix(server_args, tp_rank, dp_rank))
             try:
-                if server_args.speculative_algorithm is not None:
+                if server_args.speculative_algorithm is not None and _env_true("FLEETPATCH_STANDIN_SPAWN_SCHEDULER"):
+                    max_total = spawn_scheduler(argv, tp_rank, dp_rank)
+                elif server_args.speculative_algorithm is not None:
                     worker = construct_worker(server_args_mod, server_args, tp_rank, dp_rank)
                     _stub_gpu_steps(worker)
                     _State.workers.append(worker)

@@ -181,7 +181,9 @@ def test_demo_up_then_down(tmp_path):
         assert "the server runs EAGLEWorker (sglang/srt/speculative/eagle_worker.py)" in deploy
         assert 'evidence: log line' in deploy and "Overlap scheduler is disabled when spec v2 is off" in deploy
         assert "cause: SGLANG_ENABLE_SPEC_V2 is not set (and --speculative-eagle-topk 4 needs the v1 path)" in deploy
-        assert "no marker for EAGLEWorker" in deploy or "marker for EAGLEWorker not seen" in deploy
+        # the probe watched: no line the patch adds ran (eagle_worker_v2.py never imported)
+        assert "no line this patch adds ran in the server" in deploy, deploy
+        assert "sglang/srt/speculative/eagle_worker_v2.py: never imported" in deploy
         assert "FAILED on 2 of 2 hosts: gpu-a03 (not-executed), gpu-a04 (not-executed)" in deploy
         if ROUTER:  # failed verification: kept out of the router, the others serve
             assert deploy.count("not put back into the router: it failed verification") == 2, deploy

@@ -118,8 +118,11 @@ def test_the_sibling_rule_uses_the_engines_own_pairs(tmp_path):
 
 
 def test_the_marker_rule_uses_the_engines_own_paths(tmp_path):
+    root = write_patch(tmp_path, markers={"FastDecoder": "fast decoder patched"})
+    manifest = root / "fast-fix" / "patch.yaml"
+    manifest.write_text(manifest.read_text() + "executed: off\n")   # markers alone judge: the marker rule holds
     with pytest.raises(PatchError) as e:
-        load_patch("fast-fix", [write_patch(tmp_path, markers={"FastDecoder": "fast decoder patched"})], TOY)
+        load_patch("fast-fix", [root], TOY)
     assert "changes toyserve/decode/slow.py (code path SlowDecoder)" in str(e.value)
     assert "has no marker for SlowDecoder" in str(e.value)
 

@@ -403,7 +403,7 @@ def test_sibling_and_marker_rules_for_created_and_deleted_files(tmp_path):
     assert f"revision 1 changes {V2} but not its sibling {V1}" in str(error(tmp_path))
     # creating a path-bearing file needs its marker, and says "creates"
     create_v2 = f"--- /dev/null\n+++ b/{V2}\n@@ -0,0 +1 @@\n+x = 1\n"
-    make_patch(tmp_path, manifest=no_v2_marker, diffs={"sglang-0.5.9.r1.diff": hunk_diff(V1) + create_v2})
+    make_patch(tmp_path, manifest=no_v2_marker + "executed: off\n", diffs={"sglang-0.5.9.r1.diff": hunk_diff(V1) + create_v2})
     assert f"revision 1 creates {V2} (code path EAGLEWorkerV2) but" in str(error(tmp_path))
 
 
@@ -451,22 +451,38 @@ def test_allow_single_path_waives_both_rules(tmp_path):
 
 
 def test_marker_rule(tmp_path):
+    """With `executed: off` markers alone judge execution: a changed path without one is refused."""
     text = manifest_with('  EAGLEWorkerV2: {regex: "Dynamic speculation disable enabled .*V2"}\n', "")
-    make_patch(tmp_path, manifest=text)
+    make_patch(tmp_path, manifest=text + "executed: off\n")
     msg = str(error(tmp_path))
     assert f"revision 1 changes {V2} (code path EAGLEWorkerV2)" in msg
     assert "no marker for EAGLEWorkerV2" in msg
     assert "allow_single_path" in msg
     # no markers at all
-    make_patch(tmp_path, manifest=MANIFEST.split("markers:")[0])
+    make_patch(tmp_path, manifest=MANIFEST.split("markers:")[0] + "executed: off\n")
     assert f"changes {V1} (code path EAGLEWorker)" in str(error(tmp_path))
+
+
+def test_markers_are_optional_while_the_probe_judges(tmp_path):
+    """The default (`executed: any`): a patch without markers loads; with the probe off
+    (--no-probe, engine.probe: false) `require_markers` refuses it, naming what is missing."""
+    from fleetpatch.patchset import require_markers
+    make_patch(tmp_path, manifest=MANIFEST.split("markers:")[0])
+    patch, _ = load(tmp_path)
+    assert patch.markers == {} and patch.executed == "any"
+    with pytest.raises(PatchError) as e:
+        require_markers(patch, PROFILE, "--no-probe")
+    msg = str(e.value)
+    assert "--no-probe judges by markers alone" in msg and "no marker for EAGLEWorker" in msg
+    assert "drop --no-probe" in msg
 
 
 def test_marker_rule_file_with_several_paths(tmp_path):
     only_v1 = manifest_with('  EAGLEWorkerV2: {regex: "Dynamic speculation disable enabled .*V2"}\n', "")
     make_patch(tmp_path, manifest=only_v1, diffs={"sglang-0.5.9.r1.diff": hunk_diff(SPEC_INFO)})
     load(tmp_path)  # one marker among the file's paths is enough
-    make_patch(tmp_path, manifest=MANIFEST.split("markers:")[0], diffs={"sglang-0.5.9.r1.diff": hunk_diff(SPEC_INFO)})
+    make_patch(tmp_path, manifest=MANIFEST.split("markers:")[0] + "executed: off\n",
+               diffs={"sglang-0.5.9.r1.diff": hunk_diff(SPEC_INFO)})
     msg = str(error(tmp_path))
     assert "no marker for EAGLEWorker or EAGLEWorkerV2" in msg
 

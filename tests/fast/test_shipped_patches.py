@@ -59,7 +59,7 @@ SERVER_ARGS = "sglang/srt/server_args.py"
 READY = "The server is fired up and ready to roll!"
 
 TOP_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path", "smoke_expect",
-            "superseded"}
+            "superseded", "executed"}
 REQUIRED_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid"}
 REV_KEYS = {"rev", "diff", "engine_versions"}
 
@@ -315,6 +315,8 @@ def _profile():
     ("v2-only-beacon", "fixtures", True),
     ("crash-in-init", "fixtures", True),
     ("multi-rev", "fixtures", True),
+    ("both-quiet", "fixtures", True),      # no markers: the probe judges execution (the default)
+    ("v2-only-quiet", "fixtures", True),
     ("v1-only-no-allow", "fixtures", False),
     ("no-marker", "fixtures", False),
     *[(n, "fixtures", False) for n in REFUSED_DIFF_FIXTURES],

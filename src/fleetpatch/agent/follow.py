@@ -6,6 +6,7 @@ import time
 
 from .http import http_get
 from .logs import LogFollower, LogWatch, open_follower
+from .probing import RecordReader
 from .procs import pid_alive, proc_launch
 from .restart import server_pid
 from .state import RequestReader
@@ -35,6 +36,8 @@ class Follow(object):
         self.info_url = req.get("server_info_url")
         self.ready_text = req.get("ready_line")
         self.env_prefixes = req.get("launch_env_prefixes") or ()
+        self.records = RecordReader(req) if req.get("probe") else None
+        self.next_records = 0.0
         self.started = time.monotonic()
         self.deadline = self.started + float(req.get("timeout", 60)) + 5
         self.ready = False
@@ -57,6 +60,7 @@ class Follow(object):
                 # What a dying server wrote last (its traceback) must reach the verdict before its death does.
                 self.send_lines()
             self.send_state(now, alive, self.check_health(now, alive))
+            self.send_records(now)
             if now > self.deadline:
                 return self.at_deadline()
             followups = self.read_followups()
@@ -87,6 +91,18 @@ class Follow(object):
             if self.ready_text and not self.ready and any(self.ready_text in l for l in lines):
                 self.ready = True
                 self.next_health = 0.0
+
+    RECORDS_EVERY_S = 0.25
+
+    def send_records(self, now):
+        """The probe's records not sent yet (each record file is written once, whole)."""
+        if self.records is None or now < self.next_records:
+            return
+        self.next_records = now + self.RECORDS_EVERY_S
+        ev = self.records.event(self.pid or self.req.get("pid"))
+        if ev is not None:
+            self.state.emit(ev)
+            self.last_emit = now
 
     def check_health(self, now, alive):
         if not self.health_url or now < self.next_health or alive is False:

@@ -13,6 +13,7 @@ from .ledger import load_ledger, save_ledger
 from .lock import check_lock, read_lock, release_lock, take_lock
 from .logs import LogFollower, find_inode
 from .package import package_dir, package_version
+from .probing import install_probe, remove_stale
 from .procs import pid_alive, proc_launch
 from .restart import log_position, restart_server, server_pid
 
@@ -28,6 +29,10 @@ def op_probe(state, req):
         recovered = recover(req)
         if recovered:
             out["recovered"] = recovered
+        # a probe left in by a run that died before taking it out: the next restart by anyone must not load it
+        stale = remove_stale(req)
+        if stale:
+            out["stale_probe_removed"] = stale
     package = req["package"]
     root = package_dir(package)
     out["package_dir"] = root
@@ -152,6 +157,7 @@ def op_apply(state, req):
            "created": [c["path"] for c in changes if c["op"] == protocol.OP_CREATE],
            "deleted": [c["path"] for c in changes if c["op"] == protocol.OP_DELETE]}
     if req.get("restart"):
+        out["probe"] = install_probe(state, req)
         out["restart"] = restart_server(req, ledger, "deploy " + label)
         save_ledger(req, ledger)
     return out
@@ -160,7 +166,8 @@ def op_apply(state, req):
 def op_restart(state, req):
     check_lock(req)
     ledger = load_ledger(req)
-    out = {"restart": restart_server(req, ledger, req.get("reason", "restart"))}
+    probe = install_probe(state, req)
+    out = {"restart": restart_server(req, ledger, req.get("reason", "restart")), "probe": probe}
     save_ledger(req, ledger)
     return out
 
@@ -251,6 +258,7 @@ def op_rollback(state, req):
            "removed": [c["path"] for c in changes if c["op"] == "remove"],
            "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
     if req.get("restart") and (changes or previous.get("restart_pending")):
+        out["probe"] = install_probe(state, req)
         out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])
         save_ledger(req, ledger)
     return out

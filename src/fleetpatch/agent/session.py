@@ -20,6 +20,7 @@ from .base import AgentError, atomic_write, now_iso, protocol, read_json, state_
 from .follow import Follow
 from .lock import LOCK_BUSY, LOCK_LOST, read_lock, release_lock
 from .ops import op_apply, op_probe, op_record, op_restart, op_rollback, op_unlock
+from .probing import op_probe_off, remove_own
 from .procs import own_start
 from .serving import op_bake, op_drain, op_smoke
 from .state import MUTATING, AgentState, RequestReader
@@ -94,7 +95,7 @@ def op_follow(state, req):
 
 OPS = types.MappingProxyType({"probe": op_probe, "apply": op_apply, "restart": op_restart, "rollback": op_rollback,
                               "record": op_record, "unlock": op_unlock, "follow": op_follow,
-                              "drain": op_drain, "smoke": op_smoke, "bake": op_bake})
+                              "drain": op_drain, "smoke": op_smoke, "bake": op_bake, "probe_off": op_probe_off})
 
 
 def dispatch(state, req):
@@ -218,4 +219,6 @@ def serve(fd=0, boot=None):
             how = "the laptop said bye"
             break
         answer(state, req)
+    # the channel ended (bye, Ctrl-C, a killed laptop): this run's probe never outlives its session
+    remove_own(state)
     end_session(state, how)

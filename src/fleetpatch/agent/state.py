@@ -83,6 +83,7 @@ class AgentState(object):
     gone       stdout broken or SIGHUP: nobody reads the replies any more
     boot       how agentboot loaded each module (cached / compiled), for the probe's answer
     emit_lock  the ticker's lines and the request's must not interleave
+    probe      this run's probe while it is in the server's interpreter: {site_dir, token} (probing.py)
     """
 
     def __init__(self, boot=None, out=None):
@@ -94,6 +95,7 @@ class AgentState(object):
         self.boot = boot
         self.emit_lock = threading.Lock()
         self.out = out   # None: sys.stdout as it is when a line is written
+        self.probe = None
 
     def emit(self, obj):
         """One reply line. A laptop that is gone must not stop the step in progress:

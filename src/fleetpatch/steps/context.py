@@ -58,6 +58,7 @@ class Job:
     # --inventory as given (None: the default), for the commands fleetpatch tells the operator to run
     inventory_arg: str | None = None
     bake_s: float | None = None   # --bake: how long bake watches each host
+    probe: bool = True            # False: --no-probe (markers alone judge execution)
 
 
 @dataclass

@@ -7,6 +7,7 @@ from ..engines import LaunchConfig
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
+from . import execution
 from .context import HostRun, deploy_command, host_step, inventory_launch, sha256
 from .follow import Watch, follow_ahead
 from .lock import HostLock
@@ -58,12 +59,15 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
     refused = _refusal(run, plan)
     if refused is not None:
         return refused
+    probe = _probe_spec(run, plan, revision, reply)
     if plan.already:
-        return _already_applied(run, plan, reply)
+        return _already_applied(run, plan, reply, probe)
     run.progress("apply", f"{len(plan.changes)} files")
     apply_req = protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
                                       rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
                                       files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
+    if probe is not None:
+        apply_req["probe"] = probe
     if job.no_restart:
         lock = run.lock
         lock.chained_done(run.remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup())))
@@ -80,6 +84,14 @@ def deploy_record(job, revision, plan: Plan) -> protocol.PatchRecord:
     from ..probe.verdict import added_lines
     offsets = {r.path: list(r.offsets or []) for r in plan.changes}
     return record_of(job.patch, revision, added_lines(revision.diff_text, offsets))
+
+
+def _probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) -> dict | None:
+    """What the probe watches in this host's restart (None: it is off for this host)."""
+    if not execution.probe_wanted(run.job, run.host, run.job.patch):
+        return None
+    added = execution.added_of(revision, plan.states)
+    return execution.probe_request(run.host, run.profile, plan.label, reply["package_dir"], added, run.job.token)
 
 
 def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:
@@ -119,12 +131,14 @@ def restart_reason(ledger: protocol.Ledger, server: dict, name: str) -> str | No
     return None
 
 
-def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply) -> HostResult:
+def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe: dict | None) -> HostResult:
     job = run.job
     ledger, server = reply.get("ledger") or {}, reply.get("server") or {}
     reason = restart_reason(ledger, server, job.patch.name)
     if reason and not job.no_restart:
         request = protocol.RestartRequest(**run.request(), reason=f"{reason}: restart for {plan.label}")
+        if probe is not None:
+            request["probe"] = probe
         return _restart_and_verify(run, plan, Restart("restart", request, reason))
     # Nothing to write: prove it still runs from the window of the last restart.
     last = ledger.get("last_restart")
@@ -141,7 +155,9 @@ def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply) -> Ho
                           f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path') or 'its path'}) "
                           "still runs; its log since that restart is no longer there to re-read",
                           patch=plan.label, executed_path=verification.get("executed_path"))
-    return verify(run, Watch(protocol.log_window(last), plan.launch, [job.patch], [plan.label]), already=True)
+    view = execution.ExecutionView() if execution.probe_wanted(job, run.host, job.patch) else None
+    return verify(run, Watch(protocol.log_window(last), plan.launch, [job.patch], [plan.label], execution=view),
+                  already=True)
 
 
 class Restart:
@@ -169,8 +185,9 @@ def _restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart) -> HostR
     (under the same lock: the rollback is part of the block)."""
     rollback = run.job.on_failure == "rollback"
     run.progress("restart", restart.reason)   # here, after the drain: the order things happen in
+    probing = "probe" in restart.request
     try:
-        run.remote.call(restart.op, restart.request, ahead=follow_ahead(run.job, run.host))
+        out = run.remote.call(restart.op, restart.request, ahead=follow_ahead(run.job, run.host, probing))
     except HostFailure as f:
         if f.status != Status.RESTART_FAILED:
             return cut_off(run, plan.label, f, restart.phase)
@@ -182,7 +199,8 @@ def _restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart) -> HostR
         return failed
     # With a rollback to follow a failure, the lock stays held until the rollback ends.
     watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [plan.label],
-                  ends_work=(lambda ok: ok) if rollback else (lambda ok: True))
+                  ends_work=(lambda ok: ok) if rollback else (lambda ok: True),
+                  execution=execution.ExecutionView(out.get("probe")) if probing else None)
     try:
         result = verify(run, watch)
     except HostFailure as f:

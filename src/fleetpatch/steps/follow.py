@@ -41,6 +41,8 @@ class Watch:
     check: str | None = None    # which check the ledger records (deploy, rollback, verify-logs)
     # whether nothing follows under the lock once the verdict is `ok`: then the release rides on it
     ends_work: Callable[[bool], bool] = lambda ok: True
+    # execution.ExecutionView while the probe judges execution too (None: markers alone)
+    execution: object | None = None
 
     @property
     def recorded_as(self) -> str:
@@ -264,8 +266,22 @@ class Judging:
         obs = self.events.observation(timed_out)
         subject = evidence.Subject(self.run.profile, self.run.version, self.events.launch, self.run.name,
                                    self.run.job.settle_s)
-        return [evidence.judge(obs, subject, evidence.Check.of(p, label, self.watch.want_markers))
-                for p, label in zip(self.watch.patches, self.watch.labels)]
+        view = self.watch.execution
+        vs = [evidence.judge(obs, subject, evidence.Check.of(p, label, self.watch.want_markers, view is not None))
+              for p, label in zip(self.watch.patches, self.watch.labels)]
+        return vs if view is None else [self._with_execution(v, label, obs) for v, label in zip(vs, self.watch.labels)]
+
+    def _with_execution(self, v: evidence.Verdict, label: str, obs: evidence.Observation) -> evidence.Verdict:
+        """The markers' verdict with what the probe saw (steps/execution.py)."""
+        from . import execution
+        view = self.watch.execution
+        block = execution.exe_note(view.block(label), view)
+        self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
+                                                           "message")}
+        settled = obs.since_ready_s is not None and obs.since_ready_s >= self.run.job.settle_s
+        ctx = execution.Context(self.run.name, label, self.run.profile, self.run.version, settled, obs.timed_out,
+                                time.monotonic() - self.t0)
+        return execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
 
     # A batch of lines that holds nothing that can decide is judged at most this often:
     # the judgement reads the kept window, which a chatty log does not grow.
@@ -280,6 +296,8 @@ class Judging:
 
     def on_event(self, ev: dict) -> list[evidence.Verdict] | None:
         """The final verdicts once decided, else None (keep listening)."""
+        if ev.get("t") == "probe" and self.watch.execution is not None:
+            self.watch.execution.add(ev)
         self.events.add(ev)
         elapsed = time.monotonic() - self.t0
         timed_out = elapsed >= self.run.timeout or ev.get("t") == "deadline"
@@ -333,22 +351,24 @@ def ledger_update(judging: Judging, check: str = "deploy") -> protocol.LedgerUpd
     return update
 
 
-def follow_request(host: Host, job: Job, start: dict, timeout: float) -> protocol.FollowRequest:
-    """The follow of the log window `start` (or protocol.AFTER_RESTART)."""
+def follow_request(host: Host, job: Job, start: dict, timeout: float, probe: bool = False) -> protocol.FollowRequest:
+    """The follow of the log window `start` (or protocol.AFTER_RESTART); `probe`: stream the probe's records too."""
     req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
                                  pid=start.get("pid"), timeout=timeout, ready_line=get_profile(host.engine.kind).ready_line,
                                  server_info_url=server_info_url(host.server.health_url))
     if start.get("after_restart"):
         req["after_restart"] = True
+    if probe:
+        req["probe"] = True
     return req
 
 
-def follow_ahead(job: Job, host: Host) -> dict:
+def follow_ahead(job: Job, host: Host, probe: bool = False) -> dict:
     """The follow to send with a request that restarts: the agent runs it on that
     restart's window as soon as the restart is done, without waiting for the laptop
     to read the answer and ask (a round trip). A Watch from protocol.AFTER_RESTART takes it up."""
     timeout = job.timeout if job.timeout is not None else float(host.server.ready_timeout)
-    return dict(follow_request(host, job, protocol.AFTER_RESTART, timeout), op="follow")
+    return dict(follow_request(host, job, protocol.AFTER_RESTART, timeout, probe), op="follow")
 
 
 def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict], dict]:
@@ -359,7 +379,7 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
     needles = Needles(run.profile, run.version, watch.patches, run.profile.ready_line)
     judging = Judging(run, watch, EventLog(run.profile.ready_line, watch.launch, needles))
     lock = run.lock
-    req = follow_request(run.host, run.job, watch.start, run.timeout)
+    req = follow_request(run.host, run.job, watch.start, run.timeout, probe=watch.execution is not None)
 
     def on_event(ev: dict) -> list | None:
         decided = judging.on_event(ev)
@@ -368,7 +388,9 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
         ev.pop("lines", None)
         if decided is None:
             return None
-        followups = [run.request(op="record", ledger_update=ledger_update(judging, watch.recorded_as))]
+        # the verdict is in: the probe comes out first (the server keeps running, unwatched)
+        followups = [run.request(op="probe_off")] if watch.execution is not None else []
+        followups.append(run.request(op="record", ledger_update=ledger_update(judging, watch.recorded_as)))
         if lock is not None and watch.ends_work(judging.ok):
             followups += lock.release_followup()
         return followups

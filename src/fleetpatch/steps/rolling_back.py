@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
-from . import follow
+from . import execution, follow
 from .context import HostRun, host_step, rollback_command, running_launch
 from .follow import Watch
 from .lock import HostLock
@@ -80,10 +80,14 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: 
     patch = (found or deployed(run.job, run.host, [(name, entry)])[0]).patch
     label = entry["label"]
     run.progress("rollback", label)
+    request = protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"], name=name,
+                                       force=run.job.force)
+    probing = execution.probe_wanted(run.job, run.host, None)
+    if probing:   # it watches the imports only: what files the restored server loads
+        request["probe"] = execution.probe_request(run.host, run.profile, label, reply["package_dir"],
+                                                   {p: [] for p in entry["files"]}, run.job.token)
     try:
-        out = run.remote.call("rollback", protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"],
-                                                                   name=name, force=run.job.force),
-                              ahead=follow.follow_ahead(run.job, run.host))
+        out = run.remote.call("rollback", request, ahead=follow.follow_ahead(run.job, run.host, probing))
     except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
         if not no_answer(f):
             raise
@@ -97,7 +101,8 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: 
         return run.result(True, Status.ROLLED_BACK, f"{run.name}: {label} forgotten: its files already held their "
                                                     "original sha256; not restarted", files=restored)
     watch = Watch(protocol.AFTER_RESTART, running_launch(run.host, {}), [patch], [label], want_markers=False,
-                  ends_work=lambda ok: last or not ok)
+                  ends_work=lambda ok: last or not ok,
+                  execution=execution.ExecutionView(out.get("probe")) if probing else None)
     try:
         verdicts, timings = follow.follow_and_judge(run, watch)
     except HostFailure as f:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import protocol
 from ..errors import HostFailure, NoAnswer, Status
 from ..hostcalls import HostResult
-from . import follow
+from . import execution, follow
 from .context import HostRun, host_step, probe, running_launch
 from .follow import Watch
 from .recorded import deployed, wanted_name, with_notes
@@ -71,8 +71,10 @@ def verify_logs(run: HostRun) -> HostResult:
                                                "judge it by; `fleetpatch status` shows what is applied")
     found = deployed(job, host, [(n, recorded.get(n)) for n in names])
     # No lock: verify-logs reads, and records only its verdict.
+    judged = found[0].patch if len(found) == 1 else job.patch
+    view = execution.ExecutionView() if execution.probe_wanted(job, host, judged) else None
     result = verify(run, Watch(protocol.log_window(last), running_launch(host, reply), [d.patch for d in found],
-                               [d.label for d in found], check="verify-logs"))
+                               [d.label for d in found], check="verify-logs", execution=view))
     return with_notes(result, found)
 
 

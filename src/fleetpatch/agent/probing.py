@@ -1,0 +1,156 @@
+"""The probe's life on the host: in just before fleetpatch restarts the server, out
+once the verdict is in, its records read by the follow.
+
+The probe dir is ``<state dir>/probe`` (plan, runtime, records); `INSTALLED`
+beside it says which site directory holds this run's ``.pth``, so that a run
+that died with its probe in (a killed laptop, a killed agent) is cleaned up by
+the next run's probe/lock step (`remove_stale`). Records stay until the next
+restart that fleetpatch does: `verify-logs` judges by them.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from .base import atomic_write, ensure_dir, protocol, read_json, state_path
+
+if __name__.split(".")[0] == "fleetpatch":   # imported on the laptop (tests)
+    from ..probe import install as probe_install
+else:                                        # on a host: agentboot loaded it from stdin, before this
+    probe_install = sys.modules[protocol.PROBE_MODULE_NAME]
+
+PROBE_DIR = "probe"
+INSTALLED = "probe-installed.json"
+SITE_QUERY_TIMEOUT_S = 60
+RECORD_BYTES = 1 << 20   # what one follow event carries at most
+
+
+def site_info(python, env):
+    """What SITE_QUERY says of `python` (the interpreter the server runs), or raises ProbeInstallError."""
+    try:
+        proc = subprocess.run([python, "-c", probe_install.SITE_QUERY], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=SITE_QUERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise probe_install.ProbeInstallError("cannot run %s to find its site directory: %s" % (python, e))
+    if proc.returncode != 0:
+        raise probe_install.ProbeInstallError("%s failed to say its site directory (exit %d): %s" % (
+            python, proc.returncode, proc.stderr.decode("utf-8", "replace").strip()[-300:]))
+    try:
+        return json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise probe_install.ProbeInstallError("%s said no site directory" % python)
+
+
+def server_env(req):
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith("SSH_"))
+    env.update((req.get("restart") or {}).get("env") or {})
+    return env
+
+
+def remove_stale(req, keep_token=None):
+    """Take out every probe .pth that INSTALLED names and that is not `keep_token`'s; [] if none."""
+    note = read_json(state_path(req, INSTALLED)) or {}
+    site = note.get("site_dir")
+    if not site:
+        return []
+    removed = []
+    for name in probe_install.stale_probes(site, keep_token):
+        removed += probe_install.remove(site, probe_install.token_of(name))
+    return [os.path.join(site, n) for n in removed]
+
+
+def clear_records(req):
+    """The last restart's records and plan go: a restart starts a new window."""
+    folder = state_path(req, PROBE_DIR)
+    if os.path.isdir(folder) and not os.path.islink(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def install_probe(state, req):
+    """Just before a restart: clear the last window's records, remove a stale probe, and put
+    this run's in when the request asks for it. Never fails the restart: a probe that cannot
+    go in is reported (the verdict then says the probe was unavailable, and why)."""
+    spec = req.get("probe")
+    out = {"stale_removed": remove_stale(req, None)}
+    clear_records(req)
+    if not spec:
+        return dict(out, installed=False)
+    python = spec.get("python") or sys.executable
+    try:
+        info = site_info(python, server_env(req))
+        site = probe_install.site_dir_from(info)
+        probe_dir = state_path(req, PROBE_DIR)
+        ensure_dir(os.path.dirname(probe_dir))
+        plan = dict(spec["plan"], python=python)
+        source = protocol.unpack(spec["runtime"])
+        atomic_write(state_path(req, INSTALLED), json.dumps({"site_dir": site, "token": spec["token"]}).encode())
+        done = probe_install.install(site, probe_dir, spec["token"], plan, source=source)
+    except (probe_install.ProbeInstallError, OSError, KeyError, ValueError) as e:
+        return dict(out, installed=False, error=str(e))
+    state.probe = {"site_dir": site, "token": spec["token"], "state_dir": req.get("state_dir")}
+    return dict(out, installed=True, site_dir=site, pth=done["pth"], python=python,
+                python_version=".".join(str(n) for n in info.get("version") or []))
+
+
+def op_probe_off(state, req):
+    """The verdict is in: take this run's probe out (the records stay)."""
+    return {"removed": remove_own(state)}
+
+
+def remove_own(state):
+    held, state.probe = state.probe, None
+    if not held:
+        return []
+    try:
+        return [os.path.join(held["site_dir"], n) for n in probe_install.remove(held["site_dir"], held["token"])]
+    except OSError:
+        return []
+
+
+def children_of(pid):
+    """The live descendants of `pid`, from /proc."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(name))
+        except (IOError, OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return sorted(found)
+
+
+class RecordReader(object):
+    """The probe's records of the window, each sent once (a record file is written once)."""
+
+    def __init__(self, req):
+        self.folder = state_path(req, PROBE_DIR)
+        self.sent = set()
+        self.plan_sent = False
+
+    def event(self, pid):
+        """A `probe` event with the records not sent yet, or None when nothing is new."""
+        files = probe_install.read_records(self.folder)
+        new = dict((k, v.decode("utf-8", "replace")) for k, v in files.items() if k not in self.sent)
+        if not new and self.plan_sent:
+            return None
+        self.sent.update(new)
+        ev = {"t": "probe", "records": new, "pid": pid}
+        if not self.plan_sent:
+            self.plan_sent = True
+            ev["plan"] = read_json(os.path.join(self.folder, probe_install.PLAN_NAME))
+        if pid:
+            ev["children"] = children_of(pid)
+            try:
+                ev["exe"] = os.readlink("/proc/%d/exe" % pid)
+            except OSError:
+                pass
+        return ev

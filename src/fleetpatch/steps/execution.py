@@ -1,0 +1,241 @@
+"""The probe seen from the laptop: whether it watches a host's restart, what it
+watches (the plan: the patched modules and the post-image line numbers that the
+revision adds, where the diff really applied on that host), and its records
+folded into the verdict (the report's `execution` block).
+
+A patch passes with the probe on only if at least one added line ran in a
+process of the restarted server (its main pid, its live descendants, and every
+recorded process whose parent chain leads to it); where the profile knows the
+path that runs, the lines that ran must be on it. Markers, expect, forbid and
+health are judged as before (evidence.py); this only adds to that verdict.
+"""
+from __future__ import annotations
+
+import functools
+
+from .. import protocol
+from ..errors import Status
+from ..probe import install as probe_install
+from ..probe import verdict as probe_verdict
+
+
+def probe_wanted(job, host, patch) -> bool:
+    """The probe watches this host's restart: not --no-probe, not engine.probe: false,
+    and not a patch with `executed: off`."""
+    return bool(getattr(job, "probe", True) and getattr(host.engine, "probe", True)
+                and (patch is None or getattr(patch, "executed", "any") != "off"))
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_packed() -> str:
+    return protocol.pack(probe_install.runtime_source())
+
+
+def added_of(revision, states: dict | None = None) -> dict:
+    """{path: [post-image line numbers]} of what `revision` adds, shifted by where each hunk
+    applied on this host (diffapply's offsets)."""
+    offsets = {p: list(r.offsets or []) for p, r in (states or {}).items() if getattr(r, "offsets", None)}
+    return probe_verdict.added_lines(revision.diff_text, offsets)
+
+
+def siblings(profile, paths) -> list[str]:
+    """The sibling files of `paths` (the other path's file): reported as imported or never imported."""
+    out = []
+    for a, b in getattr(profile, "sibling_pairs", None) or []:
+        for have, other in ((a, b), (b, a)):
+            if have in paths and other not in paths and other not in out:
+                out.append(other)
+    return out
+
+
+def probe_request(host, profile, label: str, package_dir: str, added: dict, token: str) -> dict:
+    """The `probe` field of a request that restarts: the agent installs this just before."""
+    plan = probe_install.make_plan(added, package_dir, watch=siblings(profile, set(added)))
+    plan["label"] = label
+    return {"token": token, "python": host.engine.python, "plan": plan, "runtime": runtime_packed()}
+
+
+def process_pids(records: dict, pid: int | None, children) -> set | None:
+    """The processes of the server: its pid, its live descendants, and each recorded process whose
+    parent is one of them (a spawned scheduler that has exited since included). None: unknown pid."""
+    if not pid:
+        return None
+    pids = {pid} | set(children or ())
+    procs = []
+    for key, data in records.items():
+        if key.endswith("/process.json"):
+            info = probe_verdict.parse_records({key: data}).get(key.split("/", 1)[0], {}).get("process") or {}
+            if isinstance(info.get("pid"), int):
+                procs.append((info["pid"], info.get("ppid")))
+    grew = True
+    while grew:
+        grew = False
+        for child, parent in procs:
+            if parent in pids and child not in pids:
+                pids.add(child)
+                grew = True
+    return pids
+
+
+class ExecutionView:
+    """What the follow stream told of the probe: its plan, its records, the server's pids."""
+
+    def __init__(self, installed: dict | None = None):
+        self.installed = installed or {}   # the restart's answer: installed, site_dir, error
+        self.records: dict[str, bytes] = {}
+        self.plan: dict | None = None
+        self.pid: int | None = None
+        self.children: list = []
+        self.exe: str | None = None
+        self.seen_event = False
+
+    def add(self, ev: dict) -> None:
+        self.seen_event = True
+        for key, text in (ev.get("records") or {}).items():
+            self.records[key] = text.encode("utf-8") if isinstance(text, str) else text
+        if ev.get("plan") is not None:
+            self.plan = ev["plan"]
+        self.pid = ev.get("pid") or self.pid
+        self.children = sorted(set(self.children) | set(ev.get("children") or ()))
+        self.exe = ev.get("exe") or self.exe
+
+    def block(self, label: str | None = None) -> dict:
+        if self.installed.get("error"):
+            return probe_verdict.execution_off("unavailable", "the probe could not go in: " + self.installed["error"])
+        if not self.plan:
+            return probe_verdict.execution_off("unavailable", "no probe watched this restart")
+        if label and self.plan.get("label") and self.plan["label"] != label:
+            return probe_verdict.execution_off("unavailable", f"the probe watched {self.plan['label']}, not {label}")
+        added = {spec["path"]: spec.get("lines") or [] for spec in (self.plan.get("modules") or {}).values()}
+        pids = process_pids(self.records, self.pid, self.children)
+        block = probe_verdict.execution_block(self.records, self.plan, added, pids)
+        block["server_pids"] = sorted(pids) if pids else []
+        return block
+
+
+class Context:
+    """What a folded message needs besides the verdict."""
+
+    def __init__(self, host: str, label: str, profile, version, settled: bool, timed_out: bool, elapsed: float):
+        self.host, self.label, self.profile, self.version = host, label, profile, version
+        self.settled, self.timed_out, self.elapsed = settled, timed_out, elapsed
+
+
+def ran_on_path(block: dict, v, ctx: Context) -> dict:
+    """The lines that ran in files on the path that runs (or in files that bear no path)."""
+    if not v.executed_path:
+        return block["ran"]
+    lineage = {v.executed_path, *ctx.profile.ancestors(v.executed_path, ctx.version or "")}
+    return {f: lines for f, lines in block["ran"].items()
+            if not ctx.profile.paths_of_file(f) or lineage & set(ctx.profile.paths_of_file(f))}
+
+
+def fold(v, block: dict, ctx: Context, marker_seen: bool):
+    """The verdict `v` of the markers (evidence.judge) with what the probe saw. Returns the verdict."""
+    if v.status != Status.VERIFIED or block["mode"] == "off":
+        return v
+    wrong = {p: why for p, why in block["not_run"].items() if why.startswith("loaded from another file")}
+    if wrong:
+        lines = [f"FAIL {ctx.host}  {ctx.label} never executed",
+                 "  the server loaded a patched module from another file than the patched one:"]
+        lines += [f"    {p}: {why}" for p, why in sorted(wrong.items())]
+        return _final(v, Status.NOT_EXECUTED, lines + _runs(v, ctx))
+    done = ctx.settled or ctx.timed_out
+    if block["mode"] == "unavailable":
+        if marker_seen:
+            v.message += f"\n  note: the probe did not watch this server ({block['message']}); verified by its markers"
+            return v
+        if not done:
+            return _pending(v, ctx, "the probe's records of the server")
+        return _final(v, Status.NOT_EXECUTED, _never_loaded(v, block, ctx))
+    ran = ran_on_path(block, v, ctx)
+    if ran:
+        shown = "; ".join(f"{f} line{'s' if len(n) > 1 else ''} {', '.join(map(str, n[:8]))}"
+                          for f, n in sorted(ran.items()))
+        v.message += f"\n  executed ({block['mode']} mode): {shown} (pids {', '.join(map(str, block['pids']))})"
+        return v
+    if not done:
+        return _pending(v, ctx, "a line this patch adds to run")
+    return _final(v, Status.NOT_EXECUTED, _none_ran(v, block, ctx))
+
+
+def _none_ran(v, block: dict, ctx: Context) -> list:
+    pids = block.get("server_pids") or block["pids"]
+    who = f"pid {pids[0]} and {len(pids) - 1} children" if pids else "its processes"
+    if len(pids) == 2:
+        who = f"pid {pids[0]} and 1 child"
+    lines = [f"FAIL {ctx.host}  {ctx.label} never executed",
+             f"  no line this patch adds ran in the server ({who}) within {int(round(ctx.elapsed))} s of its restart"]
+    for path, why in sorted(block["not_run"].items()):
+        lines.append(f"    {path}: {_contract_reason(why)}")
+    for path in sorted(set(block["ran"]) - set(block["not_run"])):
+        lines.append(f"    {path}: ran, but the server does not run its code path")
+    if block.get("traced"):
+        lines.append("    (lines seen only while traced or captured: "
+                     + ", ".join(f"{p} {n}" for p, n in sorted(block["traced"].items())) + ")")
+    lines += _runs(v, ctx)
+    paths = sorted({p for f in block.get("changed_files") or [] for p in ctx.profile.paths_of_file(f) or []})
+    if paths and v.executed_path and v.executed_path not in paths:
+        lines.append(f"  {ctx.label} changes code of {', '.join(paths)} only")
+    return lines
+
+
+def _contract_reason(why: str) -> str:
+    return "imported, but the patch does not change it" if why == probe_verdict.NOT_CHANGED else why
+
+
+def _never_loaded(v, block: dict, ctx: Context) -> list:
+    return [f"FAIL {ctx.host}  {ctx.label} not verified: the probe never loaded in the server",
+            f"  {block['message']}",
+            f"  the server (pid {block.get('server_pid') or '?'}) runs {block.get('exe') or 'an interpreter that /proc does not name'}, "
+            f"not {block.get('python') or 'engine.python'} (where the probe went in)",
+            "  set engine.python to the interpreter the server runs, or add markers to the patch"] + _runs(v, ctx)
+
+
+def _runs(v, ctx: Context) -> list:
+    if not v.executed_path:
+        return []
+    from ..evidence import EVIDENCE_WIDTH, shorten
+    file = ctx.profile.file_of_path(v.executed_path, ctx.version)
+    out = [f"  the server runs {v.executed_path}" + (f" ({file})" if file else "")]
+    for ev in v.evidence or []:   # what said which path runs, as the markers' verdict quotes it
+        if ev.source == "log":
+            out.append(f'    evidence: log line {ev.line_no} "{shorten(ev.text, EVIDENCE_WIDTH)}"')
+        elif ev.source == "server_info":
+            out.append(f"    evidence: {ev.text}")
+    if v.cause:
+        out.append(f"    cause: {v.cause}")
+    return out
+
+
+def _final(v, status, lines: list):
+    v.status, v.final, v.message = status, True, "\n".join(lines)
+    v.missing = v.missing or ["an added line that runs"]
+    return v
+
+
+def _pending(v, ctx: Context, what: str):
+    v.status, v.final = Status.PENDING, False
+    v.missing = [what]
+    v.message = f"WAIT {ctx.host}  {ctx.label} waiting for {what}"
+    return v
+
+
+def describe_install(reply: dict | None) -> dict:
+    """The `probe` answer of a restart, as the report keeps it."""
+    reply = reply or {}
+    out = {k: reply[k] for k in ("installed", "site_dir", "python", "python_version", "error") if k in reply}
+    if reply.get("stale_removed"):
+        out["stale_removed"] = reply["stale_removed"]
+    return out
+
+
+def exe_note(block: dict, view: ExecutionView) -> dict:
+    """The block with what /proc said of the server, for the never-loaded message."""
+    block = dict(block)
+    block["server_pid"] = view.pid
+    block["exe"] = view.exe
+    block["python"] = (view.plan or {}).get("python") or view.installed.get("python")
+    block["changed_files"] = sorted(m["path"] for m in ((view.plan or {}).get("modules") or {}).values()
+                                    if m.get("lines"))
+    return block
