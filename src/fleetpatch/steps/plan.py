@@ -270,10 +270,13 @@ def can_prove(run: HostRun, plan: Plan) -> Proof:
 
 
 def probe_proves(run: HostRun, plan: Plan) -> Proof | None:
-    """The execution probe's proof (None: it cannot prove here). The hook for its wiring:
-    it returns Proof(True, "by the probe: ...") when the probe goes into this host's
-    server (not --no-probe, not engine.probe: false, not the patch's `executed: off`)."""
-    return None
+    """The execution probe's proof (None: it cannot prove here): the probe goes into this
+    host's server (not --no-probe, not engine.probe: false, not the patch's `executed: off`),
+    and the verdict then needs an added line of this revision to run there."""
+    from .execution import probe_wanted   # execution needs the plan's types: imported late
+    if not probe_wanted(run.job, run.host, run.job.patch):
+        return None
+    return Proof(True, "by the probe: a line this revision adds must run in the restarted server")
 
 
 def markers_prove(profile, patch, plan: Plan) -> Proof:
