@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+from .container import container_pid, note, restart_container
 from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, protocol, read_bytes
 from .package import find_spec
 from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
@@ -108,6 +109,8 @@ def server_pid(restart):
     if kind == "supervisor":
         _, out = run_tool(supervisor_argv(restart, "pid", supervisorctl_command()), timeout=60)
         return parse_supervisor_pid(out)
+    if kind == "container":
+        return container_pid(restart)
     return None
 
 
@@ -304,12 +307,18 @@ def restart_server(req, ledger, reason):
     elif kind == "supervisor":
         extra, pos, pid = restart_supervisor(restart, log)
         result.update(extra)
+    elif kind == "container":
+        extra, pos, pid = restart_container(restart)
+        result.update(extra)
     else:
         raise AgentError("error", "unknown restart kind %r" % kind)
     ledger["last_restart"] = protocol.LastRestart(at=now_iso(), epoch=time.time(), log=log, inode=pos["inode"],
                                                   offset=pos["offset"], pid=pid, reason=reason)
     if result.get("journal"):
         ledger["last_restart"]["journal"] = result["journal"]
+    if result.get("container"):
+        ledger["last_restart"]["container"] = result["container"]
+        ledger["container"] = note(result["container"])
     ledger["restart_pending"] = False
     result.update({"pid": pid, "inode": pos["inode"], "offset": pos["offset"]})
     return result
