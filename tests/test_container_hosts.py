@@ -187,3 +187,74 @@ def test_a_user_who_may_not_use_the_runtime_is_told_so(docker_daemon, tmp_path):
     assert line.startswith("container sglang-x (docker): the SSH user (uid 65534) may not use docker: permission "
                            "denied"), (line, out.stderr)
     assert "nothing was changed" in line and "\n" not in line
+
+
+def test_a_server_started_in_a_long_running_container_by_exec(container_operator):
+    """restart.kind command on a container host: the server runs beside the container's main
+    process, started by `docker exec -d`, its pidfile and log inside the container."""
+    from fleetpatch_demo import containerhost
+    from fleetpatch_demo.fleet import _free_ports
+    op, f = container_operator, container_operator.fleet
+    port = _free_ports(1)[0]
+    argv = containerhost.server_argv(port, 4, 8)
+    inv = op.inventory()
+    inv["hosts"]["c1"]["server"] = {
+        "health_url": f"http://127.0.0.1:{port}/health", "log": "/tmp/fp-exec.log",
+        "restart": {"kind": "command", "start": " ".join(["{python}", *argv[1:]]), "pidfile": "/tmp/fp-exec.pid",
+                    "stop_grace": 5, "workdir": None, "env": None}}
+    op.write_inventory(inv)
+    run = op.run("deploy-patch", "--patch", BEACON, "--hosts", "c1")
+    assert run.code == 0 and run.host("c1")["status"] == "verified", run
+    name = f.hosts["c1"].container_name
+    log = f.docker_cli("exec", name, "cat", "/tmp/fp-exec.log").stdout
+    assert "fleetpatch spec-path-beacon: EAGLEWorker" in log
+    first = f.docker_cli("exec", name, "cat", "/tmp/fp-exec.pid").stdout.strip()
+    back = op.run("rollback", "--hosts", "c1")
+    assert back.code == 0 and back.host("c1")["status"] == "rolled-back", back
+    assert inside(f, "c1", WORKER) == wheel(WORKER)
+    second = f.docker_cli("exec", name, "cat", "/tmp/fp-exec.pid").stdout.strip()
+    assert second and second != first
+    gone = f.docker_cli("exec", name, "sh", "-c", f"test -d /proc/{first} && echo alive || echo gone").stdout
+    assert gone.strip() == "gone"   # the first server was stopped, inside the container
+
+
+def test_fetch_and_check_patch_read_the_files_inside_the_container(container_operator):
+    import json
+    op, f = container_operator, container_operator.fleet
+    run = op.run("fetch", "--dest", "src", "--hosts", "c1,p1")
+    assert run.code == 0, run
+    meta = json.loads((op.workdir / "src" / "c1" / "fetch.json").read_text())
+    assert meta["version"] == "0.5.9" and meta["package_dir"] == CHECKOUT
+    fetched = next((op.workdir / "src" / "c1").rglob("eagle_worker.py"))
+    assert fetched.read_bytes() == inside(f, "c1", WORKER)
+    check = op.run("check-patch", "--patch", BEACON, "--hosts", "c1,p1")
+    assert check.code == 0, check
+    assert check.host("c1")["status"] == "applies" and inside(f, "c1", WORKER) == wheel(WORKER)
+
+
+def test_a_router_aware_rollout_drains_container_hosts_like_any_worker(container_operator, tmp_path):
+    """Containers on the host network are workers of the real sglang-router: each is taken
+    out, drained, restarted (docker stop/start), verified and put back."""
+    from fleetpatch.router import Router
+    from fleetpatch_demo.routerproc import RouterProcess, router_command
+    if router_command() is None:
+        pytest.skip("sglang-router is not installed (test extra)")
+    op, f = container_operator, container_operator.fleet
+    urls = {n: f"http://127.0.0.1:{f.hosts[n].http_port}" for n in ("c1", "c2", "p1")}
+    with RouterProcess(tmp_path / "router.log") as rp:
+        r = Router(rp.url)
+        for url in urls.values():
+            r.add(url, timeout=20)
+        doc = op.inventory()
+        for n, url in urls.items():
+            doc["hosts"][n]["server"]["url"] = url
+        doc["groups"] = {"behind": {"hosts": list(urls), "router": {"urls": [rp.url]}}}
+        op.write_inventory(doc)
+        run = op.run("rollout", "--patch", BEACON, "--group", "all", "--batch", "1", "--canary", "0")
+        assert run.code == 0, run
+        for n in urls:
+            h = run.host(n)
+            assert h["status"] == "verified", h
+            assert h["router"]["removed"] is True and h["router"]["readded"] is True, h["router"]
+        assert {w.url: w.healthy for w in r.list_workers()} == {u: True for u in urls.values()}
+    assert_one_agent_command(f, "c1")

@@ -32,12 +32,13 @@ import ast
 import glob
 import os
 import re
+import signal
 import subprocess
 import time
 
 from .base import AgentError
 from .package import dist_info_version
-from .procs import run_tool
+from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
 
 # ops that read or act on the container (the others touch only the state dir on the host, or HTTP)
 CONTAINER_OPS = ("probe", "apply", "rollback", "restart", "follow", "smoke", "bake")
@@ -248,6 +249,81 @@ def restart_container(restart):
 def container_pid(restart):
     info = restart.get("_container") or {}
     return info.get("pid")
+
+
+# ------------------------------------------------------------------ restart.kind command: `exec -d` in the container
+
+# $1 the pidfile, $2 the log (both inside the container), then the server's argv
+EXEC_SCRIPT = 'echo $$ > "$1" && log="$2" && shift 2 && exec "$@" >> "$log" 2>&1'
+
+
+def host_pid(info, inner):
+    """The host's pid of the process that is `inner` in the container's pid namespace."""
+    try:
+        ns = os.readlink("/proc/%d/ns/pid" % info["pid"])
+    except (OSError, TypeError):
+        return None
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/status" % name) as f:
+                nspid = [l.split()[1:] for l in f if l.startswith("NSpid:")]
+            if nspid and nspid[0][-1] == str(inner) and os.readlink("/proc/%s/ns/pid" % name) == ns:
+                return int(name)
+        except (IOError, OSError, IndexError):
+            continue
+    return None
+
+
+def command_pid(restart):
+    """The server started in the container, by its pidfile there (a pid of the container's)."""
+    info = restart["_container"]
+    inner = read_pid(info["root"] + restart["pidfile"]) if restart.get("pidfile") else None
+    return host_pid(info, inner) if inner else None
+
+
+def restart_command(restart, log):
+    """Stop the server started in the container (TERM, KILL after stop_grace), note where its
+    log (a file in the container, read from the host) ends, start it again with `exec -d`."""
+    info = restart["_container"]
+    pid = command_pid(restart)
+    extra = {"stopped": None}
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        extra = {"stopped": pid, "signal": "TERM"}
+        if not wait_pid_gone(pid, float(restart.get("stop_grace", 10))):
+            os.kill(pid, signal.SIGKILL)
+            wait_pid_gone(pid, 5)
+            extra["signal"] = "KILL"
+    pos = log_position(log)
+    pidfile = info["root"] + restart["pidfile"]
+    if os.path.exists(pidfile):
+        os.unlink(pidfile)
+    argv = [info["runtime"], "exec", "-d"]
+    for k, v in sorted((restart.get("env") or {}).items()):
+        argv += ["-e", "%s=%s" % (k, v)]
+    if restart.get("workdir"):
+        argv += ["-w", restart["workdir"]]
+    argv += ["--", info["id"], "sh", "-c", EXEC_SCRIPT, "sh", restart["pidfile"], restart["_log"]] + restart["argv"]
+    rc, out = run_tool(argv, timeout=120)
+    if rc != 0:
+        raise AgentError("restart-failed", "`%s exec -d %s ...` failed (exit %s): %s"
+                         % (info["runtime"], info["name"], rc, out.strip() or "no output"))
+    deadline = time.monotonic() + 10
+    while read_pid(pidfile) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if pos["inode"] is None:
+        pos = {"inode": log_position(log)["inode"], "offset": 0}
+    return extra, pos, command_pid(restart)
+
+
+def log_position(log):
+    try:
+        st = os.stat(log)
+        return {"inode": st.st_ino, "offset": st.st_size}
+    except OSError:
+        return {"inode": None, "offset": 0}
 
 
 # ------------------------------------------------------------------ the log

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from .container import container_pid, note, restart_container
+from .container import command_pid, container_pid, note, restart_command, restart_container
 from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, protocol, read_bytes
 from .package import find_spec
 from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
@@ -101,6 +101,8 @@ def start_command_server(restart, log):
 def server_pid(restart):
     """pid of the running server as its manager reports it; None if it is not running."""
     kind = restart.get("kind", "command")
+    if kind == "command" and restart.get("_container"):
+        return command_pid(restart)
     if kind == "command":
         return command_server_pid(restart)
     if kind == "systemd":
@@ -295,7 +297,10 @@ def restart_server(req, ledger, reason):
     log = req["log"]
     kind = restart.get("kind", "command")
     result = {"kind": kind}
-    if kind == "command":
+    if kind == "command" and restart.get("_container"):   # a server started in a long-running container
+        extra, pos, pid = restart_command(restart, log)
+        result.update(extra)
+    elif kind == "command":
         result.update(stop_command_server(restart))
         pos = log_position(log)
         pid = start_command_server(restart, log)
