@@ -258,3 +258,20 @@ def test_a_router_aware_rollout_drains_container_hosts_like_any_worker(container
             assert h["router"]["removed"] is True and h["router"]["readded"] is True, h["router"]
         assert {w.url: w.healthy for w in r.list_workers()} == {u: True for u in urls.values()}
     assert_one_agent_command(f, "c1")
+
+
+# -- the demo ---------------------------------------------------------------------------------
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the demo needs root")
+def test_demo_containers_says_plainly_what_is_missing_where_no_daemon_answers(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "FLEETPATCH_TEST_DOCKER_SOCK": str(tmp_path / "none.sock"), "COLUMNS": "300"}
+    proc = subprocess.run([sys.executable, "-m", "fleetpatch", "demo", "--containers", "--root", str(tmp_path / "d")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert ("fleetpatch demo: --containers runs each engine in a Docker container, and the Docker daemon is not "
+            f"running: no socket at {tmp_path / 'none.sock'}") in out, out
+    assert "nothing was started" in out and not (tmp_path / "d").exists()
