@@ -275,3 +275,14 @@ def test_demo_containers_says_plainly_what_is_missing_where_no_daemon_answers(tm
     assert ("fleetpatch demo: --containers runs each engine in a Docker container, and the Docker daemon is not "
             f"running: no socket at {tmp_path / 'none.sock'}") in out, out
     assert "nothing was started" in out and not (tmp_path / "d").exists()
+
+
+def test_a_rollback_after_a_re_creation_finds_the_originals_there_and_clears_the_record(container_operator):
+    op, f = container_operator, container_operator.fleet
+    assert op.run("deploy-patch", "--patch", BEACON, "--hosts", "c1").code == 0
+    f.recreate_container("c1")
+    back = op.run("rollback", "--hosts", "c1")
+    assert back.code == 0, back
+    assert inside(f, "c1", WORKER) == wheel(WORKER)
+    status = op.run("status", "--hosts", "c1")
+    assert status.code == 0 and status.host("c1")["applied"] == [], status
