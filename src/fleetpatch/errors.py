@@ -39,6 +39,7 @@ class Status(str, Enum):
     DRAIN_TIMEOUT = "drain-timeout"     # a router-aware restart: the worker kept requests past --drain-timeout
     SMOKE_FAILED = "smoke-failed"       # restarted and verified, but the smoke request got no well-formed answer
     ROUTER_ERROR = "router-error"       # a router could not be used (unreachable, worker not listed, refused)
+    PATCH_LOST = "patch-lost"           # a container host's container was re-created since the deploy: the image's files
     OK = "ok"
     ERROR = "error"
 

@@ -63,4 +63,18 @@ def base_request(host: Host, job) -> protocol.Request:
     return protocol.Request(state_dir=host.engine.state_dir, package=profile.package,
                             launch_env_prefixes=list(profile.launch_env_prefixes), log=host.server.log,
                             restart=agent_restart(host), health_url=host.server.health_url,
-                            lock_token=job.token)
+                            lock_token=job.token, **container_fields(host))
+
+
+def patch_lost_message(host: Host, lost: dict) -> str:
+    """One host's `patch-lost`: its container was re-created since fleetpatch wrote into it."""
+    return (f"{host.name}: patch-lost: the container {lost.get('name')} was re-created at {lost.get('created')} "
+            f"(id {str(lost.get('new_id'))[:12]}, was {str(lost.get('old_id'))[:12]} when "
+            f"{', '.join(lost.get('patches') or []) or 'the patch'} was deployed): the image's files are back and "
+            "the patched code no longer runs; deploy-patch applies it again")
+
+
+def container_fields(host: Host) -> dict:
+    """A container host's requests name the container, its runtime and the interpreter in it."""
+    e = host.engine
+    return {"container": {"name": e.container, "runtime": e.runtime, "python": e.python}} if e.container else {}

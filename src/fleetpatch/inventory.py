@@ -45,7 +45,10 @@ __all__ = [
 ENV_VAR = "FLEETPATCH_INVENTORY"
 DEFAULT_STATE_DIR_ROOT = "/var/lib/fleetpatch"
 DEFAULT_STATE_DIR_USER = "~/.local/state/fleetpatch"
-RESTART_KINDS = ("command", "systemd", "supervisor")
+RESTART_KINDS = ("command", "systemd", "supervisor", "container")
+RUNTIMES = ("docker", "podman")   # engine.runtime: the CLI run on a container host (the same commands)
+CONTAINER_LOG = "container"        # server.log on a container host: the container's output
+HOST_AGENT_PYTHON = "python3"      # runs the agent on a container host (engine.python is inside the container)
 
 
 class InventoryError(UsageError):
@@ -77,9 +80,16 @@ class RestartConf:
 @dataclass(frozen=True)
 class EngineConf:
     kind: str
-    python: str
-    state_dir: str
-    probe: bool = True   # False: no probe in this host's server; its patches are judged by markers alone
+    python: str                        # the engine's interpreter (on a container host: inside the container)
+    state_dir: str                     # on the host; on a container host the container's own folder below it
+    container: Optional[str] = None    # the engine runs in this container on the host (name or id)
+    runtime: str = "docker"            # docker | podman: the CLI the agent runs on the host
+    probe: bool = True                 # False: no probe in this host's server; its patches are judged by markers alone
+
+    @property
+    def agent_python(self) -> str:
+        """The interpreter that runs the agent: the host's own python3 on a container host."""
+        return HOST_AGENT_PYTHON if self.container else self.python
 
 
 @dataclass(frozen=True)
@@ -321,6 +331,7 @@ class _V:
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _GATEWAY = re.compile(r"^(?:(?P<user>[^@\s:/\[\]]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<port>\d+))?$")
 
@@ -349,7 +360,8 @@ _RESTART_SCHEMA = {
 }
 _SERVER_SCHEMA = {"log": "str", "health_url": "url", "ready_timeout": "num", "restart": _RESTART_SCHEMA,
                   "url": "url", "smoke": "smoke"}
-_ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str", "probe": "bool"}
+_ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str", "probe": "bool",
+                  "container": "container", "runtime": "runtime"}
 _HOST_SCHEMA = {
     "address": "str", "user": "str", "port": "port", "identity_file": "str", "known_hosts": "str",
     "connect_timeout": "num", "gateway": "gateway", "engine": _ENGINE_SCHEMA, "server": _SERVER_SCHEMA,
@@ -386,10 +398,21 @@ def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
     if kind == "restart_kind":
         value = v.string(key, value)
         if value not in RESTART_KINDS:
-            raise v.fail(key, f"expected one of {', '.join(RESTART_KINDS)}, got {value!r}")
+            raise v.fail(key, f"expected one of {', '.join(RESTART_KINDS)}{_did_you_mean(value, RESTART_KINDS)}, "
+                              f"got {value!r}")
         return value
     if kind == "engine_kind":
         return _check_engine_kind(v, key, value)
+    if kind == "runtime":
+        value = v.string(key, value)
+        if value not in RUNTIMES:
+            raise v.fail(key, f"expected one of {', '.join(RUNTIMES)}{_did_you_mean(value, RUNTIMES)}, got {value!r}")
+        return value
+    if kind == "container":
+        value = v.string(key, value)
+        if not _CONTAINER_NAME.match(value):
+            raise v.fail(key, f"not a container name or id: {value!r} (letters, digits, '_', '.', '-')")
+        return value
     if kind == "url":
         value = v.string(key, value)
         if not re.match(r"^https?://[^/\s]+", value):
@@ -461,17 +484,18 @@ def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] =
     address = need(d, "address", "address")
     user = d.get("user")
     engine_d = d.get("engine", {})
-    python = need(engine_d, "python", "engine.python")
-    state_dir = engine_d.get("state_dir") or (DEFAULT_STATE_DIR_ROOT if user == "root" else DEFAULT_STATE_DIR_USER)
-    engine = EngineConf(kind=_or(engine_d.get("kind"), "sglang"), python=python, state_dir=state_dir,
-                        probe=engine_d.get("probe") is not False)
+    container = engine_d.get("container")
+    engine = _engine_conf(engine_d, user, None if container else need(engine_d, "python", "engine.python"))
 
-    server_d = need(d, "server", "server")
-    log = need(server_d, "log", "server.log")
-    restart_d = need(server_d, "restart", "server.restart")
-    kind = need(restart_d, "kind", "server.restart.kind")
+    # a container host's defaults: the container's output, and a restart of the container
+    server_d = d.get("server") or {} if container else need(d, "server", "server")
+    log = _or(server_d.get("log"), CONTAINER_LOG) if container else need(server_d, "log", "server.log")
+    restart_d = server_d.get("restart") or {} if container else need(server_d, "restart", "server.restart")
+    kind = _or(restart_d.get("kind"), "container") if container else need(restart_d, "kind", "server.restart.kind")
+    _check_container_host(v, pre, engine, log, kind, engine_d)
     rpre = f"{pre}.server.restart"
-    required = {"command": ("start", "pidfile"), "systemd": ("unit",), "supervisor": ("program",)}[kind]
+    required = {"command": ("start", "pidfile"), "systemd": ("unit",), "supervisor": ("program",),
+                "container": ()}[kind]
     for key in required:
         if restart_d.get(key) is None:
             raise v.fail(f"{rpre}.{key}", f"required when server.restart.kind is {kind} (set it under "
@@ -507,6 +531,41 @@ def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] =
         gateway=d.get("gateway"),
         router=router,
     )
+
+
+def _engine_conf(engine_d: dict, user: Optional[str], python: Optional[str]) -> EngineConf:
+    """engine.*; on a container host engine.python (inside the container) defaults to python3,
+    and the state dir is the container's own folder below engine.state_dir, on the host: the
+    ledger and the lock are kept per container."""
+    container = engine_d.get("container")
+    state_dir = engine_d.get("state_dir") or (DEFAULT_STATE_DIR_ROOT if user == "root" else DEFAULT_STATE_DIR_USER)
+    if container:
+        state_dir = f"{state_dir.rstrip('/') or '/'}/containers/{container}"
+    return EngineConf(kind=_or(engine_d.get("kind"), "sglang"), python=_or(python, _or(engine_d.get("python"),
+                                                                                     HOST_AGENT_PYTHON)),
+                      state_dir=state_dir, container=container, runtime=_or(engine_d.get("runtime"), "docker"),
+                      probe=engine_d.get("probe") is not False)
+
+
+def _check_container_host(v: "_V", pre: str, engine: EngineConf, log: str, kind: str, engine_d: dict) -> None:
+    """The keys that only make sense together with engine.container, and the ones that cannot go with it."""
+    if not engine.container:
+        if kind == "container":
+            raise v.fail(f"{pre}.server.restart.kind", "\"container\" restarts the engine's container: set "
+                                                       "engine.container (the container's name or id)")
+        if log == CONTAINER_LOG:
+            raise v.fail(f"{pre}.server.log", "\"container\" reads the container's output: set engine.container "
+                                              "(the container's name or id), or give the path of the server's log")
+        if engine_d.get("runtime") is not None:
+            raise v.fail(f"{pre}.engine.runtime", "only for a container host: set engine.container too")
+        return
+    if kind not in ("container", "command"):
+        raise v.fail(f"{pre}.server.restart.kind", f"{kind!r} cannot restart a server inside the container "
+                                                   f"{engine.container}: use container (the container's main "
+                                                   "process is the server) or command (started in it by exec -d)")
+    if kind == "command" and log == CONTAINER_LOG:
+        raise v.fail(f"{pre}.server.log", "a server started in the container by exec -d writes nothing to the "
+                                          "container's output: give the path of its log file inside the container")
 
 
 def _resolve_gateway(v: _V, host: Host, hosts: Dict[str, Host], written_at: str) -> Optional[Jump]:

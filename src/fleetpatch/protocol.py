@@ -100,6 +100,13 @@ class Request(TypedDict, total=False):
     health_url: Optional[str]
     lock_token: str             # a mutating op refuses unless this run holds the lock
     then: List["Request"]       # run after this one succeeds, in the same agent process
+    container: "ContainerSpec"  # a container host: the engine's container (agent/container.py)
+
+
+class ContainerSpec(TypedDict, total=False):
+    name: str                   # engine.container: a name or an id
+    runtime: str                # docker | podman
+    python: str                 # engine.python, inside the container
 
 
 class ProbeRequest(Request, total=False):

@@ -410,7 +410,8 @@ class Remote:
     def _session(self) -> AgentChannel:
         if self._chan is None:
             try:
-                chan = self.transport.start([self.host.engine.python, *AGENT_FLAGS, "-c", BOOTSTRAP])
+                # on a container host the host's own python3: the agent works on the container from outside
+                chan = self.transport.start([self.host.engine.agent_python, *AGENT_FLAGS, "-c", BOOTSTRAP])
             except HostFailure as f:   # mid-run (a redial after a cut): the request never reached the host
                 if self.agent_starts and f.cause is None:
                     f.cause = NoAnswer.NO_SESSION
@@ -589,7 +590,8 @@ class Remote:
                                   + "; a plain rerun reads the host's ledger and finishes or undoes what was done",
                                   NoAnswer.CHANNEL_CLOSED)
             if status == 127 or "No such file" in err or "not found" in err:
-                hint = f"; is engine.python ({self.host.engine.python}) right for this host?"
+                hint = (f"; is engine.python ({self.host.engine.python}) right for this host?" if not self.host.engine.container
+                        else f"; a container host runs the agent with the host's own {self.host.engine.agent_python}")
             raise HostFailure("error", f"{self.host.name}: the host agent ({op}) exited {status} without an answer: "
                                        f"{err[-800:] or 'no output'}{hint}", NoAnswer.AGENT_EXITED)
         if not final["ok"]:

@@ -131,9 +131,19 @@ def _startup_delay() -> float:
     return value
 
 
-def _specs(delay: float) -> list[HostSpec]:
-    return ([HostSpec(n, version=SGLANG_VERSION, spec_v2=True, startup_delay=delay) for n in V2_HOSTS]
-            + [HostSpec(n, version=SGLANG_VERSION, spec_v2=False, startup_delay=delay) for n in V1_HOSTS])
+def _specs(delay: float, containers: bool = False) -> list[HostSpec]:
+    """The demo's hosts; with --containers each engine runs in a Docker container on its host."""
+    return ([HostSpec(n, version=SGLANG_VERSION, spec_v2=True, startup_delay=delay, container=containers)
+             for n in V2_HOSTS]
+            + [HostSpec(n, version=SGLANG_VERSION, spec_v2=False, startup_delay=delay, container=containers)
+               for n in V1_HOSTS])
+
+
+def _containers_missing() -> str | None:
+    """What `demo --containers` lacks here (a reachable Docker daemon, a way to the base image), or None."""
+    from .dockerd import sock_from_env
+    from .images import containers_unavailable
+    return containers_unavailable(sock_from_env())
 
 
 def _show_path(p: Path) -> str:
@@ -224,6 +234,11 @@ def _tree_hashes(fleet: Fleet, names: list[str]) -> dict:
     out = {}
     for n in names:
         base = fleet.hosts[n].site_packages / "sglang"
+        if fleet.hosts[n].containerized:   # the files inside its container, through the container's root
+            pid = fleet.server_pid(n)
+            if not pid:
+                continue
+            base = Path(f"/proc/{pid}/root/sgl-workspace/sglang/python/sglang")
         for p in sorted(base.rglob("*")):
             if p.is_file() and "__pycache__" not in p.parts:
                 out[(n, str(p.relative_to(base)))] = hashlib.sha256(p.read_bytes()).hexdigest()
@@ -276,9 +291,12 @@ def _refuse_rerun(root: Path, down_cmd: str) -> list[str] | None:
 # ---------------------------------------------------------------- up
 
 
-def up(root: Path | None = None) -> int:
+def up(root: Path | None = None, containers: bool = False) -> int:
     console = _console()
     problems = _prerequisites()
+    missing = _containers_missing() if containers and not problems else None
+    if missing:
+        problems.append(f"--containers runs each engine in a Docker container, and {missing}")
     if problems:
         for p in problems:
             console.print(f"fleetpatch demo: {p}", style="bold red", markup=False)
@@ -302,7 +320,7 @@ def up(root: Path | None = None) -> int:
             console.print(line, markup=False)
         return 2
     started = time.monotonic()
-    ctx: dict = {}
+    ctx: dict = {"containers": containers}
     try:
         return _up(console, root, shown_root, delay, down_cmd, started, ctx)
     except (KeyboardInterrupt, _Interrupted) as e:
@@ -463,6 +481,10 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         "server that imports them and routes speculative decoding exactly as SGLang does:")
     console.print(f"  {', '.join(V2_HOSTS)}  SGLANG_ENABLE_SPEC_V2=True  topk 1 -> EAGLEWorkerV2", markup=False)
     console.print(f"  {', '.join(V1_HOSTS)}  (not set)                  topk 4 -> EAGLEWorker", markup=False)
+    if ctx.get("containers"):
+        console.print("Each engine runs in a Docker container on its host (--containers), laid out as the official "
+                      "lmsysorg/sglang image: SGLang installed editable under /sgl-workspace, its log the "
+                      "container's output.", markup=False)
 
     if trafficmod.read_record(root) is not None:
         trafficmod.stop_router(root)  # the previous demo's, in front of hosts about to go
@@ -490,7 +512,7 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     sys.stdout.flush()
     t = time.monotonic()
     try:
-        fleet = Fleet(root, _specs(delay), detach=True).start(timeout=60 + 4 * delay)
+        fleet = Fleet(root, _specs(delay, ctx.get("containers", False)), detach=True).start(timeout=60 + 4 * delay)
         ctx["fleet"] = fleet
     except (FleetError, RuntimeError, OSError) as e:
         if finish_router is not None:

@@ -309,7 +309,7 @@ def test_brief_example_message():
     ("server: {ready_timeout: -1}", "hosts.a.server.ready_timeout", "must be more than 0"),
     ("server: {health_url: 'localhost:30000'}", "hosts.a.server.health_url", "expected an http://"),
     ("server: {restart: {kind: docker}}", "hosts.a.server.restart.kind",
-     "expected one of command, systemd, supervisor, got 'docker'"),
+     "expected one of command, systemd, supervisor, container, got 'docker'"),
     ("server: {restart: {stop_grace: -2}}", "hosts.a.server.restart.stop_grace", "must not be negative"),
     ("server: {restart: {env: [A]}}", "hosts.a.server.restart.env", "expected a mapping, got a list"),
     ("server: {restart: {env: {A: [1]}}}", "hosts.a.server.restart.env.A", "expected a string, got a list"),

@@ -233,6 +233,9 @@ def recover(req):
         pass
     if journal:
         root = journal["root"]
+        if req.get("_container") and root.startswith("/proc/"):
+            # written through the container's root under its pid then: a restart since gave it another
+            root = req["_container"]["root"] + "/" + root.split("/", 4)[4]
         restored, left = [], []
         for f in journal["files"]:
             full = writable_join(root, f["path"])

@@ -30,7 +30,7 @@ class Follow(object):
         self.follower = open_follower(req)
         self.watch = LogWatch(self.follower.path) if isinstance(self.follower, LogFollower) else None
         restart = req.get("restart") or {}
-        self.managed = restart.get("kind") in ("systemd", "supervisor")
+        self.managed = restart.get("kind") in ("systemd", "supervisor", "container")
         self.pid = req.get("pid") or (server_pid(restart) if self.managed else None)
         self.health_url = req.get("health_url")
         self.info_url = req.get("server_info_url")

@@ -7,6 +7,7 @@ import time
 
 from .base import AgentError, expand
 from .ledger import load_ledger
+from .container import open_container_log, uses_container_log
 from .restart import journal_argv, uses_journal
 
 
@@ -283,6 +284,8 @@ def open_follower(req):
     """What follow reads: the log file from the recorded (inode, offset), or for a systemd unit
     that logs to the journal, journalctl with the window recorded at fleetpatch's restart."""
     restart = req.get("restart") or {}
+    if uses_container_log(req):
+        return open_container_log(req, load_ledger(req))
     if not uses_journal(restart, req.get("log")):
         return LogFollower(req["log"], req.get("inode"), req.get("offset", 0))
     window = (load_ledger(req).get("last_restart") or {}).get("journal") or {}
@@ -296,6 +299,8 @@ def open_follower(req):
 def log_reader_since(req, since_epoch, pos):
     """A reader of the server's output from now on: the log file from `pos`, or its journal."""
     restart = req.get("restart") or {}
+    if uses_container_log(req):
+        return open_container_log(req, {}, since_epoch)
     if uses_journal(restart, req.get("log")):
         return JournalFollower(journal_argv(restart["unit"], None, since_epoch), "journal of " + restart["unit"])
     return LogFollower(req["log"], pos.get("inode"), pos.get("offset", 0))

@@ -8,6 +8,7 @@ from .base import (AgentError, atomic_write, ensure_dir, expand, file_meta, now_
                    state_path, unpack)
 from .files import (describe_file, digest, read_or_none, recover, safe_join, sibling_meta, write_with_ledger,
                     writable_join)
+from .container import locate_package, patch_lost, rebase
 from .http import http_get
 from .ledger import load_ledger, save_ledger
 from .lock import check_lock, read_lock, release_lock, take_lock
@@ -34,9 +35,13 @@ def op_probe(state, req):
         if stale:
             out["stale_probe_removed"] = stale
     package = req["package"]
-    root = package_dir(package)
-    out["package_dir"] = root
-    out["version"] = package_version(package, root)
+    if req.get("_container"):   # a container host: found in the container's site dirs, read from the host
+        root, out["package_dir"], out["version"] = locate_package(req, package)
+        out["container"] = dict((k, req["_container"][k]) for k in ("name", "id", "created", "started_at", "image"))
+    else:
+        root = package_dir(package)
+        out["package_dir"] = root
+        out["version"] = package_version(package, root)
     files = list(req.get("files") or [])
     ledger = load_ledger(req)
     if req.get("ledger_files"):  # status: every file fleetpatch wrote, to spot drift in this same trip
@@ -47,6 +52,8 @@ def op_probe(state, req):
     out["absent_folders"] = sorted(set(os.path.dirname(rel) for rel in files if out["files"][rel] is None
                                        and not os.path.isdir(os.path.dirname(safe_join(root, rel)))))
     out["ledger"] = ledger
+    if req.get("_container") and patch_lost(ledger, req["_container"]):
+        out["patch_lost"] = patch_lost(ledger, req["_container"])
     out["lock"] = read_lock(req)
     restart = req.get("restart")
     if restart:
@@ -116,6 +123,8 @@ def op_apply(state, req):
     check_lock(req)
     root = req["package_dir"]
     ledger = load_ledger(req)
+    if req.get("_container"):   # a re-created container lost what the ledger recorded for the old one
+        rebase(ledger, req["_container"])
     label = req["label"]
     state_path(req, "backups", label)   # refuses a symlink in the state dir before anything is read
     # Every file is checked before anything is written: a refusal leaves the host as it was.

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+from .container import command_pid, container_pid, note, restart_command, restart_container
 from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, protocol, read_bytes
 from .package import find_spec
 from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
@@ -100,6 +101,8 @@ def start_command_server(restart, log):
 def server_pid(restart):
     """pid of the running server as its manager reports it; None if it is not running."""
     kind = restart.get("kind", "command")
+    if kind == "command" and restart.get("_container"):
+        return command_pid(restart)
     if kind == "command":
         return command_server_pid(restart)
     if kind == "systemd":
@@ -108,6 +111,8 @@ def server_pid(restart):
     if kind == "supervisor":
         _, out = run_tool(supervisor_argv(restart, "pid", supervisorctl_command()), timeout=60)
         return parse_supervisor_pid(out)
+    if kind == "container":
+        return container_pid(restart)
     return None
 
 
@@ -292,7 +297,10 @@ def restart_server(req, ledger, reason):
     log = req["log"]
     kind = restart.get("kind", "command")
     result = {"kind": kind}
-    if kind == "command":
+    if kind == "command" and restart.get("_container"):   # a server started in a long-running container
+        extra, pos, pid = restart_command(restart, log)
+        result.update(extra)
+    elif kind == "command":
         result.update(stop_command_server(restart))
         pos = log_position(log)
         pid = start_command_server(restart, log)
@@ -304,12 +312,18 @@ def restart_server(req, ledger, reason):
     elif kind == "supervisor":
         extra, pos, pid = restart_supervisor(restart, log)
         result.update(extra)
+    elif kind == "container":
+        extra, pos, pid = restart_container(restart)
+        result.update(extra)
     else:
         raise AgentError("error", "unknown restart kind %r" % kind)
     ledger["last_restart"] = protocol.LastRestart(at=now_iso(), epoch=time.time(), log=log, inode=pos["inode"],
                                                   offset=pos["offset"], pid=pid, reason=reason)
     if result.get("journal"):
         ledger["last_restart"]["journal"] = result["journal"]
+    if result.get("container"):
+        ledger["last_restart"]["container"] = result["container"]
+        ledger["container"] = note(result["container"])
     ledger["restart_pending"] = False
     result.update({"pid": pid, "inode": pos["inode"], "offset": pos["offset"]})
     return result

@@ -16,6 +16,7 @@ import threading
 import time
 import types
 
+from .container import attach
 from .base import AgentError, atomic_write, now_iso, protocol, read_json, state_path
 from .follow import Follow
 from .lock import LOCK_BUSY, LOCK_LOST, read_lock, release_lock
@@ -103,6 +104,7 @@ def dispatch(state, req):
     op = OPS.get(req.get("op"))
     if op is None:
         raise AgentError("error", "unknown agent operation %r" % req.get("op"))
+    req = attach(req)   # a container host: the container checked (nothing done yet) and its root found
     try:
         result = op(state, req)
     except AgentError as e:

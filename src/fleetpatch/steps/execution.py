@@ -21,9 +21,14 @@ from ..probe import verdict as probe_verdict
 
 def probe_wanted(job, host, patch) -> bool:
     """The probe watches this host's restart: not --no-probe, not engine.probe: false,
-    and not a patch with `executed: off`."""
-    return bool(getattr(job, "probe", True) and getattr(host.engine, "probe", True)
+    not a container host (the probe is not put into a container's interpreter yet), and
+    not a patch with `executed: off`."""
+    return bool(getattr(job, "probe", True) and probe_on_host(host)
                 and (patch is None or getattr(patch, "executed", "any") != "off"))
+
+
+def probe_on_host(host) -> bool:
+    return bool(getattr(host.engine, "probe", True) and not getattr(host.engine, "container", None))
 
 
 @functools.lru_cache(maxsize=1)

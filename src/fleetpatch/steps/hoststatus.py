@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import lockview, protocol
 from ..errors import Status
-from ..hostcalls import HostResult
+from ..hostcalls import HostResult, patch_lost_message
 from .context import HostRun, host_step
 
 # A last verification that ended so leaves the host ok (a rollback's check records `verified` too).
@@ -59,6 +59,13 @@ def status(run: HostRun) -> HostResult:
                "restart_pending": bool(ledger.get("restart_pending")),
                "lock": lock, "known_version": run.profile.knows(run.version or "")}
     problems, status_ = [], Status.OK
+    if reply.get("container"):
+        details["container"] = reply["container"]
+    if reply.get("patch_lost"):   # the files are the image's: that, not each file's drift, is the story
+        details["patch_lost"] = reply["patch_lost"]
+        problems.append(patch_lost_message(run.host, reply["patch_lost"])[len(run.name) + 2:])
+        status_, drift = Status.PATCH_LOST, []
+        details["drift"] = []
     if drift:
         problems.append("drift in " + ", ".join(drift))
         status_ = Status.DRIFT

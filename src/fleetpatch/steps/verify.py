@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import protocol
 from ..errors import HostFailure, NoAnswer, Status
-from ..hostcalls import HostResult
+from ..hostcalls import HostResult, patch_lost_message
 from . import execution, follow
 from .context import HostRun, host_step, probe, running_launch
 from .follow import Watch
@@ -55,6 +55,9 @@ def verify_logs(run: HostRun) -> HostResult:
     reply = probe(run.remote, host, job, [], content=False)
     ledger = reply.get("ledger") or {}
     run.version = reply.get("version")
+    if reply.get("patch_lost"):
+        return run.result(False, Status.PATCH_LOST, patch_lost_message(host, reply["patch_lost"]),
+                          details={"patch_lost": reply["patch_lost"]})
     last = ledger.get("last_restart")
     if not last:
         return run.result(False, Status.ERROR, f"{host.name}: fleetpatch has not restarted this server yet, so "
