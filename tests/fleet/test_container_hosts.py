@@ -178,7 +178,7 @@ def test_a_user_who_may_not_use_the_runtime_is_told_so(docker_daemon, tmp_path):
             "from fleetpatch.agent.base import AgentError\n"
             "try:\n    resolve({'container': {'name': 'sglang-x', 'runtime': 'docker'}})\n"
             "except AgentError as e:\n    print(e.message)\n")
-    src = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "src")
+    src = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "src")
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code,
                           src], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": f"unix://{docker_daemon.sock}",
