@@ -541,10 +541,18 @@ def _read_manifest(folder: Path) -> tuple:
     return file, doc
 
 
-def _revision(file: str, folder: Path, i: int, node, seen: Dict[int, str], markers, asp, profile,
-              package: str) -> Revision:
+@dataclass(frozen=True)
+class _Manifest:
+    """Where a patch.yaml is read from, and the engine its diffs are checked against."""
+    file: str
+    folder: Path
+    profile: Any
+    package: str
+
+
+def _revision(m: _Manifest, i: int, node, seen: Dict[int, str], markers, asp) -> Revision:
     """One entry of `revisions`, its diff read and the path rules checked."""
-    key = f"revisions[{i}]"
+    file, key = m.file, f"revisions[{i}]"
     if not isinstance(node, dict):
         raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
     _refuse_unknown_keys(file, key, node, _REV_KEYS)
@@ -559,8 +567,8 @@ def _revision(file: str, folder: Path, i: int, node, seen: Dict[int, str], marke
     seen[rev] = key
     spec_text = node["engine_versions"]
     spec = _spec(file, f"{key}.engine_versions", spec_text)
-    path, diff_text, sha, files = _read_diff(folder, file, f"{key}.diff", node["diff"], profile, package)
-    _check_rules(file, _display(path), rev, files, markers, asp, profile, spec)
+    path, diff_text, sha, files = _read_diff(m.folder, file, f"{key}.diff", node["diff"], m.profile, m.package)
+    _check_rules(file, _display(path), rev, files, markers, asp, m.profile, spec)
     return Revision(rev=rev, diff_file=path, diff_text=diff_text, diff_sha256=sha,
                     engine_versions=spec, files=files, spec_text=spec_text.strip())
 
@@ -598,10 +606,11 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
         raise _perr(file, "revisions", "no revisions listed")
     revisions: List[Revision] = []
     seen: Dict[int, str] = {}
+    manifest = _Manifest(file, folder, profile, package)
     for i, node in enumerate(revs_node):
         # with `executed: off` markers alone judge execution: the marker rule holds at load
         rule_markers = markers if executed == "off" else None
-        revisions.append(_revision(file, folder, i, node, seen, rule_markers, asp, profile, package))
+        revisions.append(_revision(manifest, i, node, seen, rule_markers, asp))
     revisions.sort(key=lambda r: r.rev)
     return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
                  expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder, smoke_expect=smoke_expect,
