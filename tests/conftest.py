@@ -13,8 +13,11 @@ not fixtures live in tests/support.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from fleetpatch_demo import fleet as fleetmod
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from support.localhost import LocalHost, template_env
 from support.operator import Operator

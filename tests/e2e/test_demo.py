@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -210,12 +211,14 @@ def test_demo_up_then_down(tmp_path):
         env = {**os.environ, "FLEETPATCH_INVENTORY": str(root / "hosts.yaml"), "COLUMNS": "200"}
         proc = subprocess.run([sys.executable, "-m", "fleetpatch", "status"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=120, env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr  # gpu-a03/a04 keep the forced patch, no drift
+        # gpu-a03/a04 keep the forced patch (no drift), and their last verification failed: a failing host
+        assert proc.returncode == 1, proc.stdout + proc.stderr
         assert "gpu-a04" in proc.stdout and "v2-only-beacon@1" in proc.stdout
+        assert "FAILED on 2 of 4 hosts: gpu-a03 (not-executed), gpu-a04 (not-executed)" in proc.stdout, proc.stdout
 
         # the printed commands work from another folder, as printed
         code, status_out = run_printed(status_cmd, elsewhere)
-        assert code == 0, status_out
+        assert code == 1 and "gpu-a04 (not-executed)" in status_out, status_out
         assert demo_run._refuse_rerun(root, "fleetpatch demo --down") is None, "untouched: a rerun may restart it"
         code, rollback_out = run_printed(rollback_cmd, elsewhere)
         assert code == 0, rollback_out
