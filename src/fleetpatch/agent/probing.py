@@ -12,8 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
-from .base import atomic_write, ensure_dir, protocol, read_json, state_path
+from .base import atomic_write, ensure_dir, protocol, read_bytes, read_json, state_path
 
 if __name__.split(".")[0] == "fleetpatch":   # imported on the laptop (tests)
     from ..probe import install as probe_install
@@ -27,19 +28,33 @@ RECORD_BYTES = 1 << 20   # what one follow event carries at most
 
 
 def site_info(python, env):
-    """What SITE_QUERY says of `python` (the interpreter the server runs), or raises ProbeInstallError."""
-    try:
-        proc = subprocess.run([python, "-c", probe_install.SITE_QUERY], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=SITE_QUERY_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise probe_install.ProbeInstallError("cannot run %s to find its site directory: %s" % (python, e))
-    if proc.returncode != 0:
-        raise probe_install.ProbeInstallError("%s failed to say its site directory (exit %d): %s" % (
-            python, proc.returncode, proc.stderr.decode("utf-8", "replace").strip()[-300:]))
-    try:
-        return json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise probe_install.ProbeInstallError("%s said no site directory" % python)
+    """What SITE_QUERY says of `python` (the interpreter the server runs), or raises ProbeInstallError.
+
+    The interpreter starts as the server's does, with the host's .pth files, and those may
+    write anything to stdout (one test floods 200 MB): stdout goes nowhere, the answer comes
+    in a file, and only the tail of stderr is kept for the error."""
+    with tempfile.TemporaryDirectory(prefix="fleetpatch-site-") as folder:
+        answer, errors = os.path.join(folder, "answer.json"), os.path.join(folder, "stderr")
+        try:
+            with open(errors, "wb") as err:
+                proc = subprocess.run([python, "-c", probe_install.SITE_QUERY, answer], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=err, env=env, timeout=SITE_QUERY_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise probe_install.ProbeInstallError("cannot run %s to find its site directory: %s" % (python, e))
+        if proc.returncode != 0:
+            raise probe_install.ProbeInstallError("%s failed to say its site directory (exit %d): %s" % (
+                python, proc.returncode, tail(errors, 300)))
+        try:
+            return json.loads(read_bytes(answer).decode("utf-8", "replace"))
+        except (IOError, OSError, ValueError):
+            raise probe_install.ProbeInstallError("%s said no site directory" % python)
+
+
+def tail(path, size):
+    """The last `size` bytes of a file, as text."""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - size))
+        return f.read().decode("utf-8", "replace").strip()
 
 
 def server_env(req):

@@ -28,13 +28,16 @@ PLAN_NAME = "plan.json"
 RECORDS_NAME = "records"
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-# What the agent runs with the server's interpreter (`python -c SITE_QUERY`); its output goes to `site_dir_from`.
+# What the agent runs with the server's interpreter (`python -c SITE_QUERY [ANSWER_FILE]`); its
+# answer goes to `site_dir_from`. The answer is written to ANSWER_FILE when one is given, not
+# printed: the interpreter's own start-up (a .pth of the host's) may print anything, any amount.
 SITE_QUERY = (
     "import json, site, sys, sysconfig\n"
     "try:\n    pkgs = site.getsitepackages()\nexcept Exception:\n    pkgs = []\n"
-    "print(json.dumps({'site_packages': pkgs, 'purelib': sysconfig.get_paths().get('purelib'), "
+    "answer = json.dumps({'site_packages': pkgs, 'purelib': sysconfig.get_paths().get('purelib'), "
     "'path': sys.path, 'executable': sys.executable, 'version': list(sys.version_info[:3]), "
-    "'no_site': bool(sys.flags.no_site)}))\n"
+    "'no_site': bool(sys.flags.no_site)})\n"
+    "if len(sys.argv) > 1:\n    open(sys.argv[1], 'w').write(answer)\nelse:\n    print(answer)\n"
 )
 
 
