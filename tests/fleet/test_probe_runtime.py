@@ -417,9 +417,8 @@ def test_a_line_torch_compile_only_traced_is_recorded_as_traced(interp, work):
     assert LINE_OF["return 42"] not in block["ran"]["toypkg/hot.py"]
 
 
+@pytest.mark.parametrize("interp", ["py3.13-lines"], indirect=True)   # tool ids exist on Python 3.12+
 def test_taken_monitoring_tool_ids_make_the_probe_fall_back_to_functions(interp, work):
-    if interp.name != "py3.13-lines":
-        pytest.skip("sys.monitoring tool ids exist on Python 3.12+")
     inner, host = work
     site_inner = site_dir(interp)
     taker = interp.host(site_inner) / "aaa-fptest-take-tools.pth"
