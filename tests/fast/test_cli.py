@@ -10,12 +10,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from support.forkcli import run_many
 from support.listeners import Listener
 from support.paths import REPO
 
@@ -125,14 +125,12 @@ def bad_values(cmd: str, flags: set[str], tmp: Path) -> list[tuple[list[str], st
 
 
 def test_every_bad_flag_value_is_one_line_exit_2_and_no_host_is_contacted(workdir, listener):
-    from concurrent.futures import ThreadPoolExecutor
     sys.path.insert(0, str(REPO / "src"))
     from fleetpatch.cli import task_flags
     cases = [case for cmd in COMMANDS for case in bad_values(cmd, set(task_flags(cmd)), workdir)]
     assert len(cases) > 60
     before = listener.accepted
-    with ThreadPoolExecutor(4) as pool:
-        runs = list(pool.map(lambda case: fleetpatch(*case[0], cwd=workdir), cases))
+    runs = run_many([argv for argv, _ in cases], workdir, env())
     for (argv, named), r in zip(cases, runs):
         assert r.returncode == 2, (argv, r.stdout, r.stderr)
         lines = r.stderr.splitlines()

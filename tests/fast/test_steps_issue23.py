@@ -1,7 +1,8 @@
 """Issue 23's items on the per-host steps: a typed cause for an answer that never
 came (6a), status failing a host whose last verification failed (7a), fetch naming
 the patches the host's files carry (7g), on the real agent and stand-in server on the local transport (-v, 7h, is in
-tests/fleet/test_verbose_evidence.py)."""
+tests/fleet/test_verbose_evidence.py; an agent that stalls is waited
+out in tests/fleet/test_stalled_agent.py)."""
 from __future__ import annotations
 
 import json
@@ -31,70 +32,12 @@ def test_an_agent_that_dies_before_answering_is_a_failure_with_that_cause(lh):
     assert steps.no_answer(e.value)
 
 
-def test_an_agent_that_does_not_answer_in_time_is_a_timeout_with_that_cause(lh):
-    host = lh.host()
-    j, _ = job(lh, None)
-    with remote.Remote(host, transport=LocalTransport(host.name)) as r:
-        r.call("probe", steps.base_request(host, j))
-        proc = r._chan.proc
-        os.kill(proc.pid, signal.SIGSTOP)
-        try:
-            with pytest.raises(HostFailure) as e:
-                r.call("probe", steps.base_request(host, j), timeout=1)
-        finally:
-            if proc.poll() is None:   # the Remote's close kills a stopped agent after its wait
-                proc.kill()
-    assert e.value.status == Status.TIMEOUT and e.value.cause == NoAnswer.TIMEOUT, e.value.message
-
-
 def test_the_words_of_a_message_never_make_an_answer_a_lost_connection():
     """The host answered, and its message happens to quote such words: not a lost connection."""
     answered = HostFailure(Status.ERROR, "h1: the host agent said: upstream connection dropped without an answer")
     assert not steps.no_answer(answered)
     lost = HostFailure(Status.ERROR, "h1: something else entirely", NoAnswer.SEND_FAILED)
     assert steps.no_answer(lost)
-
-
-def test_a_stall_during_verification_says_what_the_ledger_knows(lh):
-    """The agent stops (SIGSTOP) once the new server is up: the result says the connection was
-    lost during the verification, names the patch and version, and where the truth is."""
-    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1"})
-    j, _ = job(lh, host=host, timeout=1)
-    stopped = []
-
-    def progress(name, phase, detail=""):
-        if phase == "verify" and not stopped:
-            for pid in agent_pids(lh):
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-
-    j.progress = progress
-    try:
-        r = steps.deploy(j, host)
-    finally:
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass   # the run's close already ended it
-    assert stopped
-    assert r.status == "timeout", r.message
-    assert "connection was lost during the verification of spec-path-beacon@1" in r.message, r.message
-    assert "its ledger says what was done" in r.message
-    assert r.engine_version == "0.5.9" and r.patch == "spec-path-beacon@1"
-
-
-def agent_pids(lh) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if cmd.startswith(str(lh.python).encode()) and b"-c" in cmd and b"sglang_standin" not in cmd:
-                out.append(int(d))
-    return out
 
 
 # ----------------------------------------------------------------- 7a

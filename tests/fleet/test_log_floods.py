@@ -1,4 +1,4 @@
-"""Issue 24 (4): every line of the log since the restart is judged. A server that
+"""Floods of the server's log, judged in bounded memory. Issue 24 (4): every line of the log since the restart is judged. A server that
 prints 200 MB right after its restart, before its settings dump, its marker and its
 ready line, verifies; the laptop and the agent stay in bounded memory.
 
@@ -85,3 +85,66 @@ def test_a_200_mb_flood_before_the_marker_is_judged_to_the_end_and_verifies(lh):
     assert peaks["agent_kb"] < 100 * 1024, f"agent peak RSS {peaks['agent_kb']} kB"
     assert growth_mb < 150, f"the laptop grew {growth_mb:.0f} MB"
     assert not lh.lock.exists()
+
+
+def wait_for(predicate, timeout: float = 20.0, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+BURST_MB = 200
+
+
+def test_a_200_mb_burst_after_the_restart_verifies_in_seconds_with_bounded_memory(lh):
+    """A second writer appends 200 MB to the log while the server starts (after its
+    markers, before its ready line): the agent reads in bounded chunks, the laptop keeps
+    a bounded window and judges incrementally, and the host verifies in seconds."""
+    import resource
+    import threading
+    host = lh.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "1.0"})
+    line = b"[2026-01-05 10:11:12] INFO chatty: " + b"x" * 64 + b"\n"
+    block = line * ((1 << 20) // len(line))
+    peaks = {"agent_kb": 0}
+    stop = threading.Event()
+
+    def flood():
+        if not wait_for(lambda: lh.log.exists() and b"Uvicorn running" in lh.log.read_bytes()):
+            return
+        with open(lh.log, "ab") as f:
+            for _ in range(BURST_MB):
+                f.write(block)
+        peaks["flooded_at"] = time.monotonic()
+
+    def watch():
+        while not stop.is_set():
+            peaks["agent_kb"] = max(peaks["agent_kb"], agent_rss_kb())
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=flood, daemon=True), threading.Thread(target=watch, daemon=True)]
+    for t in threads:
+        t.start()
+    before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    try:
+        r = steps.deploy(job(lh, host=host, timeout=60)[0], host)
+    finally:
+        took = time.monotonic() - started
+        stop.set()
+        for t in threads:
+            t.join()
+    laptop_growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kb) / 1024
+    print(f"\n200 MB burst: {r.status} in {took:.1f}s, agent peak RSS {peaks['agent_kb'] / 1024:.0f} MB, "
+          f"laptop peak growth {laptop_growth_mb:.0f} MB, lines not kept {r.details.get('log_lines_not_kept')}")
+    assert "flooded_at" in peaks and lh.log.stat().st_size > BURST_MB * len(block), "the burst was written"
+    assert r.status == "verified", r.message
+    assert took < 30, f"verification took {took:.1f}s"
+    assert peaks["agent_kb"] < 100 * 1024, f"agent peak RSS {peaks['agent_kb']} kB"
+    assert laptop_growth_mb < 150, f"laptop grew {laptop_growth_mb:.0f} MB"
+    assert not lh.lock.exists()
+
+
+# ------------------------------------------- 6: stacked patches and --force
