@@ -534,7 +534,7 @@ def check_smoke_section(fail: Fail, key: str, node: Any) -> Dict[str, Any]:
 
 
 def build_router_conf(fail: Fail, host: str, router: Optional[dict], server_url: Optional[str],
-                      written_at: Dict[str, str]) -> Optional[RouterConf]:
+                      written_at: Dict[str, str], url_key: Optional[str] = None) -> Optional[RouterConf]:
     """The merged router section of one host (None: no router), requiring server.url with it.
 
     `written_at` says where each key of the section was written ("defaults.router", …)."""
@@ -550,9 +550,9 @@ def build_router_conf(fail: Fail, host: str, router: Optional[dict], server_url:
         raise fail(f"{at('proxy')}.proxy", f"router.via ({router['via']}) already says how the routers are "
                                            "reached (through that host's SSH connection); set one of via and proxy")
     if not server_url:
-        raise fail(f"hosts.{host}.server.url", "required when a router section applies to the host: the "
-                                                "worker's URL exactly as the router lists it (set it under "
-                                                f"hosts.{host}.server)")
+        key = url_key or f"hosts.{host}.server.url"
+        raise fail(key, "required when a router section applies to the host: the worker's URL exactly as the "
+                        f"router lists it (set it under {key.rsplit('.', 1)[0]})")
     if router.get("via"):
         for i, u in enumerate(router["urls"]):
             if urllib.parse.urlsplit(u).scheme != "http":

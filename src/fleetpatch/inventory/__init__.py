@@ -111,6 +111,17 @@ class Host:
     jump: Optional[Jump] = None            # the gateway, resolved
     groups: Tuple[str, ...] = ()           # the inventory groups naming this host (not "all")
     router: Optional[RouterConf] = None    # the routers in front of this worker (router section)
+    # `servers:` (several servers sharing the host's install), in file order; () for the one-server form
+    servers: Tuple[Tuple[str, "ServerConf"], ...] = ()
+    server_name: Optional[str] = None      # which of `servers` `server` is (a view of one server)
+
+    def server_views(self) -> List["Host"]:
+        """One Host per server of `servers`, each with that server as its `server` (the host itself
+        for the one-server form): what is restarted, drained and judged on its own."""
+        if not self.servers:
+            return [self]
+        import dataclasses
+        return [dataclasses.replace(self, server=conf, server_name=name) for name, conf in self.servers]
 
     @property
     def target(self) -> str:
@@ -168,41 +179,79 @@ class Inventory:
 
 def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] = None) -> Host:
     pre = f"hosts.{name}"
-
-    def need(section: dict, key: str, where: str) -> Any:
-        if section.get(key) is not None:
-            return section[key]
-        parent = where.rsplit(".", 1)[0] if "." in where else None
-        if where == "address":
-            hint = f"set it under hosts.{name}"
-        elif parent:
-            hint = f"set it under hosts.{name}.{parent} or under defaults.{parent}"
-        else:
-            hint = f"set it under hosts.{name} or under defaults"
-        raise v.fail(f"{pre}.{where}", f"required but missing ({hint})")
-
-    address = need(d, "address", "address")
+    if d.get("address") is None:
+        raise v.fail(f"{pre}.address", f"required but missing (set it under hosts.{name})")
     user = d.get("user")
     engine_d = d.get("engine", {})
     container = engine_d.get("container")
-    engine = _engine_conf(engine_d, user, None if container else need(engine_d, "python", "engine.python"))
+    if not container and engine_d.get("python") is None:
+        raise v.fail(f"{pre}.engine.python", f"required but missing (set it under hosts.{name}.engine or "
+                                             "under defaults.engine)")
+    engine = _engine_conf(engine_d, user, None if container else engine_d["python"])
+    servers: Tuple[Tuple[str, ServerConf], ...] = ()
+    if d.get("servers"):
+        if container:
+            raise v.fail(f"{pre}.servers", "several servers on a container host are not supported: one "
+                                           "container runs one server; list each container as a host")
+        servers = tuple((s, _build_server(v, name, f"servers.{s}", _merge(d.get("server") or {}, conf), engine,
+                                        engine_d))
+                        for s, conf in d["servers"].items())
+        _check_distinct(v, pre, servers)
+        server = servers[0][1]
+    else:
+        if not container and d.get("server") is None:
+            raise v.fail(f"{pre}.server", f"required but missing (set it under hosts.{name} or under defaults; "
+                                          f"several servers: hosts.{name}.servers)")
+        server = _build_server(v, name, "server", d.get("server") or {}, engine, engine_d)
+    routers = [build_router_conf(v.fail, name, d.get("router"), conf.url, router_at or {},
+                                 url_key=f"{pre}.{where}.url")
+               for where, conf in ([(f"servers.{s}", c) for s, c in servers] or [("server", server)])]
+    return Host(
+        name=name,
+        address=d["address"],
+        engine=engine,
+        server=server,
+        servers=servers,
+        server_name=servers[0][0] if servers else None,
+        user=user,
+        port=d.get("port"),
+        identity_file=_expand(d.get("identity_file")),
+        known_hosts=_expand(d.get("known_hosts")),
+        connect_timeout=_or(d.get("connect_timeout"), 10),
+        gateway=d.get("gateway"),
+        router=routers[0],
+    )
 
-    # a container host's defaults: the container's output, and a restart of the container
-    server_d = d.get("server") or {} if container else need(d, "server", "server")
-    log = _or(server_d.get("log"), CONTAINER_LOG) if container else need(server_d, "log", "server.log")
-    restart_d = server_d.get("restart") or {} if container else need(server_d, "restart", "server.restart")
-    kind = _or(restart_d.get("kind"), "container") if container else need(restart_d, "kind", "server.restart.kind")
+
+def _build_server(v: _V, name: str, where: str, server_d: dict, engine: EngineConf, engine_d: dict) -> ServerConf:
+    """One server of host `name`, written at hosts.<name>.<where> (server, or servers.<s>)."""
+    pre = f"hosts.{name}"
+    container = engine.container
+
+    def need(section: dict, key: str, at: str) -> Any:
+        if section.get(key) is not None:
+            return section[key]
+        parent = "." + at.rsplit(".", 1)[0] if "." in at else ""
+        hint = (f"set it under hosts.{name}.server{parent} or under defaults.server{parent}" if where == "server"
+                else f"set it under hosts.{name}.{where}{parent}, or under hosts.{name}.server{parent} for every "
+                     "server of the host")
+        raise v.fail(f"{pre}.{where}.{at}", f"required but missing ({hint})")
+
+    log = _or(server_d.get("log"), CONTAINER_LOG) if container else need(server_d, "log", "log")
+    restart_d = server_d.get("restart") or {} if container else need(server_d, "restart", "restart")
+    kind = _or(restart_d.get("kind"), "container") if container else need(restart_d, "kind", "restart.kind")
     _check_container_host(v, pre, engine, log, kind, engine_d)
-    rpre = f"{pre}.server.restart"
+    rpre = f"{pre}.{where}.restart"
     required = {"command": ("start", "pidfile"), "systemd": ("unit",), "supervisor": ("program",),
                 "container": ()}[kind]
     for key in required:
         if restart_d.get(key) is None:
-            raise v.fail(f"{rpre}.{key}", f"required when server.restart.kind is {kind} (set it under "
-                                          f"hosts.{name}.server.restart or under defaults.server.restart)")
+            raise v.fail(f"{rpre}.{key}", f"required when {where}.restart.kind is {kind} (set it under "
+                                          f"hosts.{name}.{where}.restart" +
+                                          (" or under defaults.server.restart)" if where == "server" else ")"))
     if log == "journal" and kind != "systemd":
-        raise v.fail(f"{pre}.server.log", f"\"journal\" (read the systemd journal) needs server.restart.kind "
-                                          f"systemd, not {kind}; give the path of the server's log file")
+        raise v.fail(f"{pre}.{where}.log", f"\"journal\" (read the systemd journal) needs {where}.restart.kind "
+                                           f"systemd, not {kind}; give the path of the server's log file")
     restart = RestartConf(
         kind=kind,
         start=restart_d.get("start"),
@@ -214,23 +263,26 @@ def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] =
         program=restart_d.get("program"),
         config=restart_d.get("config"),
     )
-    server = ServerConf(log=log, restart=restart, health_url=server_d.get("health_url"),
-                        ready_timeout=_or(server_d.get("ready_timeout"), 1800), url=server_d.get("url"),
-                        smoke=SmokeConf(**(server_d.get("smoke") or {})))
-    router = build_router_conf(v.fail, name, d.get("router"), server.url, router_at or {})
-    return Host(
-        name=name,
-        address=address,
-        engine=engine,
-        server=server,
-        user=user,
-        port=d.get("port"),
-        identity_file=_expand(d.get("identity_file")),
-        known_hosts=_expand(d.get("known_hosts")),
-        connect_timeout=_or(d.get("connect_timeout"), 10),
-        gateway=d.get("gateway"),
-        router=router,
-    )
+    return ServerConf(log=log, restart=restart, health_url=server_d.get("health_url"),
+                      ready_timeout=_or(server_d.get("ready_timeout"), 1800), url=server_d.get("url"),
+                      smoke=SmokeConf(**(server_d.get("smoke") or {})))
+
+
+def _check_distinct(v: _V, pre: str, servers: Tuple[Tuple[str, ServerConf], ...]) -> None:
+    """Two servers of one host never share a log, a pidfile, a unit or a URL: each is restarted and
+    judged on its own, by what is its own."""
+    seen: Dict[Tuple[str, Any], str] = {}
+    for s, conf in servers:
+        r = conf.restart
+        for what, value in (("log", None if conf.log == "journal" else conf.log), ("restart.pidfile", r.pidfile),
+                            ("restart.unit", r.unit), ("restart.program", r.program), ("url", conf.url),
+                            ("health_url", conf.health_url)):
+            if value is None:
+                continue
+            if (what, value) in seen:
+                raise v.fail(f"{pre}.servers.{s}.{what}", f"{value!r} is servers.{seen[what, value]}'s too; each "
+                                                          "server needs its own (it is restarted and judged alone)")
+            seen[what, value] = s
 
 
 def _engine_conf(engine_d: dict, user: Optional[str], python: Optional[str]) -> EngineConf:
@@ -390,6 +442,9 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
             raise v.fail(_keyname(k), f"unknown key{hint}; the top level has defaults, groups and hosts")
 
     defaults = _check_section(v, "defaults", doc.get("defaults") or {}, _HOST_SCHEMA)
+    if defaults.get("servers"):
+        raise v.fail("defaults.servers", "servers are named per host (hosts.<name>.servers); keys every server "
+                                         "shares go under defaults.server")
 
     hosts_node = doc.get("hosts")
     if hosts_node is None:

@@ -215,7 +215,7 @@ _ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str", "p
 _HOST_SCHEMA = {
     "address": "str", "user": "str", "port": "port", "identity_file": "str", "known_hosts": "str",
     "connect_timeout": "num", "gateway": "gateway", "engine": _ENGINE_SCHEMA, "server": _SERVER_SCHEMA,
-    "router": "router",
+    "servers": "servers", "router": "router",
 }
 
 
@@ -274,7 +274,23 @@ def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
         return check_router_section(v.fail, key, v.mapping(key, value))
     if kind == "smoke":
         return check_smoke_section(v.fail, key, v.mapping(key, value))
+    if kind == "servers":
+        return _check_servers(v, key, value)
     raise AssertionError(kind)  # pragma: no cover
+
+
+def _check_servers(v: _V, key: str, value: Any) -> dict:
+    """`servers:`: server name -> the keys of `server`, in file order."""
+    node = v.mapping(key, value)
+    if not node:
+        raise v.fail(key, "no servers listed; give each server by name (s0: {url: ..., log: ..., restart: ...}), "
+                          "or use `server:` for a host with one server")
+    out = {}
+    for name, section in node.items():
+        if not isinstance(name, str) or not _HOST_NAME.match(name):
+            raise v.fail(f"{key}.{_keyname(name)}", "not a usable server name (letters, digits, '.', '-', '_')")
+        out[name] = _check_section(v, f"{key}.{name}", section if section is not None else {}, _SERVER_SCHEMA)
+    return out
 
 
 def _check_section(v: _V, prefix: str, node: Any, schema: dict) -> dict:
