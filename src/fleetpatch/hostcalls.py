@@ -63,7 +63,15 @@ def base_request(host: Host, job) -> protocol.Request:
     return protocol.Request(state_dir=host.engine.state_dir, package=profile.package,
                             launch_env_prefixes=list(profile.launch_env_prefixes), log=host.server.log,
                             restart=agent_restart(host), health_url=host.server.health_url,
-                            lock_token=job.token, **container_fields(host))
+                            lock_token=job.token, **container_fields(host), **server_fields(host))
+
+
+def server_fields(host: Host) -> dict:
+    """A host with several servers: all their names (the ledger keeps each one's restarts), and
+    which one a request is for (a view of one server: `Host.server_views`)."""
+    if not host.servers:
+        return {}
+    return {"server_names": [name for name, _ in host.servers], "server_name": host.server_name}
 
 
 def patch_lost_message(host: Host, lost: dict) -> str:

@@ -101,6 +101,10 @@ class Request(TypedDict, total=False):
     lock_token: str             # a mutating op refuses unless this run holds the lock
     then: List["Request"]       # run after this one succeeds, in the same agent process
     container: "ContainerSpec"  # a container host: the engine's container (agent/container.py)
+    # a host with several servers on one install (agent/ledger.py keeps each one's restarts)
+    server_names: List[str]     # every server of the host
+    server_name: Optional[str]  # the server this request restarts or judges (None: the install as a whole)
+    servers_pending: List[str]  # apply/rollback: the servers that must restart to run the changed files
 
 
 class ContainerSpec(TypedDict, total=False):

@@ -57,7 +57,7 @@ def op_probe(state, req):
     out["lock"] = read_lock(req)
     restart = req.get("restart")
     if restart:
-        pid = server_pid(dict(restart, state_dir=req.get("state_dir")))
+        pid = server_pid(dict(restart, state_dir=req.get("state_dir"), server=req.get("server_name")))
         alive = pid_alive(pid)
         out["server"] = {"pid": pid, "alive": alive}
         if alive:

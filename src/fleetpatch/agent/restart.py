@@ -23,12 +23,19 @@ def log_position(log):
 STARTED_BY = "FLEETPATCH_STATE_DIR"   # in the environment of every server fleetpatch starts
 
 
-def started_servers(state_dir):
-    """Session leaders started by fleetpatch for this state dir, found by their environment:
+def started_value(restart):
+    """STARTED_BY's value for this server: its state dir, and its name on a host with several
+    servers (each finds only its own)."""
+    value = os.path.abspath(expand(restart["state_dir"]))
+    return value + "#" + restart["server"] if restart.get("server") else value
+
+
+def started_servers(restart):
+    """Session leaders started by fleetpatch for this server, found by their environment:
     a pidfile lost with the run that wrote it (kill -9) must not leave an orphan server."""
-    if not state_dir:
+    if not restart.get("state_dir"):
         return []
-    mark = ("%s=%s" % (STARTED_BY, os.path.abspath(expand(state_dir)))).encode()
+    mark = ("%s=%s" % (STARTED_BY, started_value(restart))).encode()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -51,7 +58,7 @@ def command_server_pid(restart):
     pid = read_pid(restart["pidfile"])
     if pid_alive(pid):
         return pid
-    found = started_servers(restart.get("state_dir"))
+    found = started_servers(restart)
     return found[0] if found else pid
 
 
@@ -78,7 +85,7 @@ def start_command_server(restart, log):
     env = dict((k, v) for k, v in os.environ.items() if not k.startswith("SSH_"))
     env.update(restart.get("env") or {})
     if restart.get("state_dir"):
-        env[STARTED_BY] = os.path.abspath(expand(restart["state_dir"]))
+        env[STARTED_BY] = started_value(restart)
     logpath = expand(log)
     ensure_dir(os.path.dirname(logpath) or ".", 0o755)
     out = open(logpath, "ab")
@@ -293,7 +300,7 @@ def restart_supervisor(restart, log):
 def restart_server(req, ledger, reason):
     """Stop, note where the log ends, start. The offset is taken after the old
     server is gone, so nothing it wrote can count for the new one."""
-    restart = dict(req["restart"], state_dir=req.get("state_dir"))
+    restart = dict(req["restart"], state_dir=req.get("state_dir"), server=req.get("server_name"))
     log = req["log"]
     kind = restart.get("kind", "command")
     result = {"kind": kind}

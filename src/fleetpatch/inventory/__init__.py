@@ -113,7 +113,7 @@ class Host:
     router: Optional[RouterConf] = None    # the routers in front of this worker (router section)
     # `servers:` (several servers sharing the host's install), in file order; () for the one-server form
     servers: Tuple[Tuple[str, "ServerConf"], ...] = ()
-    server_name: Optional[str] = None      # which of `servers` `server` is (a view of one server)
+    server_name: Optional[str] = None      # a view of one server (server_views): which; None: the host as a whole
 
     def server_views(self) -> List["Host"]:
         """One Host per server of `servers`, each with that server as its `server` (the host itself
@@ -212,7 +212,6 @@ def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] =
         engine=engine,
         server=server,
         servers=servers,
-        server_name=servers[0][0] if servers else None,
         user=user,
         port=d.get("port"),
         identity_file=_expand(d.get("identity_file")),

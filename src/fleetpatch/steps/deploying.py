@@ -7,7 +7,7 @@ from ..engines import LaunchConfig
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
-from . import execution
+from . import execution, servers
 from .context import HostRun, deploy_command, host_step, inventory_launch, sha256
 from .follow import Watch, follow_ahead
 from .lock import HostLock
@@ -60,6 +60,8 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
     if refused is not None:
         return refused
     probe = _probe_spec(run, plan, revision, reply)
+    if plan.already and run.host.servers and not job.no_restart:
+        return servers.deploy_each(run, plan, probe, lambda srun: servers.restart_due(srun, job.patch.name))
     if plan.already:
         return _already_applied(run, plan, reply, probe)
     run.progress("apply", f"{len(plan.changes)} files")
@@ -68,13 +70,16 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
                                       files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
     if probe is not None:
         apply_req["probe"] = probe
+    if run.host.servers and not job.no_restart:
+        run.remote.call("apply", dict(apply_req, restart=None))   # every server's restart is now pending
+        return servers.deploy_each(run, plan, probe, lambda srun: "apply")
     if job.no_restart:
         lock = run.lock
         lock.chained_done(run.remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup())))
         return run.result(True, Status.APPLIED,
                           f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
-    return _restart_and_verify(run, plan, Restart("apply", apply_req, ""))
+    return restart_and_verify(run, plan, Restart("apply", apply_req, ""))
 
 
 def deploy_record(job, revision, plan: Plan) -> protocol.PatchRecord:
@@ -139,7 +144,7 @@ def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe
         request = protocol.RestartRequest(**run.request(), reason=f"{reason}: restart for {plan.label}")
         if probe is not None:
             request["probe"] = probe
-        return _restart_and_verify(run, plan, Restart("restart", request, reason))
+        return restart_and_verify(run, plan, Restart("restart", request, reason))
     # Nothing to write: prove it still runs from the window of the last restart.
     last = ledger.get("last_restart")
     if job.no_restart or not last:
@@ -172,7 +177,7 @@ class Restart:
         return "write and restart" if self.op == "apply" else "restart"
 
 
-def _restart_and_verify(run: HostRun, plan: Plan, restart: Restart) -> HostResult:
+def restart_and_verify(run: HostRun, plan: Plan, restart: Restart) -> HostResult:
     """The restart, inside the drain when a router is in front of the host."""
     undo = (lambda failed: rollback_after_failure(run, failed)) if run.job.on_failure == "rollback" else None
     return drain.around_restart(run.job, run.host, run.remote, lambda: _restart_and_verify_now(run, plan, restart),

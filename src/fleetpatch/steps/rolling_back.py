@@ -32,6 +32,10 @@ def rollback(run: HostRun) -> HostResult:
         # Every patch's markers are needed for the checks: refuse before the first restore, not between two.
         entries = ledger.get("patches", {})
         found = {d.name: d for d in deployed(job, run.host, [(n, entries[n]) for n in names if n in entries])}
+        if run.host.servers:   # the install restored once, then each server restarted on its own
+            from .servers import rollback_servers
+            result = rollback_servers(run, names, {n: d.patch for n, d in found.items()})
+            return with_notes(lock.annotate(result), list(found.values()))
 
         def undo_all() -> HostResult:
             result = None

@@ -1,0 +1,178 @@
+"""A host with several servers on one install (`servers:` in the inventory).
+
+The install is patched or rolled back once. Then each server, one after the other,
+is drained, restarted and judged on its own: its log since its own restart, its
+path, its markers and its probe records. One at a time, so that the host keeps
+serving throughout and a rollout's batch takes out at most one server per host.
+A server that fails does not stop the others (they are restarted and judged too);
+with `--on-failure rollback` the install is rolled back and every server that
+was restarted on the patch is restarted again without it. The host's result is
+its worst server's, with each server's result under `details["servers"]`."""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import drain, protocol
+from ..errors import HostFailure, Status
+from ..hostcalls import HostResult
+from . import execution, follow
+from .context import HostRun, probe, running_launch
+from .follow import Watch
+from .verify import cut_off, no_answer, verify
+
+
+class HeldLock:
+    """The host's lock as one server's steps see it: the release never rides on a
+    server's request (more servers follow under the same lock); the host's own
+    `with HostLock` block releases it at the end."""
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def release_followup(self) -> list:
+        return []
+
+    def chained_done(self, reply: dict) -> None:
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self.lock, name)
+
+
+def server_runs(run: HostRun) -> list[HostRun]:
+    """One HostRun per server: the same connection, lock and job, the host seen as that server."""
+    job = dataclasses.replace(run.job, on_failure="keep")   # the host's rollback is done here, for all its servers
+    return [dataclasses.replace(run, host=view, job=job, lock=HeldLock(run.lock)) for view in run.host.server_views()]
+
+
+def deploy_each(run: HostRun, plan, probe_spec: dict | None, reason_of) -> HostResult:
+    """Restart and verify each server (after the install was written, or with nothing to write).
+    `reason_of(server_run)` says why a server must restart (None: judge its last restart's window)."""
+    from .deploying import Restart, restart_and_verify   # deploying calls this module: import at use
+    results: list[tuple[str, HostResult]] = []
+    for srun in server_runs(run):
+        reason = reason_of(srun)
+        if reason is None:
+            result = _verify_last(srun, plan)
+        else:
+            request = protocol.RestartRequest(**srun.request(), reason=f"{reason}: restart for {plan.label}")
+            if probe_spec is not None:
+                request["probe"] = probe_spec
+            result = restart_and_verify(srun, plan, Restart("restart", request, reason))
+        results.append((srun.host.server_name, result))
+        if not result.ok and run.job.on_failure == "rollback":
+            restarted = [n for n, r in results if r.details.get("restarted", True)]
+            return rollback_after_failure(run, combine(run, results, plan.label), restarted)
+    return combine(run, results, plan.label)
+
+
+def _verify_last(srun: HostRun, plan) -> HostResult:
+    """Nothing to write and no restart due: this server's last restart's window, judged again."""
+    reply = probe(srun.remote, srun.host, srun.job, [], content=False)
+    last = (reply.get("ledger") or {}).get("last_restart")
+    if not last:
+        return srun.result(True, Status.ALREADY_APPLIED, f"{srun.name}: {plan.label} already applied; nothing "
+                                                         "changed", patch=plan.label, details={"restarted": False})
+    view = execution.ExecutionView() if execution.probe_wanted(srun.job, srun.host, srun.job.patch) else None
+    result = verify(srun, Watch(protocol.log_window(last), running_launch(srun.host, reply), [srun.job.patch],
+                                [plan.label], execution=view), already=True)
+    result.details["restarted"] = False
+    return result
+
+
+def restart_due(srun: HostRun, patch_name: str) -> str | None:
+    """Why this server must restart although the install needs no write (its own ledger slot and process)."""
+    from .deploying import restart_reason
+    reply = probe(srun.remote, srun.host, srun.job, [], content=False)
+    return restart_reason(reply.get("ledger") or {}, reply.get("server") or {}, patch_name)
+
+
+def combine(run: HostRun, results: list[tuple[str, HostResult]], label: str | None) -> HostResult:
+    """The host's result: ok when every server is; else the first failed server's status."""
+    failed = [(n, r) for n, r in results if not r.ok]
+    worst = failed[0][1] if failed else results[-1][1]
+    if failed:
+        head = (f"{run.name}: {len(failed)} of {len(results)} servers failed: "
+                + ", ".join(f"{n} ({r.status})" for n, r in failed))
+    else:
+        head = f"{run.name}: {len(results)} servers, each {', '.join(sorted({str(r.status) for _, r in results}))}"
+    lines = [head] + [f"  [{n}] " + r.message.replace("\n", "\n      ") for n, r in results]
+    out = run.result(not failed, worst.status, "\n".join(lines), patch=label or worst.patch,
+                     executed_path=worst.executed_path, markers=[m for _, r in results for m in r.markers])
+    out.details["servers"] = {n: dict(r.to_json(), duration_s=round(r.duration_s, 3)) for n, r in results}
+    for key in ("router", "execution"):
+        if key in worst.details:
+            out.details[key] = worst.details[key]
+    return out
+
+
+def rollback_after_failure(run: HostRun, failed: HostResult, restarted: list[str]) -> HostResult:
+    """--on-failure rollback: the install back to its originals, and each server that was
+    restarted on the patch restarted again without it."""
+    from .rolling_back import fold_rollback
+    run.progress("rollback", failed.status)
+    rb = rollback_servers(run, [run.job.patch.name], {run.job.patch.name: run.job.patch}, restarted)
+    return fold_rollback(failed, rb)
+
+
+def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: list[str] | None = None) -> HostResult:
+    """Restore the install from each patch of `names` (newest first), then restart each server of
+    `restart` (None: all) and check that the patches' markers are gone from its log."""
+    labels = []
+    try:
+        reply = run.lock.probe([], content=False)
+        entries = (reply.get("ledger") or {}).get("patches", {})
+        for name in names:
+            entry = entries.get(name)
+            if entry is None:
+                continue
+            request = protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"], name=name,
+                                               force=run.job.force)
+            request["restart"] = None   # each server restarts on its own, below
+            if restart is not None:
+                request["servers_pending"] = restart
+            out = run.remote.call("rollback", request)
+            bad = [p for p, rec in entry["files"].items()
+                   if ((out.get("files") or {}).get(p) or {}).get("sha256") != rec["before"]]
+            if bad:
+                return run.result(False, Status.ERROR, f"{run.name}: after restoring, {', '.join(bad)} do not match "
+                                                       "the recorded original sha256")
+            labels.append(entry["label"])
+    except HostFailure as f:
+        if not no_answer(f):
+            raise
+        return cut_off(run, ", ".join(names), f, "rollback (restore)")
+    if not labels:
+        return run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
+    results = []
+    for srun in server_runs(run):
+        if restart is not None and srun.host.server_name not in restart:
+            continue
+        results.append((srun.host.server_name, drain.around_restart(
+            srun.job, srun.host, srun.remote, lambda srun=srun: _restart_without(srun, names, patches, labels))))
+    result = combine(run, results, ", ".join(labels))
+    if result.ok:
+        result.status = Status.ROLLED_BACK
+        result.message = (f"{run.name}: {', '.join(labels)} rolled back; files restored to their original sha256; "
+                          f"{len(results)} servers restarted without the patch's markers\n"
+                          + result.message.split("\n", 1)[1])
+    return result
+
+
+def _restart_without(srun: HostRun, names: list[str], patches: dict, labels: list[str]) -> HostResult:
+    label = ", ".join(labels)
+    srun.progress("restart", f"without {label}")
+    try:
+        out = srun.remote.call("restart", protocol.RestartRequest(**srun.request(), reason=f"rollback {label}"))
+        watch = Watch(protocol.log_window(out["restart"]), running_launch(srun.host, {}),
+                      [patches[n] for n in names if patches.get(n) is not None], labels, want_markers=False)
+        verdicts, timings = follow.follow_and_judge(srun, watch)
+    except HostFailure as f:
+        if not no_answer(f):
+            return srun.result(False, f.status, f.message, patch=label)
+        return cut_off(srun, label, f, "rollback's restart")
+    result = follow.verdict_result(srun, verdicts, labels, timings)
+    if result.ok:
+        result.status = Status.ROLLED_BACK
+        result.message = f"{srun.name}: restarted without {label}'s markers"
+    return result

@@ -1,0 +1,87 @@
+"""Several servers on one host (`servers:`), on the real agent and stand-ins over the
+local transport: the install patched once, each server restarted and judged on its own."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import yaml
+
+from support.localhost import free_port, job
+from fleetpatch import steps
+from fleetpatch.errors import Status
+from fleetpatch.inventory import parse_inventory
+
+
+def two_servers(lh, **env):
+    """lh's host with servers s0 and s1: one install, two stand-ins on their own ports, logs and pidfiles."""
+    doc = lh.inventory()
+    h = doc["hosts"][lh.name]
+    one = h.pop("server")
+    h["servers"] = {}
+    for name in ("s0", "s1"):
+        port = lh.port if name == "s0" else free_port()
+        rs = dict(one["restart"], start=one["restart"]["start"].replace(f"--port {lh.port}", f"--port {port}"),
+                  pidfile=str(lh.root / "run" / f"{name}.pid"), env=dict(one["restart"]["env"], **env.get(name, {})))
+        h["servers"][name] = {"log": str(lh.root / "logs" / f"{name}.log"), "health_url": f"http://127.0.0.1:{port}/health",
+                              "ready_timeout": 20, "restart": rs}
+    return parse_inventory(yaml.safe_dump(doc), file=str(lh.root / "hosts.yaml")).hosts[lh.name]
+
+
+def pid_of(lh, name):
+    try:
+        return int((lh.root / "run" / f"{name}.pid").read_text().split()[0])
+    except (OSError, ValueError):
+        return None
+
+
+def stop_all(lh):
+    for name in ("s0", "s1"):
+        pid = pid_of(lh, name)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_two_servers_are_patched_once_and_each_restarted_and_verified(lh):
+    host = two_servers(lh)
+    try:
+        r = steps.deploy(job(lh, host=host)[0], host)
+        assert r.ok and r.status == Status.VERIFIED, r.message
+        assert set(r.details["servers"]) == {"s0", "s1"}
+        for name in ("s0", "s1"):
+            s = r.details["servers"][name]
+            assert s["status"] == "verified" and s["executed_path"] == "EAGLEWorker", s
+            log = (lh.root / "logs" / f"{name}.log").read_text()
+            assert "fleetpatch spec-path-beacon: EAGLEWorker" in log, name
+        assert not lh.is_pristine()
+        ledger = lh.ledger()
+        assert set(ledger["servers"]) == {"s0", "s1"} and not ledger["restart_pending"]
+        assert ledger["servers"]["s0"]["last_restart"]["pid"] != ledger["servers"]["s1"]["last_restart"]["pid"]
+
+        again = steps.deploy(job(lh, host=host)[0], host)
+        assert again.ok and again.status == Status.ALREADY_APPLIED, again.message
+        assert {s["status"] for s in again.details["servers"].values()} == {"already-applied"}
+
+        rb = steps.rollback(job(lh, host=host)[0], host)
+        assert rb.ok and rb.status == Status.ROLLED_BACK, rb.message
+        assert lh.is_pristine()
+        assert set(rb.details["servers"]) == {"s0", "s1"}
+    finally:
+        stop_all(lh)
+
+
+def test_one_server_that_fails_to_start_fails_the_host_naming_it_and_the_other_is_verified(lh):
+    host = two_servers(lh, s1={"FLEETPATCH_STANDIN_CRASH_AFTER_INIT": "1"})
+    try:
+        r = steps.deploy(job(lh, host=host, timeout=15)[0], host)
+        assert not r.ok, r.message
+        assert r.details["servers"]["s0"]["status"] == "verified", r.details["servers"]["s0"]
+        assert r.details["servers"]["s1"]["ok"] is False
+        assert "1 of 2 servers failed: s1" in r.message, r.message
+        assert pid_of(lh, "s0") and os.path.exists(f"/proc/{pid_of(lh, 's0')}")
+    finally:
+        stop_all(lh)
