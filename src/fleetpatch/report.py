@@ -451,9 +451,14 @@ def status_table(results: dict) -> "FittedTable":
             cell(", ".join(str(a) for a in d.get("applied") or []) or "-"),
             cell(", ".join(str(p).rsplit("/", 1)[-1] for p in d.get("drift") or []) or "no"),
             cell(("yes" if d.get("server_up") else "NO") + (" (restart pending)" if d.get("restart_pending") else "")),
-            cell(last_verification(d.get("last_verification") or {})),
+            cell(last_verification(d.get("last_verification") or {}) if not d.get("servers") else "per server:"),
             cell((d.get("lock_state") or {}).get("cell") or "-"),
             style="" if r.ok else "bold red")
+        for server, s in (d.get("servers") or {}).items():   # several servers on the host: one row each
+            table.add_row(cell(f"  {name} [{server}]"), "", "", "", "",
+                          cell(("yes" if s.get("server_up") else "NO")
+                               + (" (restart pending)" if s.get("restart_pending") else "")),
+                          cell(last_verification(s.get("last_verification") or {})), "")
     return keep_whole(table)
 
 

@@ -2,7 +2,6 @@
 local transport: the install patched once, each server restarted and judged on its own."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -62,6 +61,14 @@ def test_two_servers_are_patched_once_and_each_restarted_and_verified(lh):
         assert set(ledger["servers"]) == {"s0", "s1"} and not ledger["restart_pending"]
         assert ledger["servers"]["s0"]["last_restart"]["pid"] != ledger["servers"]["s1"]["last_restart"]["pid"]
 
+        seen = steps.verify_logs(job(lh, host=host)[0], host)
+        assert seen.ok and {s["status"] for s in seen.details["servers"].values()} == {"verified"}, seen.message
+        st = steps.status(job(lh, host=host, patch=None)[0], host)
+        assert st.ok and st.details["server_up"], st.message
+        assert {n: s["last_verification"]["status"] for n, s in st.details["servers"].items()} == \
+            {"s0": "verified", "s1": "verified"}
+        assert st.details["servers"]["s0"]["server_pid"] == pid_of(lh, "s0") != pid_of(lh, "s1")
+
         again = steps.deploy(job(lh, host=host)[0], host)
         assert again.ok and again.status == Status.ALREADY_APPLIED, again.message
         assert {s["status"] for s in again.details["servers"].values()} == {"already-applied"}
@@ -83,5 +90,8 @@ def test_one_server_that_fails_to_start_fails_the_host_naming_it_and_the_other_i
         assert r.details["servers"]["s1"]["ok"] is False
         assert "1 of 2 servers failed: s1" in r.message, r.message
         assert pid_of(lh, "s0") and os.path.exists(f"/proc/{pid_of(lh, 's0')}")
+        st = steps.status(job(lh, host=host, patch=None)[0], host)
+        assert not st.ok and "server s1: the last verification" in st.message, st.message
+        assert st.details["servers"]["s0"]["server_up"] and not st.details["servers"]["s1"]["server_up"]
     finally:
         stop_all(lh)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import lockview, protocol
 from ..errors import Status
-from ..hostcalls import HostResult, patch_lost_message
+from ..hostcalls import HostResult, base_request, patch_lost_message
 from .context import HostRun, host_step
 
 # A last verification that ended so leaves the host ok (a rollback's check records `verified` too).
@@ -69,13 +69,15 @@ def status(run: HostRun) -> HostResult:
     if drift:
         problems.append("drift in " + ", ".join(drift))
         status_ = Status.DRIFT
-    failed = failed_verification(last_v)
+    failed = None if run.host.servers else failed_verification(last_v)   # several servers: each judged below
     if failed is not None:
         what = ", ".join(last_v.get("labels") or []) or "the patches"
         problems.append(f"the last verification ({last_v.get('check') or 'deploy'} of {what}, at "
                         f"{last_v.get('at', '?')}) ended {failed}: the patched code is not proven to run; "
                         "`fleetpatch verify-logs` reads the log again, deploy-patch or rollback fix it")
         status_ = status_ if drift else failed
+    if run.host.servers:
+        status_ = _each_server(run, details, problems, status_, drift)
     if lock:
         problem = _lock_problem(run, lockview.assess(lock), details)
         if problem:
@@ -83,3 +85,28 @@ def status(run: HostRun) -> HostResult:
             status_ = Status.LOCKED if status_ == Status.OK else status_
     msg = f"{run.name}: " + ("; ".join(problems) if problems else "ok")
     return run.result(not problems, status_, msg, details=details)
+
+
+def _each_server(run: HostRun, details: dict, problems: list, status_: Status, drift: list) -> Status:
+    """A host with several servers: each one's process and last verification (its ledger slot)."""
+    details["servers"] = {}
+    for view in run.host.server_views():
+        reply = run.remote.call("probe", protocol.ProbeRequest(**base_request(view, run.job), files=[], content=False))
+        ledger, server = reply.get("ledger") or {}, reply.get("server") or {}
+        last_v = ledger.get("last_verification") or {}
+        details["servers"][view.server_name] = {
+            "server_up": bool(server.get("alive")) and server.get("healthy") is not False,
+            "server_pid": server.get("pid"), "last_verification": last_v,
+            "restart_pending": bool(ledger.get("restart_pending"))}
+        failed = failed_verification(last_v)
+        if failed is not None:
+            what = ", ".join(last_v.get("labels") or []) or "the patches"
+            problems.append(f"server {view.server_name}: the last verification ({last_v.get('check') or 'deploy'} "
+                            f"of {what}, at {last_v.get('at', '?')}) ended {failed}: the patched code is not proven "
+                            "to run there; `fleetpatch verify-logs` reads its log again, deploy-patch or rollback "
+                            "fix it")
+            status_ = status_ if drift or status_ != Status.OK else failed
+    mine = details["servers"].values()
+    details["server_up"] = all(s["server_up"] for s in mine)
+    details["restart_pending"] = any(s["restart_pending"] for s in mine)
+    return status_

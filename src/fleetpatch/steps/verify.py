@@ -53,11 +53,22 @@ def cut_off(run: HostRun, label: str, f: HostFailure, phase: str) -> HostResult:
 def verify_logs(run: HostRun) -> HostResult:
     job, host = run.job, run.host
     reply = probe(run.remote, host, job, [], content=False)
-    ledger = reply.get("ledger") or {}
     run.version = reply.get("version")
     if reply.get("patch_lost"):
         return run.result(False, Status.PATCH_LOST, patch_lost_message(host, reply["patch_lost"]),
                           details={"patch_lost": reply["patch_lost"]})
+    if host.servers:   # each server's own window: its ledger slot names its last restart
+        from .servers import combine, server_runs
+        results = [(s.host.server_name, _verify_logs_of(s, probe(s.remote, s.host, job, [], content=False)))
+                   for s in server_runs(run)]
+        return combine(run, results, None)
+    return _verify_logs_of(run, reply)
+
+
+def _verify_logs_of(run: HostRun, reply: dict) -> HostResult:
+    """verify-logs of one server: the window of its last restart that fleetpatch did."""
+    job, host = run.job, run.host
+    ledger = reply.get("ledger") or {}
     last = ledger.get("last_restart")
     if not last:
         return run.result(False, Status.ERROR, f"{host.name}: fleetpatch has not restarted this server yet, so "
