@@ -95,3 +95,21 @@ def test_one_server_that_fails_to_start_fails_the_host_naming_it_and_the_other_i
         assert st.details["servers"]["s0"]["server_up"] and not st.details["servers"]["s1"]["server_up"]
     finally:
         stop_all(lh)
+
+
+def test_without_markers_each_server_is_proven_by_its_own_probe_records_and_verify_logs_rereads_them(lh):
+    """both-quiet has no marker: each server's verdict is its own processes' probe records,
+    kept per server, so verify-logs of the first server still finds its own after the second's restart."""
+    host = two_servers(lh)
+    try:
+        r = steps.deploy(job(lh, "both-quiet", host=host)[0], host)
+        assert r.ok and r.status == Status.VERIFIED, r.message
+        for name in ("s0", "s1"):
+            block = r.details["servers"][name]["execution"]
+            assert block["ran"] and pid_of(lh, name) in block["pids"], (name, block)
+            assert not set(block["pids"]) & {pid_of(lh, other) for other in ("s0", "s1") if other != name}
+        assert (lh.state / "probe-s0").is_dir() and (lh.state / "probe-s1").is_dir()
+        seen = steps.verify_logs(job(lh, "both-quiet", host=host)[0], host)
+        assert seen.ok and {s["status"] for s in seen.details["servers"].values()} == {"verified"}, seen.message
+    finally:
+        stop_all(lh)

@@ -22,6 +22,13 @@ else:                                        # on a host: agentboot loaded it fr
     probe_install = sys.modules[protocol.PROBE_MODULE_NAME]
 
 PROBE_DIR = "probe"
+
+
+def probe_dir(req):
+    """This server's probe dir: `probe`, or `probe-<name>` for one of several servers on the host
+    (each keeps its own window's records until its own next restart)."""
+    name = req.get("server_name") if req.get("server_names") else None
+    return state_path(req, PROBE_DIR + ("-" + name if name else ""))
 INSTALLED = "probe-installed.json"
 SITE_QUERY_TIMEOUT_S = 60
 RECORD_BYTES = 1 << 20   # what one follow event carries at most
@@ -77,7 +84,7 @@ def remove_stale(req, keep_token=None):
 
 def clear_records(req):
     """The last restart's records and plan go: a restart starts a new window."""
-    folder = state_path(req, PROBE_DIR)
+    folder = probe_dir(req)
     if os.path.isdir(folder) and not os.path.islink(folder):
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -95,12 +102,12 @@ def install_probe(state, req):
     try:
         info = site_info(python, server_env(req))
         site = probe_install.site_dir_from(info)
-        probe_dir = state_path(req, PROBE_DIR)
-        ensure_dir(os.path.dirname(probe_dir))
+        folder = probe_dir(req)
+        ensure_dir(os.path.dirname(folder))
         plan = dict(spec["plan"], python=python)
         source = protocol.unpack(spec["runtime"])
         atomic_write(state_path(req, INSTALLED), json.dumps({"site_dir": site, "token": spec["token"]}).encode())
-        done = probe_install.install(site, probe_dir, spec["token"], plan, source=source)
+        done = probe_install.install(site, folder, spec["token"], plan, source=source)
     except (probe_install.ProbeInstallError, OSError, KeyError, ValueError) as e:
         return dict(out, installed=False, error=str(e))
     state.probe = {"site_dir": site, "token": spec["token"], "state_dir": req.get("state_dir")}
@@ -147,7 +154,7 @@ class RecordReader(object):
     """The probe's records of the window, each sent once (a record file is written once)."""
 
     def __init__(self, req):
-        self.folder = state_path(req, PROBE_DIR)
+        self.folder = probe_dir(req)
         self.sent = set()
         self.plan_sent = False
 
