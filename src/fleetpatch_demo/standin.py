@@ -1959,7 +1959,6 @@ class _State(object):
     scheduler_info = {}
     version = "unknown"
     workers = []            # the constructed draft worker of each TP rank (of this node)
-    worker_tp_ranks = []    # the TP rank of each of them
     node = None             # _Node: this server's place in a multi-node launch
     schedulers = []         # FLEETPATCH_STANDIN_SPAWN_SCHEDULER: (process, pipe) of each spawned scheduler
     terminating = False     # SIGTERM received: drain, then exit
@@ -2172,8 +2171,9 @@ def _forward(reqs, extend):
     node = _State.node
     with _SCHED.forward_lock:
         sent = node.send_step(reqs, extend) if node is not None else []
+        ranks = node.tp_ranks if node is not None else range(len(_State.workers))
         try:
-            for tp_rank, worker in zip(_State.worker_tp_ranks, _State.workers):
+            for tp_rank, worker in zip(ranks, _State.workers):
                 _RANK.update(tp_rank=tp_rank, tp_size=tp_size)
                 if tp_size > 1:
                     configure_logging(sa, _rank_prefix(sa, tp_rank, None))
@@ -2904,7 +2904,6 @@ def main(argv=None):
                     worker = construct_worker(server_args_mod, server_args, tp_rank, dp_rank)
                     _stub_gpu_steps(worker)
                     _State.workers.append(worker)
-                    _State.worker_tp_ranks.append(tp_rank)
                     max_total = getattr(getattr(worker, "target_worker", None), "max_total_num_tokens", 400000)
                 else:
                     target = TpModelWorker(server_args=server_args, gpu_id=tp_rank, tp_rank=tp_rank)
