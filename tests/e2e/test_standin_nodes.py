@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -31,8 +32,8 @@ from fleetpatch_demo.wheels import sglang_tree
 READY = "The server is fired up and ready to roll!"
 DUMMY = "Dummy health check server started in background thread at 127.0.0.1:%d"
 # EAGLE3 on the path each release routes it to: 0.5.9's v1 EAGLEWorker (topk 4,
-# no SGLANG_ENABLE_SPEC_V2), 0.5.15's overlapped EAGLEWorkerV2 (topk 1).
-TOPK = {"0.5.9": "4", "0.5.15": "1"}
+# no SGLANG_ENABLE_SPEC_V2), the overlapped EAGLEWorkerV2 of the v2-only releases (topk 1).
+TOPK = {"0.5.9": "4", "0.5.15": "1", "0.5.23": "1"}
 STAMP = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
 
@@ -43,9 +44,16 @@ def launch(version: str) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port under the kernel's ephemeral range: 0.5.15's server_args refuses a
+    --port above 55535 (its gRPC port, port + 10000, must be a port)."""
+    while True:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def node_args(version: str, rank: int, port: int, dist_port: int) -> list[str]:
@@ -287,6 +295,37 @@ def test_a_rank_that_never_joins_times_the_rendezvous_out(tmp_path, start):
     for log in (log0, log1):
         assert "Received sigquit from a child process. It usually means the child failed." in log
         assert READY not in log and "Dummy health check server" not in log and "Load weight" not in log
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_node_one_goes_when_node_zero_does(tmp_path, start, version):
+    """Before 0.5.21 node 0's end kills node 1's scheduler (its next gloo broadcast
+    fails). From 0.5.21 a SIGTERM on node 1 is logged and it waits for node 0's
+    ShutdownReq broadcast, which node 0 sends when it exits gracefully."""
+    a, b = make_site(tmp_path, "host-a", version), make_site(tmp_path, "host-b", version)
+    port0, port1, dist = free_port(), free_port(), free_port()
+    env = {"FLEETPATCH_STANDIN_SIGTERM_POLL": "0.1"}
+    n0 = start(a, node_args(version, 0, port0, dist), "node0.log", env)
+    n1 = start(b, node_args(version, 1, port1, dist), "node1.log", env)
+    n0.wait_for(READY)
+    n1.wait_for(DUMMY % port1)
+    shutdown_broadcast = tuple(map(int, version.split("."))) >= (0, 5, 21)
+    if shutdown_broadcast:
+        n1.proc.send_signal(signal.SIGTERM)
+        n1.wait_for("SIGTERM received on node_rank 1; waiting for the rank-0 ShutdownReq broadcast to stop "
+                    "the schedulers.")
+        assert request(port1, "GET", "/health")[0] == 200 and n1.proc.poll() is None
+    n0.proc.send_signal(signal.SIGTERM)
+    assert n0.wait_exit() == 0
+    if shutdown_broadcast:
+        assert n1.wait_exit() == 0
+        assert "Scheduler or DataParallelController %d terminated with 0" % n1.proc.pid in n1.text()
+        assert "Traceback" not in n1.text()
+    else:
+        assert n1.wait_exit() == 1
+        assert re.search(STAMP + r" TP1\] Scheduler hit an exception: Traceback", n1.text())
+        assert "Connection closed by peer [127.0.0.1]:%d" % dist in n1.text()
+    assert "Traceback" not in n0.text()
 
 
 # ---------------------------------------------------------------------------
