@@ -2393,7 +2393,7 @@ class DistNetworkError(DistError):
 for _cls in (DistError, DistStoreError, DistNetworkError):
     _cls.__module__ = "torch.distributed"
 
-# What the rank 0's TCPStore answers once every rank has joined, and after.
+# What torch's store client raises when the other end of its connection has closed.
 _CLOSED = "Failed to recv, got 0 bytes. Connection was likely closed."
 
 
@@ -2489,7 +2489,7 @@ class _Node(object):
             raise DistNetworkError(
                 "The server socket has failed to listen on any local network address. port: %d, useIpv6: %s, "
                 "code: %d, name: %s, message: %s" % (port, str(v6).lower(), -(e.errno or 0),
-                                                    errno.errorcode.get(e.errno, "?"), (e.strerror or "").lower()))
+                                                    errno.errorcode.get(e.errno, "?"), (e.strerror or "").lower())) from None
         self.store = store
         joined = set(self.ranks)
         while len(joined) < self.world_size:
@@ -2539,10 +2539,10 @@ class _Node(object):
             link.recv(deadline)
         except socket.timeout:
             link.close()
-            raise DistStoreError("Socket Timeout")
+            raise DistStoreError("Socket Timeout") from None
         except (EOFError, OSError):
             link.close()
-            raise DistNetworkError(_CLOSED)
+            raise DistNetworkError(_CLOSED) from None
         conn.settimeout(None)
         self.link = link
 
