@@ -77,6 +77,31 @@ What runs for real (from the host's tree) and what is simulated:
   N is 0. (Real SGLang then SIGKILLs its own process tree; the stand-in exits
   0.) SIGINT, and SIGTERM before ready, stop it at once with exit code 0.
 
+* Multi-node (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``, the real
+  flags): each node builds only its own TP ranks (engine.py's rank ranges: with
+  ``--tp-size 2 --nnodes 2`` node 0 runs TP0 and node 1 TP1), from ITS host's
+  tree, under its ranks' prefixes. Before its first rank's worker, each node
+  logs the release's "Init torch distributed begin." (0.5.21+: "Init parallel
+  begin.") and meets the others in a real TCP rendezvous, as
+  torch.distributed's TCPStore does: node 0 listens on PORT (all interfaces),
+  the others connect to HOST:PORT, retrying until the deadline, and say their
+  ranks; nobody goes on until all ``tp_size * pp_size`` ranks have joined. A
+  timeout is the scheduler's exception, as torch raises it (node 0:
+  ``torch.distributed.DistStoreError: Timed out after S seconds waiting for
+  clients. J/W clients joined.``; node R: ``torch.distributed.DistNetworkError:
+  The client socket has timed out after Mms while trying to connect to (HOST,
+  PORT).``), then the server exits 1. Node 0 serves HTTP as above; nodes R >= 1
+  serve only SGLang's launch_dummy_health_check_server on ``--port`` (GET
+  /health, /health_generate, /ping answer 200, everything else 404, no access
+  log), log "Dummy health check server started in background thread at
+  HOST:PORT" and wait. Each step node 0's workers run is sent to the other
+  nodes, whose workers run it too (TP ranks step together); a node that has
+  gone is left out, so node 0 keeps serving (upstream issue #3099). When node 0
+  goes away a node R >= 1 dies as its scheduler would (the gloo connection
+  closed), except after 0.5.21+'s graceful shutdown (ShutdownReq: exit 0);
+  SIGTERM on a node R >= 1 exits at once before 0.5.21, and from 0.5.21 is
+  logged and waits for node 0's shutdown, as in engine.py.
+
 Faithful consequences worth knowing: like real SGLang, EAGLE launches that
 give ``--speculative-eagle-topk`` without ``--speculative-num-steps`` fail with
 a bare AssertionError in _handle_speculative_decoding; and
@@ -111,6 +136,13 @@ Test-control environment variables:
     Python's ready line as without it.
 ``FLEETPATCH_STANDIN_SIGTERM_POLL``
     seconds between the SIGTERM watchdog's checks, default 0.5 (SGLang: 5).
+``FLEETPATCH_STANDIN_DIST_TIMEOUT``
+    seconds the multi-node rendezvous waits (every node), default
+    ``--dist-timeout`` or else 600 (torch's NCCL process-group default).
+``FLEETPATCH_STANDIN_FAIL_RANK=<R>`` (with ``FLEETPATCH_STANDIN_FAIL_AFTER_S``)
+    node R's scheduler dies that many seconds (default 0) after its node is up
+    (node 0: ready; others: dummy health server up): "Scheduler hit an
+    exception: Traceback ...", then exit 1. The other nodes carry on.
 ``FLEETPATCH_STANDIN_SPAWN_SCHEDULER=1``
     like SGLang, build each rank's draft worker in a scheduler process started
     with multiprocessing spawn (a fresh interpreter: site runs again there), not
@@ -122,6 +154,7 @@ Stdlib only; Python 3.8+.
 
 import argparse
 import dataclasses
+import errno
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -1796,11 +1829,17 @@ def _handle_speculative_decoding_v2_only(server_args):
 def check_server_args(server_args):
     """ServerArgs.check_server_args, run from the tree for 0.5.7 - 0.5.12. For
     0.5.15+ the real one needs state of the arg_groups resolution pipeline
-    (not in the tree), so only its pipeline-parallel assertion runs."""
+    (not in the tree), so only its node-count and pipeline-parallel
+    assertions run."""
     cls = type(server_args)
     if getattr(cls, "_handle_speculative_decoding", None) is not None:
         server_args.check_server_args()
-    elif server_args.pp_size > 1:
+        return
+    # check_server_args of 0.5.13 - 0.5.18; arg_groups/validation_hook.py from 0.5.19
+    assert (
+        server_args.tp_size * server_args.pp_size
+    ) % server_args.nnodes == 0, "tp_size must be divisible by number of nodes"
+    if server_args.pp_size > 1:
         assert (
             server_args.disable_overlap_schedule and server_args.speculative_algorithm is None
         ), "Pipeline parallelism is not compatible with overlap schedule, speculative decoding"
@@ -1919,7 +1958,8 @@ class _State(object):
     server_args = None
     scheduler_info = {}
     version = "unknown"
-    workers = []            # the constructed draft worker of each TP rank
+    workers = []            # the constructed draft worker of each TP rank (of this node)
+    node = None             # _Node: this server's place in a multi-node launch
     schedulers = []         # FLEETPATCH_STANDIN_SPAWN_SCHEDULER: (process, pipe) of each spawned scheduler
     terminating = False     # SIGTERM received: drain, then exit
     fatal = None            # exit code once the scheduler died during a request
@@ -2127,14 +2167,17 @@ def _forward(reqs, extend):
     if not _State.workers:
         return True
     sa = _State.server_args
+    tp_size = max(1, int(sa.tp_size or 1))
+    node = _State.node
     with _SCHED.forward_lock:
+        sent = node.send_step(reqs, extend) if node is not None else []
+        ranks = node.tp_ranks if node is not None else range(len(_State.workers))
         try:
-            for tp_rank, worker in enumerate(_State.workers):
-                _RANK.update(tp_rank=tp_rank, tp_size=len(_State.workers))
-                if len(_State.workers) > 1:
+            for tp_rank, worker in zip(ranks, _State.workers):
+                _RANK.update(tp_rank=tp_rank, tp_size=tp_size)
+                if tp_size > 1:
                     configure_logging(sa, _rank_prefix(sa, tp_rank, None))
                 worker.forward_batch_generation(_Batch(list(reqs), extend))
-            return True
         except Exception:
             logging.getLogger("sglang.srt.managers.scheduler").error(
                 "Scheduler hit an exception: %s" % get_exception_traceback())
@@ -2145,8 +2188,11 @@ def _forward(reqs, extend):
             _State.fatal = 1
             return False
         finally:
-            if len(_State.workers) > 1:
+            if tp_size > 1:
                 configure_logging(sa)
+        if sent:
+            node.wait_step(sent)
+        return True
 
 
 def _token_seconds():
@@ -2320,11 +2366,352 @@ class _HTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def _make_http_server(host, port):
+def _make_http_server(host, port, handler=_Handler):
     cls = _HTTPServer
     if ":" in host:
         cls = type("_HTTPServer6", (_HTTPServer,), {"address_family": socket.AF_INET6})
-    return cls((host, port), _Handler)
+    return cls((host, port), handler)
+
+
+# ---------------------------------------------------------------------------
+# Multi-node: --nnodes N --node-rank R --dist-init-addr HOST:PORT
+# ---------------------------------------------------------------------------
+
+# torch.distributed's errors, named as a traceback prints them.
+class DistError(RuntimeError):
+    pass
+
+
+class DistStoreError(DistError):
+    pass
+
+
+class DistNetworkError(DistError):
+    pass
+
+
+for _cls in (DistError, DistStoreError, DistNetworkError):
+    _cls.__module__ = "torch.distributed"
+
+# What torch's store client raises when the other end of its connection has closed.
+_CLOSED = "Failed to recv, got 0 bytes. Connection was likely closed."
+
+
+class _Link(object):
+    """One rendezvous connection: JSON lines over TCP."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.buf = b""
+
+    def send(self, msg):
+        self.conn.sendall(json.dumps(msg).encode() + b"\n")
+
+    def recv(self, deadline):
+        """The next message; socket.timeout at the deadline, EOFError when the other side is gone."""
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("timed out")
+            self.conn.settimeout(left)
+            data = self.conn.recv(65536)
+            if not data:
+                raise EOFError(_CLOSED)
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line.decode("utf-8"))
+
+    def close(self):
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+
+class _Node(object):
+    """This server's node in a multi-node launch, and its rendezvous."""
+
+    def __init__(self, server_args):
+        self.nnodes = max(1, int(getattr(server_args, "nnodes", 1) or 1))
+        self.rank = int(getattr(server_args, "node_rank", 0) or 0)
+        tp_size = max(1, int(server_args.tp_size or 1))
+        pp_size = max(1, int(getattr(server_args, "pp_size", 1) or 1))
+        # engine.py's rank ranges (_launch_scheduler_processes / _calculate_rank_ranges)
+        nodes_per_pp_rank = max(self.nnodes // pp_size, 1)
+        pp_per_node = max(pp_size // self.nnodes, 1)
+        tp_per_node = tp_size // nodes_per_pp_rank
+        first_tp = tp_per_node * (self.rank % nodes_per_pp_rank)
+        first_pp = pp_per_node * (self.rank // nodes_per_pp_rank)
+        self.tp_ranks = list(range(first_tp, first_tp + tp_per_node))
+        self.world_size = tp_size * pp_size
+        # ModelRunner: rank = tp_size * pp_rank + tp_rank
+        self.ranks = [tp_size * pp + tp for pp in range(first_pp, first_pp + pp_per_node) for tp in self.tp_ranks]
+        self.peers = []        # node 0: the link of every other node that joined
+        self.link = None       # node R >= 1: the link to node 0
+        self.store = None      # node 0: the listening socket, open as long as the server lives
+        self.addr = _dist_init_addr(server_args) if self.nnodes > 1 else None
+        self.timeout = _dist_timeout(server_args)
+
+    @property
+    def multi(self):
+        return self.nnodes > 1
+
+    def rendezvous(self):
+        """Every rank joins before any goes on: init_process_group's TCPStore."""
+        init = logging.getLogger("sglang.srt.model_executor.model_runner")
+        newest = _version_tuple() >= (0, 5, 21)   # distributed/bootstrap.py's init_parallel_runtime
+        init.info("Init parallel begin." if newest else "Init torch distributed begin.")
+        started = time.monotonic()
+        deadline = started + self.timeout
+        if self.rank == 0:
+            self._serve_store(deadline)
+        else:
+            self._join_store(deadline)
+        elapsed = time.monotonic() - started
+        if newest:
+            init.info("Init parallel ends. elapsed=%.2f s" % elapsed)
+        elif _version_tuple() >= (0, 5, 9):
+            init.info("Init torch distributed ends. elapsed=%.2f s, mem usage=0.09 GB" % elapsed)
+        else:
+            init.info("Init torch distributed ends. mem usage=0.09 GB")
+
+    def _serve_store(self, deadline):
+        host, port = self.addr
+        v6 = ":" in host
+        store = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM)
+        store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            # like the TCPStore server: every interface, whatever HOST names
+            store.bind(("::" if v6 else "0.0.0.0", port))
+            store.listen(64)
+        except OSError as e:
+            store.close()
+            raise DistNetworkError(
+                "The server socket has failed to listen on any local network address. port: %d, useIpv6: %s, "
+                "code: %d, name: %s, message: %s" % (port, str(v6).lower(), -(e.errno or 0),
+                                                    errno.errorcode.get(e.errno, "?"), (e.strerror or "").lower())) from None
+        self.store = store
+        joined = set(self.ranks)
+        while len(joined) < self.world_size:
+            if time.monotonic() >= deadline:
+                raise DistStoreError("Timed out after %d seconds waiting for clients. %d/%d clients joined."
+                                     % (int(self.timeout) + 1, len(joined), self.world_size))
+            store.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))
+            try:
+                conn, _ = store.accept()
+            except socket.timeout:
+                continue
+            link = _Link(conn)
+            try:
+                hello = link.recv(min(deadline, time.monotonic() + 5))
+                ranks = set(int(r) for r in hello["ranks"])
+            except (socket.timeout, EOFError, OSError, ValueError, KeyError, TypeError):
+                link.close()
+                continue
+            if not ranks or ranks & joined or not all(0 <= r < self.world_size for r in ranks):
+                link.close()   # a rank twice, or none of this world: not a member
+                continue
+            joined |= ranks
+            self.peers.append(link)
+        for link in list(self.peers):
+            try:
+                link.send({"go": self.world_size})
+            except OSError:
+                self.peers.remove(link)
+        # Connections after this are held by the kernel and never answered: a late
+        # node waits out its deadline, as against a world that has formed.
+
+    def _join_store(self, deadline):
+        host, port = self.addr
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DistNetworkError("The client socket has timed out after %dms while trying to connect "
+                                       "to (%s, %d)." % (int(self.timeout * 1000), host, port))
+            try:
+                conn = socket.create_connection((host, port), timeout=min(left, 2.0))
+                break
+            except OSError:
+                time.sleep(min(0.1, max(0.0, left)))
+        link = _Link(conn)
+        try:
+            link.send({"node_rank": self.rank, "ranks": self.ranks})
+            link.recv(deadline)
+        except socket.timeout:
+            link.close()
+            raise DistStoreError("Socket Timeout") from None
+        except (EOFError, OSError):
+            link.close()
+            raise DistNetworkError(_CLOSED) from None
+        conn.settimeout(None)
+        self.link = link
+
+    def send_step(self, reqs, extend):
+        """Node 0: the step its workers run, to every other node (before its own)."""
+        msg = {"forward": bool(extend), "reqs": [[r.rid, r.sampling_params.max_new_tokens] for r in reqs]}
+        sent = []
+        for link in list(self.peers):
+            try:
+                link.send(msg)
+                sent.append(link)
+            except OSError:
+                self._drop(link)
+        return sent
+
+    def wait_step(self, sent):
+        """Node 0: every node that took the step has run it; one that died is left out (#3099)."""
+        for link in sent:
+            try:
+                link.recv(time.monotonic() + 30)
+            except (socket.timeout, EOFError, OSError, ValueError):
+                self._drop(link)
+
+    def _drop(self, link):
+        link.close()
+        if link in self.peers:
+            self.peers.remove(link)
+
+    def shutdown(self):
+        """Node 0, 0.5.21+: the ShutdownReq broadcast that stops every node's schedulers."""
+        for link in list(self.peers):
+            try:
+                link.send({"shutdown": True})
+            except OSError:
+                pass
+
+
+def _dist_init_addr(server_args):
+    addr = getattr(server_args, "dist_init_addr", None)
+    if not addr:
+        # ModelRunner: tcp://127.0.0.1:<nccl_port>, a port of this node's own, so
+        # nodes launched without --dist-init-addr never meet and time out.
+        return "127.0.0.1", int(getattr(server_args, "nccl_port", None) or get_free_port())
+    if addr.startswith("["):
+        host, _, port = addr[1:].partition("]:")
+    else:
+        host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+def _dist_timeout(server_args):
+    seconds = _env_float("FLEETPATCH_STANDIN_DIST_TIMEOUT", None)
+    if seconds is None:
+        seconds = getattr(server_args, "dist_timeout", None)
+    # torch's default for an NCCL process group (default_pg_nccl_timeout): 10 minutes
+    return float(seconds) if seconds else 600.0
+
+
+def _fail_after(node):
+    """FLEETPATCH_STANDIN_FAIL_RANK: seconds until this node's scheduler dies, or None."""
+    wanted = os.environ.get("FLEETPATCH_STANDIN_FAIL_RANK", "").strip()
+    if not wanted.isdigit() or int(wanted) != node.rank:
+        return None
+    return max(0.0, _env_float("FLEETPATCH_STANDIN_FAIL_AFTER_S", 0.0))
+
+
+def _scheduler_died(server_args, tp_rank):
+    """In an except block: what SGLang logs when a scheduler raises, and the exit code."""
+    configure_logging(server_args, _rank_prefix(server_args, tp_rank, None))
+    logging.getLogger("sglang.srt.managers.scheduler").error(
+        "Scheduler hit an exception: %s" % get_exception_traceback())
+    configure_logging(server_args)
+    logging.getLogger("sglang.srt.entrypoints.engine").error(
+        "Received sigquit from a child process. It usually means the child failed.")
+    _flush()
+    return 1
+
+
+class _DummyHealthHandler(_Handler):
+    """utils/common.py's launch_dummy_health_check_server (every release 0.5.7 -
+    0.5.23): a FastAPI app with GET /ping, /health, /health_generate answering 200;
+    uvicorn at log_level "warning", so no access lines."""
+
+    ROUTES = ("/ping", "/health", "/health_generate")
+
+    def do_GET(self):
+        if self.path.split("?", 1)[0] in self.ROUTES:
+            self._send(200)
+        else:
+            self._send(404, b'{"detail":"Not Found"}')
+
+    do_HEAD = do_GET
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        if self.path.split("?", 1)[0] in self.ROUTES:
+            self._send(405, b'{"detail":"Method Not Allowed"}')
+        else:
+            self._send(404, b'{"detail":"Not Found"}')
+
+    def log_request(self, code="-", size="-"):
+        pass
+
+
+def _host_port(host, port):
+    # 0.5.10+ logs NetworkAddress(host, port).to_host_port_str(): IPv6 in brackets
+    if ":" in host and _version_tuple() >= (0, 5, 10):
+        return "[%s]:%s" % (host, port)
+    return "%s:%s" % (host, port)
+
+
+def _on_sigterm_follower(signum, frame):
+    # engine.py 0.5.21+: a node R >= 1 waits for node 0's ShutdownReq broadcast;
+    # before, SIGTERM ended it at once.
+    if _version_tuple() < (0, 5, 21):
+        raise _Stop()
+    logging.getLogger("sglang.srt.entrypoints.engine").warning(
+        "SIGTERM received on node_rank %d; waiting for the rank-0 ShutdownReq broadcast to stop "
+        "the schedulers." % _State.node.rank)
+
+
+def follow(node, server_args):
+    """A node R >= 1 after its workers are built (engine.py, node_rank >= 1): the
+    dummy health server on --port, then the steps node 0 sends, until it goes."""
+    host = server_args.host or "127.0.0.1"
+    httpd = _make_http_server(host, int(server_args.port), _DummyHealthHandler)
+    threading.Thread(target=httpd.serve_forever, name="health-check-server", daemon=True).start()
+    logging.getLogger("sglang.srt.utils.common").info(
+        "Dummy health check server started in background thread at %s" % _host_port(host, server_args.port))
+    _flush()
+    signal.signal(signal.SIGTERM, _on_sigterm_follower)
+    fail_after = _fail_after(node)
+    dies_at = None if fail_after is None else time.monotonic() + fail_after
+    first = node.tp_ranks[0]
+    try:
+        while True:
+            if dies_at is not None and time.monotonic() >= dies_at:
+                try:
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered "
+                                       "(stand-in FLEETPATCH_STANDIN_FAIL_RANK=%d)" % node.rank)
+                except RuntimeError:
+                    return _scheduler_died(server_args, first)
+            step = 0.2 if dies_at is None else max(0.01, min(0.2, dies_at - time.monotonic()))
+            if node.link is None:   # --node-rank >= 1 with --nnodes 1: nobody to follow
+                time.sleep(step)
+                continue
+            try:
+                msg = node.link.recv(time.monotonic() + step)
+            except socket.timeout:
+                continue
+            except (EOFError, OSError):
+                # node 0 is gone: the scheduler's next broadcast over gloo fails
+                try:
+                    raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+                                       "by peer [%s]:%d" % node.addr) from None
+                except RuntimeError:
+                    return _scheduler_died(server_args, first)
+            if msg.get("shutdown"):
+                for _ in node.tp_ranks:
+                    logger.error("Scheduler or DataParallelController %d terminated with 0" % os.getpid())
+                return 0
+            reqs = [_Req(rid, n) for rid, n in msg.get("reqs", [])]
+            if not _forward(reqs, msg.get("forward")):
+                return _State.fatal
+            node.link.send({"ok": True})
+    finally:
+        httpd.server_close()
 
 
 # ---------------------------------------------------------------------------
@@ -2348,7 +2735,7 @@ def _on_sigterm_serving(signum, frame):
     _State.terminating = True
 
 
-def _serve_until_stopped(exit_after):
+def _serve_until_stopped(exit_after, reason="FLEETPATCH_STANDIN_EXIT_AFTER_READY"):
     """The serving phase: returns the exit code.
 
     SIGTERM as in 0.5.9's TokenizerManager.sigterm_watchdog: every
@@ -2378,7 +2765,7 @@ def _serve_until_stopped(exit_after):
                 next_check = now + poll
         if deadline is not None and time.time() >= deadline:
             try:
-                raise RuntimeError("stand-in scheduler died (FLEETPATCH_STANDIN_EXIT_AFTER_READY)")
+                raise RuntimeError("stand-in scheduler died (%s)" % reason)
             except RuntimeError:
                 logging.getLogger("sglang.srt.managers.scheduler").error(
                     "Scheduler hit an exception: %s" % get_exception_traceback())
@@ -2501,13 +2888,16 @@ def main(argv=None):
 
         _State.server_args = server_args
         _State.version = _sglang_version()
+        node = _State.node = _Node(server_args)
         sched_log = logging.getLogger("sglang.srt.managers.scheduler")
         tp_size = max(1, int(server_args.tp_size or 1))
         dp_rank = 0 if (getattr(server_args, "dp_size", 1) or 1) > 1 else None
-        for tp_rank in range(tp_size):
+        for tp_rank in node.tp_ranks:
             _RANK.update(tp_rank=tp_rank, tp_size=tp_size)
             configure_logging(server_args, _rank_prefix(server_args, tp_rank, dp_rank))
             try:
+                if node.multi and tp_rank == node.tp_ranks[0]:
+                    node.rendezvous()
                 if server_args.speculative_algorithm is not None and _env_true("FLEETPATCH_STANDIN_SPAWN_SCHEDULER"):
                     max_total = spawn_scheduler(argv, tp_rank, dp_rank)
                 elif server_args.speculative_algorithm is not None:
@@ -2538,6 +2928,8 @@ def main(argv=None):
                 return 1
         configure_logging(server_args)
         _SCHED.setup(server_args.max_running_requests or 48)
+        if node.rank > 0:
+            return follow(node, server_args)
 
         host = server_args.host or "127.0.0.1"
         httpd = _make_http_server(host, int(server_args.port))
@@ -2565,7 +2957,15 @@ def main(argv=None):
         else:
             _python_ready()
 
-        return _serve_until_stopped(_env_float("FLEETPATCH_STANDIN_EXIT_AFTER_READY", None))
+        exit_after = _env_float("FLEETPATCH_STANDIN_EXIT_AFTER_READY", None)
+        reason = "FLEETPATCH_STANDIN_EXIT_AFTER_READY"
+        fail_after = _fail_after(node)
+        if fail_after is not None and (exit_after is None or fail_after < exit_after):
+            exit_after, reason = fail_after, "FLEETPATCH_STANDIN_FAIL_RANK=0"
+        rc = _serve_until_stopped(exit_after, reason)
+        if rc == 0 and _State.terminating and _version_tuple() >= (0, 5, 21):
+            node.shutdown()
+        return rc
     except _Stop:
         _flush()
         return 0
