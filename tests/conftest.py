@@ -14,6 +14,7 @@ not fixtures live in tests/support.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -22,6 +23,11 @@ from fleetpatch_demo.fleet import Fleet, HostSpec
 from support.localhost import LocalHost, template_env
 from support.operator import Operator
 from support.paths import TESTS
+
+# A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored, and so
+# would every fleetpatch it starts; the Ctrl-C tests need what a terminal gives: the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TIERS = ("fast", "fleet", "e2e")
 
