@@ -143,6 +143,20 @@ def test_no_probe_without_markers_is_refused_naming_what_is_missing(operator, fl
     assert fleet.commands("v1a") == [], "refused before any host is contacted"
 
 
+def test_rollout_no_probe_refuses_a_patch_without_markers_and_judges_one_with_markers_by_them(operator, fleet):
+    refused = operator.run("rollout", "--patch", "both-quiet", *FIX, "--hosts", "v1a,v2a", "--canary", "0",
+                           "--no-probe")
+    assert refused.code == 2 and "--no-probe judges by markers alone" in refused.output, refused
+    assert fleet.commands("v1a") == [] and fleet.commands("v2a") == [], "refused before any host is contacted"
+    run = operator.run("rollout", "--patch", "dynamic-spec-disable", "--hosts", "v1a,v2a", "--canary", "0",
+                       "--no-probe", "--timeout", "60")
+    assert run.code == 0, run
+    for name in ("v1a", "v2a"):
+        assert run.host(name)["status"] == "verified" and run.host(name)["markers"], run.host(name)
+        assert "execution" not in run.host(name), "no probe: no execution block"
+        assert probe_pths(fleet, name) == []
+
+
 def test_engine_probe_false_turns_it_off(operator, fleet):
     doc = operator.inventory()
     doc["hosts"]["v1a"].setdefault("engine", {})["probe"] = False
