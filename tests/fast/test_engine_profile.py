@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.abc
+import importlib.machinery
 import itertools
 import logging
 import os
@@ -38,9 +40,10 @@ from fleetpatch.engines.sglang import PROFILE, LaunchConfig, Prediction
 
 ALL_VERSIONS = [v for r in sg.RANGES for v in r.verified]
 CORE_VERSIONS = ["0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.15"]   # the ones the brief caches
-# The wheel's own routing code is replayed with stub modules; 0.5.16+ import more of SGLang
-# (runtime_context, resolving views) than the stubs provide yet.
-REPLAYED_VERSIONS = [v for v in ALL_VERSIONS if Version(v) < Version("0.5.16")]
+# The wheel's own routing code is replayed with every other sglang module faked. From 0.5.19 the
+# hook resolves the algorithm's alias (NEXTN) and reads the model's config through views of the
+# arguments that the fakes do not reproduce yet: those releases are checked by the stand-in only.
+REPLAYED_VERSIONS = [v for v in ALL_VERSIONS if Version(v) < Version("0.5.19")]
 
 
 # ----------------------------------------------------------------- wheel access
@@ -571,6 +574,24 @@ class _FakeModule(types.ModuleType):
         return cls
 
 
+class _FakeFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Any other sglang module (0.5.16+ spec_info imports a dozen: ragged_verify, runtime_context,
+    the DFlash/DSpark/Uno workers...) is a _FakeModule: the routing code only names their classes."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torch" or fullname.startswith(("torch.", "sglang.")):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = _FakeModule(spec.name)
+        mod.__path__ = []
+        return mod
+
+    def exec_module(self, module):
+        return None
+
+
 class _Capture(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
@@ -652,6 +673,8 @@ class RealRouting:
     def installed(self):
         saved = {k: sys.modules.pop(k) for k in list(sys.modules)
                  if k in ("sglang", "torch") or k.startswith("sglang.")}
+        finder = _FakeFinder()
+        sys.meta_path.insert(0, finder)
         try:
             for pkg in ("sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.moe",
                         "sglang.srt.speculative", "sglang.srt.arg_groups", "sglang.srt.debug_utils",
@@ -667,6 +690,15 @@ class RealRouting:
             ov.attention_backends_of = lambda c: (c.prefill_attention_backend or c.attention_backend,
                                                   c.decode_attention_backend or c.attention_backend)
             ov.run_post_process_pass = lambda sa, fn: None
+            # 0.5.20+: the hook reads and writes the arguments through views of them; here, the arguments
+            ov.resolving_view = ov.model_config_of = lambda sa, *a, **k: sa
+            ov.declare_resolution = ov.record_foreign_defaults = lambda *a, **k: None
+            platform = SimpleNamespace(is_xpu=False, is_hip=False, is_out_of_tree=lambda: False,
+                                       supports_speculative_algorithm=lambda algorithm: True)
+            self._load("sglang.srt.platforms").current_platform = platform
+            rc = self._load("sglang.srt.runtime_context")
+            rc.get_platform = lambda: platform
+            rc.attn_dp_enabled_of = lambda sa: sa.enable_dp_attention
             ov._speculative_moe_runner_default = None
             environ = self._load("sglang.srt.environ", sg.ENVIRON)
             for p in sorted(self.names):
@@ -690,7 +722,8 @@ class RealRouting:
                 self.handle = ns["_handle_speculative_decoding"]
             yield self
         finally:
-            for k in [k for k in sys.modules if k in ("sglang", "torch") or k.startswith("sglang.")]:
+            sys.meta_path.remove(finder)
+            for k in [k for k in sys.modules if k in ("sglang", "torch") or k.startswith(("sglang.", "torch."))]:
                 del sys.modules[k]
             sys.modules.update(saved)
 
