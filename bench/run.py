@@ -951,6 +951,7 @@ def container_ops(cfleet: Fleet, pfleet: Fleet | None, n: int, reps: int = 3) ->
 
     def at_once(fn, names):
         out = {}
+        b0 = cpu_busy()
         t = time.monotonic()
         threads = [threading.Thread(target=lambda m=m: out.__setitem__(m, fn(m))) for m in names]
         for th in threads:
@@ -958,15 +959,31 @@ def container_ops(cfleet: Fleet, pfleet: Fleet | None, n: int, reps: int = 3) ->
         for th in threads:
             th.join()
         wall = time.monotonic() - t
-        return {"wall_s": round(wall, 3), **medians(list(out.values()))}
+        # CPU the whole machine spent meanwhile (both cores; the daemon, runc, the servers' starts)
+        busy = round((cpu_busy()[0] - b0[0]) / _HZ, 2)
+        return {"wall_s": round(wall, 3), "machine_cpu_s": busy, **medians(list(out.values()))}
 
     reset_keeping_agent_cache(cfleet)
     wait_quiet(30)
     name = cfleet.names[0]
     c = cfleet.hosts[name].container_name
     res = {"host": name, "reps": reps}
+    cpu0 = children_cpu()
     res["inspect_s"] = round(med([rt(cfleet, name, "docker", "inspect", "--type", "container", "--", c)
                                   for _ in range(5)]), 3)
+    # CPU of one `docker inspect` on the controller's side (nsenter + the docker CLI, a Go
+    # program): what each runtime command costs the machine before the daemon does anything
+    res["inspect_cli_cpu_s"] = round((children_cpu() - cpu0) / 5, 3)
+    insp = {}
+    t = time.monotonic()
+    threads = [threading.Thread(target=lambda m=m: insp.__setitem__(m, rt(
+        cfleet, m, "docker", "inspect", "--type", "container", "--", cfleet.hosts[m].container_name)))
+        for m in cfleet.names[:n]]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    res[f"inspect_{n}_at_once"] = {"wall_s": round(time.monotonic() - t, 3), "median_s": round(med(insp.values()), 3)}
     since = f"{time.time() - 3600:.9f}"
     res["logs_since_s"] = round(med([rt(cfleet, name, "docker", "logs", "--timestamps", "--since", since, "--", c)
                                      for _ in range(5)]), 3)
@@ -1239,17 +1256,20 @@ def container_lines(res: dict, net: str) -> list[str]:
 def container_ops_lines(co: dict) -> list[str]:
     out = ["The container runtime's commands, as the agent runs them on a container host (the host's docker CLI "
            f"and socket, in its namespace; not over SSH; {co['host']}, medians): `docker inspect` "
-           f"{co['inspect_s']:.3f} s, `docker logs --since` {co['logs_since_s']:.3f} s, `python3 -S -c pass` on the "
+           f"{co['inspect_s']:.3f} s (CPU {fmt(co.get('inspect_cli_cpu_s'), 3)} s of the CLI), "
+           + "".join(f"on {k.split('_')[1]} hosts at once {v['median_s']:.3f} s each ({v['wall_s']:.3f} s for all), "
+                     for k, v in co.items() if k.startswith("inspect_") and k.endswith("_at_once"))
+           + f"`docker logs --since` {co['logs_since_s']:.3f} s, `python3 -S -c pass` on the "
            f"host {co['python3_on_host_s']:.3f} s. A restart (stop, start, to /health):", "",
-           "| restart | hosts at once | wall | stop | start | start → /health | stop → /health |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| restart | hosts at once | wall | machine CPU | stop | start | start → /health | stop → /health |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for key, x in co.items():
-        if not isinstance(x, dict):
+        if not isinstance(x, dict) or "_restart_" not in key:
             continue
         kind, _, rest = key.partition("_restart_")
         hosts = rest.split("_")[0]
         out.append(f"| {'docker stop -t 10 + docker start' if kind == 'container' else 'plain: TERM + wait, spawn'} "
-                   f"| {hosts} | {fmt(x.get('wall_s'))} | {fmt(x['stop_s'])} | {fmt(x['start_s'])} | "
+                   f"| {hosts} | {fmt(x.get('wall_s'))} | {fmt(x.get('machine_cpu_s')) + (' s' if x.get('machine_cpu_s') is not None else '')} | {fmt(x['stop_s'])} | {fmt(x['start_s'])} | "
                    f"{fmt(x['start_to_health_s'])} | {fmt(x['restart_to_health_s'])} |")
     return out
 
@@ -1516,7 +1536,8 @@ def main(argv=None) -> int:
                       "cmd_at": [side[n]["at"] for n in names],
                       "command_kinds": side[names[0]]["kinds"]})
             r["wall_s"] = round(r["wall_s"], 3)
-            log(f"{net.name:8s} {fl:9s} {tool:10s} {len(names):2d} hosts  {r['wall_s']:6.2f} s  exit {r['exit']}  "
+            log(f"{'(warm-up) ' if not record else ''}{net.name:8s} {fl:9s} {tool:10s} {len(names):2d} hosts  "
+                f"{r['wall_s']:6.2f} s  exit {r['exit']}  "
                 f"busy before {r['busy_before_pct']}% load {loadavg} other CPU {r['foreign_cpu_s']} s "
                 f"docker CPU {r['docker_cpu_s']} s  ok {r['tool_ok']}/{len(names)} (check {r['checked_ok']})  "
                 f"cmds/host {sorted(set(r['commands_per_host']))}")
