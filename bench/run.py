@@ -1313,7 +1313,7 @@ TCP's handshake on a real link (connect + first echo: {fmt(d.get('first_exchange
 checking, against a known_hosts file that holds each host's key under its proxy port.
 """ if d else ""
     order = ("per size and repeat: loopback then the delay proxy, the fleets in alternating order "
-             "(plain hosts first in even repeats), the tool order rotated per repeat") if len(res.get("fleets", [])) > 1 \
+             "(in even repeats as --fleets names them, in odd ones reversed), the tool order rotated per repeat") if len(res.get("fleets", [])) > 1 \
         else "per size and repeat: loopback then the delay proxy,\nthe tool order rotated per repeat"
     return f"""# Benchmark results
 
