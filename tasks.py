@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parent
             "repeats": "runs per size, net and tool (default 3)",
             "tools": "which of fleetpatch,baseline,baseline-c25519,pyinfra,ansible (default all five)",
             "nets": "loopback and/or delay (through bench/delayproxy.py; default both, interleaved)",
+            "fleets": "plain and/or container (each engine in a Docker container; fleetpatch only there): "
+                      "plain,container times both in one run, into results-containers.json (default plain)",
             "delay_ms": "the delay proxy's delay each way in ms (default 25: 50 ms round trip)",
             "baseline_kex": "KexAlgorithms for the baseline's ssh, e.g. curve25519-sha256 (default: OpenSSH's)",
             "quiet_wait": "before each run wait up to S s for the machine to be <20% busy (default 60)",
@@ -27,12 +29,14 @@ REPO = Path(__file__).resolve().parent
             "fleetpatch-before": "another fleetpatch checkout (e.g. a git worktree of an older commit), run as "
                                  "the contender fleetpatch-before: a before/after table from the same run"})
 def bench(c, sizes="1,8,32", repeats="3", tools="fleetpatch,baseline,baseline-c25519,pyinfra,ansible", nets="loopback,delay",
-          delay_ms="25", quiet_wait="60", baseline_kex="", out="", instrumented=True, fleetpatch_before=""):
+          delay_ms="25", quiet_wait="60", baseline_kex="", out="", instrumented=True, fleetpatch_before="",
+          fleets="plain"):
     """Time a full rollout on the test fleet, on loopback and through a delay proxy.
 
     fleetpatch against one `ssh` per host, pyinfra and Ansible."""
     argv = [sys.executable, str(REPO / "bench" / "run.py"), "--sizes", sizes, "--repeats", str(repeats),
-            "--tools", tools, "--nets", nets, "--delay-ms", str(delay_ms), "--quiet-wait", str(quiet_wait)]
+            "--tools", tools, "--nets", nets, "--delay-ms", str(delay_ms), "--quiet-wait", str(quiet_wait),
+            "--fleets", fleets]
     if baseline_kex:
         argv += ["--baseline-kex", baseline_kex]
     if fleetpatch_before:

@@ -4,7 +4,7 @@ plain OpenSSH (one `ssh` per host), pyinfra 3.x and an Ansible playbook, on
 loopback and through a TCP delay proxy (bench/delayproxy.py, 50 ms RTT).
 
     python bench/run.py [--sizes 1,8,32] [--repeats 3] [--tools …] [--nets loopback,delay]
-                        [--delay-ms 25] [--quiet-wait 60] [--out bench]
+                        [--fleets plain,container] [--delay-ms 25] [--quiet-wait 60] [--out bench]
     invoke bench                       # the same, from the repo root
 
 One fleet of 32 real sshd hosts (``fleetpatch_demo.fleet``; h00, h02, … run
@@ -32,7 +32,18 @@ the per-host ``duration_s`` / ``round_trips`` / ``verdict_after_s`` of its
 report, and (after the timed runs) one instrumented in-process rollout per
 size and net timing the SSH connect and each agent round trip, with bytes moved.
 
-Writes OUT/results.json and OUT/RESULTS.md and prints the tables.
+--fleets plain,container: beside the plain fleet, a second one of as many container hosts
+(c00, c01, …: the same sshd hosts, the engine in a Docker container of the engine image,
+``engine.container`` in the inventory; fleetpatch_demo.containerhost) on the tests' Docker
+daemon, or a private one the bench starts. Only fleetpatch runs there. Per size and repeat
+both fleets run, their order alternating per repeat; before each container run the
+containers are re-created from the image; the check reads the files inside the container
+(`docker exec … sha256sum`), the container's output since the run started (`docker logs
+--since`), its main process's pid (new) and id (the same container). The bench's own docker
+calls go to the daemon directly, so the sshd-side count stays the tool's commands.
+
+Writes OUT/results.json and OUT/RESULTS.md (with container hosts: OUT/results-containers.json
+and OUT/RESULTS-containers.md) and prints the tables.
 """
 from __future__ import annotations
 
@@ -77,6 +88,16 @@ TOOLS = ("fleetpatch", "fleetpatch-before", "baseline", "baseline-c25519", "pyin
 # OpenSSH 9's default sntrup761x25519 costs ~85 ms more client CPU per connection.
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
 NETS = ("loopback", "delay")
+# --fleets: "plain" (the engine in a venv on the host), "container" (the engine in a Docker
+# container on the host, engine.container in the inventory). Only fleetpatch rolls out to
+# container hosts: the other tools' scripts stop a server by its pidfile and read a log file.
+FLEETS = ("plain", "container")
+CONTAINER_TOOLS = ("fleetpatch", "fleetpatch-before")
+# where the bench starts a Docker daemon of its own when none answers (short: containerd's
+# socket paths are limited); the tests' daemon (FLEETPATCH_TEST_DOCKER_SOCK, else
+# /run/fleetpatch-test/docker/docker.sock) is reused when it answers
+BENCH_DOCKER_SOCK = "/run/fleetpatch-bench/docker/docker.sock"
+BENCH_DOCKER_ROOT = "/var/cache/fleetpatch-bench/dockerd"
 PYINFRA_VENV = Path.home() / ".cache" / "fleetpatch" / "bench-pyinfra"
 PYINFRA_REQ = "pyinfra>=3,<4"
 MAX_HOSTS = 32
@@ -112,8 +133,8 @@ def compile_fleetpatch(pkg: Path | None = None) -> str:
     return f"compiled {pkg} ({'ok' if ok else 'with errors'}; PYTHONDONTWRITEBYTECODE {env})"
 
 
-def ensure_tools(install: bool, need_pyinfra: bool = True) -> dict:
-    """GNU patch and ansible-playbook; installed if missing (apt-get / pip)."""
+def ensure_tools(install: bool, need_pyinfra: bool = True, need_ansible: bool = True) -> dict:
+    """GNU patch and ansible-playbook (and pyinfra); installed if missing (apt-get / pip)."""
     notes = {}
     out = subprocess.run(["patch", "--version"], capture_output=True, text=True) if shutil.which("patch") else None
     if out is None or "GNU patch" not in out.stdout:
@@ -125,15 +146,17 @@ def ensure_tools(install: bool, need_pyinfra: bool = True) -> dict:
         out = subprocess.run(["patch", "--version"], capture_output=True, text=True)
     notes["patch"] = out.stdout.splitlines()[0]
     ap = ansible_playbook()
-    if ap is None:
+    if ap is None and not need_ansible:
+        notes["ansible"] = "ansible-playbook: not installed (not run)"
+    elif ap is None:
         if not install:
             sys.exit("bench: ansible-playbook is missing (pip install -e '.[bench]')")
         log("ansible-core missing: pip install 'ansible-core>=2.15'")
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "ansible-core>=2.15"], check=True)
         notes["installed"] = (notes.get("installed", "") + " ansible-core (pip)").strip()
         ap = ansible_playbook()
-    ver = subprocess.run([ap, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    notes["ansible"] = ver
+    if ap is not None:
+        notes["ansible"] = subprocess.run([ap, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     notes["openssh"] = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     if need_pyinfra:
         if not pyinfra_bin().exists():
@@ -149,6 +172,50 @@ def ensure_tools(install: bool, need_pyinfra: bool = True) -> dict:
         notes["pyinfra"] = subprocess.run([str(pyinfra_bin()), "--version"], capture_output=True,
                                           text=True).stdout.strip()
     return notes
+
+
+def container_daemon():
+    """(Dockerd, note) for the container fleet: FLEETPATCH_TEST_DOCKER_SOCK if set (it must
+    answer), else the tests' daemon at /run/fleetpatch-test/docker/docker.sock if it answers,
+    else a private one started here on its own socket and data root (BENCH_DOCKER_*), stopped
+    at exit. Never another daemon. Exits with one line if none can be had."""
+    from fleetpatch_demo.dockerd import DEFAULT_SOCK, SOCK_ENV, Dockerd, DockerError, docker_unavailable
+    from fleetpatch_demo.images import containers_unavailable
+    sock = os.environ.get(SOCK_ENV)
+    if sock:
+        reason = containers_unavailable(sock)
+        if reason:
+            sys.exit(f"bench: --fleets container: {SOCK_ENV}={sock}: {reason}")
+        return Dockerd(sock), {"sock": sock, "daemon": f"reused ({SOCK_ENV})"}
+    if docker_unavailable(DEFAULT_SOCK) is None:
+        reason = containers_unavailable(DEFAULT_SOCK)
+        if reason:
+            sys.exit(f"bench: --fleets container: {reason}")
+        return Dockerd(DEFAULT_SOCK), {"sock": DEFAULT_SOCK, "daemon": "reused (the tests' daemon)"}
+    d = Dockerd(BENCH_DOCKER_SOCK, BENCH_DOCKER_ROOT)
+    t = time.monotonic()
+    try:
+        d.start()   # stopped at exit (atexit), as it is this process's
+    except DockerError as e:
+        sys.exit(f"bench: --fleets container needs a Docker daemon: {e}")
+    reason = containers_unavailable(d.sock)
+    if reason:
+        sys.exit(f"bench: --fleets container: {reason}")
+    return d, {"sock": d.sock, "daemon": f"private, started by the bench in {time.monotonic() - t:.1f} s "
+                                         f"(data root {d.data_root})"}
+
+
+def out_names(fleets) -> tuple[str, str]:
+    """A run with container hosts writes files of its own: the plain bench's results stay."""
+    return ("results-containers.json", "RESULTS-containers.md") if "container" in fleets else \
+        ("results.json", "RESULTS.md")
+
+
+def skey(net: str, tool: str | None, n: int, fleet: str = "plain") -> str:
+    """The summary's key: loopback/fleetpatch@8 (plain hosts, as ever), container:loopback/fleetpatch@8;
+    the instrumented runs' (tool None): loopback@8, container:loopback@8."""
+    k = f"{net}/{tool}@{n}" if tool else f"{net}@{n}"
+    return k if fleet == "plain" else f"{fleet}:{k}"
 
 
 def pyinfra_bin() -> Path:
@@ -223,11 +290,27 @@ os.environ["FLEETPATCH_BENCH_RUN"] = BENCH_TOKEN   # inherited by everything thi
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
+DOCKER_COMMS = ("dockerd", "containerd", "runc", "docker-init", "docker-proxy")
+
+
+def _is_docker(pid: str, comm: bytes) -> bool:
+    """The Docker daemon's side: dockerd, containerd and its shims, runc, and every process
+    in a container (a cgroup under /docker/)."""
+    if comm.decode(errors="replace").startswith(DOCKER_COMMS):
+        return True
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            return b"/docker/" in f.read()
+    except OSError:
+        return False
+
+
 def foreign_cpu(fleet_ns: set) -> dict:
-    """{pid: (ppid, cumulative CPU seconds: own + reaped children)} of every process that is
-    not this bench's: not carrying FLEETPATCH_BENCH_RUN=<token> in its environment,
+    """{pid: (ppid, cumulative CPU seconds: own + reaped children, docker?)} of every process
+    that is not this bench's: not carrying FLEETPATCH_BENCH_RUN=<token> in its environment,
     not inside a fleet host's mount namespace, not this process, not pid 1 (which
-    reaps our orphans).
+    reaps our orphans). docker? marks the Docker daemon's processes and the containers'
+    (the container hosts' engines; on a shared daemon also other users' containers).
     Other sessions on a shared machine show up here."""
     out = {}
     me = f"FLEETPATCH_BENCH_RUN={BENCH_TOKEN}".encode()
@@ -242,19 +325,24 @@ def foreign_cpu(fleet_ns: set) -> dict:
                 if me in f.read().split(b"\0"):
                     continue
             with open(f"/proc/{d}/stat", "rb") as f:
-                v = f.read().rsplit(b")", 1)[1].split()
-            out[int(d)] = (int(v[1]), sum(int(x) for x in v[11:15]) / _HZ)   # ppid; utime stime cutime cstime
+                raw = f.read()
+            head, tail = raw.rsplit(b")", 1)
+            v = tail.split()
+            comm = head.split(b"(", 1)[1]
+            # ppid; utime stime cutime cstime
+            out[int(d)] = (int(v[1]), sum(int(x) for x in v[11:15]) / _HZ, _is_docker(d, comm))
         except (OSError, ValueError, IndexError):
             pass
     return out
 
 
-def foreign_delta(a: dict, b: dict) -> float:
-    """CPU the foreign processes used between snapshots a and b. A process that ended in
-    between was (most likely) reaped by its parent, whose c[us]time then holds its whole
-    life: what it had used before `a` is taken off again."""
-    used = sum(t - a.get(pid, (0, 0.0))[1] for pid, (_, t) in b.items())
-    used -= sum(t for pid, (ppid, t) in a.items() if pid not in b and ppid in b)
+def foreign_delta(a: dict, b: dict, docker: bool = False) -> float:
+    """CPU the foreign processes (docker=True: the Docker daemon's and the containers', else
+    the others) used between snapshots a and b. A process that ended in between was (most
+    likely) reaped by its parent, whose c[us]time then holds its whole life: what it had
+    used before `a` is taken off again."""
+    used = sum(t - a.get(pid, (0, 0.0, d))[1] for pid, (_, t, d) in b.items() if d == docker)
+    used -= sum(t for pid, (ppid, t, d) in a.items() if pid not in b and ppid in b and b[ppid][2] == docker)
     return max(0.0, used)
 
 
@@ -311,8 +399,9 @@ class DelayProxy:
     """bench/delayproxy.py as a child process: one listener per host. It stops by
     itself after max_seconds, or when this process closes its stdin (or dies)."""
 
-    def __init__(self, fleet: Fleet, wd: Path, delay_ms: float, max_seconds: float):
+    def __init__(self, fleet: Fleet, wd: Path, delay_ms: float, max_seconds: float, label: str = ""):
         self.fleet, self.wd, self.delay_ms, self.max_seconds = fleet, wd, delay_ms, max_seconds
+        self.label = label   # "-container": the container fleet's proxy (its own known_hosts file)
         self.proc = None
 
     def __enter__(self) -> Net:
@@ -336,7 +425,7 @@ class DelayProxy:
             m = re.match(r"\[127\.0\.0\.1\]:(\d+) (.+)$", l)
             if m:
                 keys[int(m.group(1))] = m.group(2)
-        kh = self.wd / "known_hosts-delay"
+        kh = self.wd / f"known_hosts-delay{self.label}"
         kh.write_text("".join(f"[127.0.0.1]:{by_name[n]} {keys[h.ssh_port]}\n" for n, h in self.fleet.hosts.items()))
         net = Net("delay", by_name, kh, rtt_ms=rtt)
         net.first_exchange_ms = first
@@ -420,12 +509,35 @@ def write_inventory(fleet: Fleet, names: list[str], path: Path, net: Net) -> Pat
 
 
 def snapshot(fleet: Fleet, names) -> dict:
+    """Before a run: each host's server pid and where its log ends (a container host: the
+    time, its log being the container's output, and the container's id)."""
     out = {}
     for n in names:
         h = fleet.hosts[n]
-        out[n] = {"log_size": h.log_path.stat().st_size if h.log_path.exists() else 0,
-                  "pid": fleet.server_pid(n)}
+        if h.containerized:
+            out[n] = {"t": time.time(), "pid": fleet.server_pid(n), "container_id": fleet.container_id(n)}
+        else:
+            out[n] = {"log_size": h.log_path.stat().st_size if h.log_path.exists() else 0,
+                      "pid": fleet.server_pid(n)}
     return out
+
+
+def container_facts(fleet: Fleet, name: str, since: float, files) -> tuple[str, dict]:
+    """A container host's output since `since` and {file: sha256} of the patched files as the
+    container sees them (SGLang's checkout in the image, /sgl-workspace/sglang/python).
+    Read by the bench through the daemon (`docker logs --since`, `docker exec … sha256sum`),
+    not over SSH: the sshd's command log still counts only the tool's commands."""
+    from fleetpatch_demo.images import SGL_CHECKOUT
+    c = fleet.hosts[name].container_name
+    logs = fleet.docker_cli("logs", "--since", f"{since:.9f}", c, check=False, timeout=60)
+    paths = {f"{SGL_CHECKOUT}/{f}": f for f in files}
+    sums = fleet.docker_cli("exec", c, "sha256sum", *paths, check=False, timeout=60)
+    got = {}
+    for line in sums.stdout.splitlines():
+        sha, _, path = line.partition("  ")
+        if path in paths:
+            got[paths[path]] = sha
+    return logs.stdout + logs.stderr, got
 
 
 def reset_keeping_agent_cache(fleet: Fleet) -> None:
@@ -467,10 +579,21 @@ def check(fleet: Fleet, names, before: dict, expect: dict) -> dict:
     for n in names:
         h = fleet.hosts[n]
         bad = []
-        try:
-            window = h.log_path.read_bytes()[before[n]["log_size"]:].decode("utf-8", "replace")
-        except OSError:
-            window = ""
+        if h.containerized:
+            window, got = container_facts(fleet, n, before[n]["t"], expect)
+            if fleet.container_id(n) != before[n]["container_id"]:
+                bad.append("container re-created during the run (the patch would be lost)")
+        else:
+            try:
+                window = h.log_path.read_bytes()[before[n]["log_size"]:].decode("utf-8", "replace")
+            except OSError:
+                window = ""
+            got = {}
+            for f in expect:
+                try:
+                    got[f] = sha256((h.site_packages / f).read_bytes())
+                except OSError:
+                    got[f] = None
         path = host_path(fleet, n)
         other = "EAGLEWorker" if path == "EAGLEWorkerV2" else "EAGLEWorkerV2"
         if MARKERS[path] not in window:
@@ -478,11 +601,7 @@ def check(fleet: Fleet, names, before: dict, expect: dict) -> dict:
         if MARKERS[other] in window:
             bad.append(f"marker for {other} in the log (wrong path)")
         for f, want in expect.items():
-            try:
-                got = sha256((h.site_packages / f).read_bytes())
-            except OSError:
-                got = None
-            if got != want:
+            if got.get(f) != want:
                 bad.append(f"{f} not patched")
         pid = fleet.server_pid(n)
         if not pid or pid == before[n]["pid"]:
@@ -523,8 +642,12 @@ def classify(cmd: str) -> str:
 
 # ------------------------------------------------------------------ tools
 
+def fleet_kind(fleet: Fleet) -> str:
+    return "container" if fleet.container_hosts else "plain"
+
+
 def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net, src: Path | None = None) -> dict:
-    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}-{net.name}.yaml", net)
+    inv = write_inventory(fleet, names, wd / f"hosts-{fleet_kind(fleet)}-{len(names)}-{net.name}.yaml", net)
     report = wd / f"fleetpatch-{tag}.json"
     argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
             "--canary", "0", "--report", str(report), "--inventory", str(inv)]
@@ -708,9 +831,10 @@ def close_masters(cp_dir: Path) -> None:
 
 
 def run_instrumented(fleet: Fleet, names, wd: Path, net: Net) -> dict:
-    inv = write_inventory(fleet, names, wd / f"hosts-{len(names)}-{net.name}.yaml", net)
-    out = wd / f"instrumented-{len(names)}.json"
-    report = wd / f"instrumented-report-{len(names)}.json"
+    kind = fleet_kind(fleet)
+    inv = write_inventory(fleet, names, wd / f"hosts-{kind}-{len(names)}-{net.name}.yaml", net)
+    out = wd / f"instrumented-{kind}-{len(names)}.json"
+    report = wd / f"instrumented-report-{kind}-{len(names)}.json"
     argv = [sys.executable, str(BENCH / "fp_instrumented.py"), str(out), "--", "rollout", "--patch", PATCH,
             "--group", "all", "--canary", "0", "--report", str(report), "--inventory", str(inv)]
     t0 = time.monotonic()
@@ -731,7 +855,7 @@ def startup_times(reps: int = 3) -> dict:
     out = {}
     for tool, argv in (("fleetpatch", [sys.executable, "-m", "fleetpatch", "--version"]),
                        ("pyinfra", [str(pyinfra_bin()), "--version"]),
-                       ("ansible", [ansible_playbook(), "--version"])):
+                       ("ansible", [ansible_playbook() or "ansible-playbook", "--version"])):
         if not Path(argv[0]).exists() and not shutil.which(argv[0]):
             continue
         ts = []
@@ -778,6 +902,102 @@ def first_connect_times(fleet: Fleet, wd: Path, reps: int = 5) -> dict:
     return out
 
 
+def container_ops(cfleet: Fleet, pfleet: Fleet | None, n: int, reps: int = 3) -> dict:
+    """Where a container host's rollout spends time a plain host's does not: the runtime
+    commands fleetpatch's agent runs on a container host (agent/container.py: `inspect` once
+    per request, `stop -t GRACE` + `start` at the restart, `logs --since --follow` for the
+    log), timed by the bench in the host's mount namespace with the host's docker CLI and
+    socket, as the agent runs them, but not over SSH (the command logs are untouched).
+    One host alone, then the restart on n hosts at once (as a rollout does); and for
+    comparison the same restart of a plain host's server (TERM and wait, start), to /health.
+    Medians in seconds."""
+    from fleetpatch_demo import containerhost
+
+    def rt(fleet, name, *argv):
+        t = time.monotonic()
+        p = fleet.run_in_host(name, *argv, capture_output=True, text=True, timeout=120)
+        if p.returncode:
+            raise SystemExit(f"bench: {' '.join(argv)} on {name}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+        return time.monotonic() - t
+
+    def to_health(fleet, name, t0, within=60.0):
+        while not fleet.healthy(name, timeout=0.5):
+            if time.monotonic() - t0 > within:
+                return None
+            time.sleep(0.01)
+        return time.monotonic() - t0
+
+    def c_restart(name):
+        c = cfleet.hosts[name].container_name
+        t0 = time.monotonic()
+        stop = rt(cfleet, name, "docker", "stop", "-t", str(containerhost.STOP_GRACE), "--", c)
+        t1 = time.monotonic()
+        start = rt(cfleet, name, "docker", "start", "--", c)
+        return {"stop_s": stop, "start_s": start, "start_to_health_s": to_health(cfleet, name, t1),
+                "restart_to_health_s": time.monotonic() - t0}
+
+    def p_restart(name):
+        t0 = time.monotonic()
+        pfleet.stop_server(name)
+        stop = time.monotonic() - t0
+        t1 = time.monotonic()
+        pfleet.start_server(name)
+        start = time.monotonic() - t1
+        return {"stop_s": stop, "start_s": start, "start_to_health_s": to_health(pfleet, name, t1),
+                "restart_to_health_s": time.monotonic() - t0}
+
+    def medians(recs):
+        return {k: round(med([r[k] for r in recs]), 3) for k in recs[0]}
+
+    def at_once(fn, names):
+        out = {}
+        b0 = cpu_busy()
+        t = time.monotonic()
+        threads = [threading.Thread(target=lambda m=m: out.__setitem__(m, fn(m))) for m in names]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.monotonic() - t
+        # CPU the whole machine spent meanwhile (both cores; the daemon, runc, the servers' starts)
+        busy = round((cpu_busy()[0] - b0[0]) / _HZ, 2)
+        return {"wall_s": round(wall, 3), "machine_cpu_s": busy, **medians(list(out.values()))}
+
+    reset_keeping_agent_cache(cfleet)
+    wait_quiet(30)
+    name = cfleet.names[0]
+    c = cfleet.hosts[name].container_name
+    res = {"host": name, "reps": reps}
+    cpu0 = children_cpu()
+    res["inspect_s"] = round(med([rt(cfleet, name, "docker", "inspect", "--type", "container", "--", c)
+                                  for _ in range(5)]), 3)
+    # CPU of one `docker inspect` on the controller's side (nsenter + the docker CLI, a Go
+    # program): what each runtime command costs the machine before the daemon does anything
+    res["inspect_cli_cpu_s"] = round((children_cpu() - cpu0) / 5, 3)
+    insp = {}
+    t = time.monotonic()
+    threads = [threading.Thread(target=lambda m=m: insp.__setitem__(m, rt(
+        cfleet, m, "docker", "inspect", "--type", "container", "--", cfleet.hosts[m].container_name)))
+        for m in cfleet.names[:n]]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    res[f"inspect_{n}_at_once"] = {"wall_s": round(time.monotonic() - t, 3), "median_s": round(med(insp.values()), 3)}
+    since = f"{time.time() - 3600:.9f}"
+    res["logs_since_s"] = round(med([rt(cfleet, name, "docker", "logs", "--timestamps", "--since", since, "--", c)
+                                     for _ in range(5)]), 3)
+    res["python3_on_host_s"] = round(med([rt(cfleet, name, "python3", "-S", "-c", "pass") for _ in range(5)]), 3)
+    res["container_restart_1"] = medians([c_restart(name) for _ in range(reps)])
+    res[f"container_restart_{n}_at_once"] = at_once(c_restart, cfleet.names[:n])
+    if pfleet is not None:
+        reset_keeping_agent_cache(pfleet)
+        wait_quiet(30)
+        res["plain_restart_1"] = medians([p_restart(pfleet.names[0]) for _ in range(reps)])
+        res[f"plain_restart_{n}_at_once"] = at_once(p_restart, pfleet.names[:n])
+    return res
+
+
 # ------------------------------------------------------------------ report
 
 def spread(xs) -> float | None:
@@ -786,46 +1006,66 @@ def spread(xs) -> float | None:
     return round(100.0 * (max(xs) - min(xs)) / med(xs), 1) if len(xs) > 1 and med(xs) else None
 
 
-def summarize(runs: list[dict], sizes: list[int], nets=NETS) -> dict:
+def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) -> dict:
     summary = {}
-    for net in nets:
-        for n in sizes:
-            for tool in TOOLS:
-                rs = [r for r in runs if r["size"] == n and r["tool"] == tool and r.get("net", "loopback") == net]
-                if not rs:
-                    continue
-                s = {"runs": len(rs), "wall_s": [round(r["wall_s"], 3) for r in rs],
-                     "wall_median_s": round(med([r["wall_s"] for r in rs]), 3),
-                     "wall_spread_pct": spread([r["wall_s"] for r in rs]),
-                     "commands_per_host": sorted({c for r in rs for c in r["commands_per_host"]}),
-                     "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
-                     "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
-                     "controller_cpu_median_s": round(med([r["controller_cpu_s"] for r in rs]), 3),
-                     "machine_busy_median_pct": med([r["machine_busy_pct"] for r in rs]),
-                     "foreign_cpu_median_s": med([r["foreign_cpu_s"] for r in rs]),
-                     "foreign_cpu_max_s": max(r["foreign_cpu_s"] for r in rs),
-                     "first_cmd_median_s": med([med([a[0] for a in r["cmd_at"] if a]) for r in rs]),
-                     "last_cmd_median_s": med([med([a[-1] for a in r["cmd_at"] if a]) for r in rs])}
-                if tool == "fleetpatch":
-                    hs = [h for r in rs for h in r["hosts"].values()]
-                    s["host_duration_median_s"] = med([h.get("duration_s") for h in hs])
-                    s["host_duration_max_s"] = max((h.get("duration_s") or 0) for h in hs)
-                    s["round_trips"] = sorted({h.get("round_trips") for h in hs if h.get("round_trips") is not None})
-                    s["verdict_after_median_s"] = med([h.get("verdict_after_s") for h in hs])
-                    # sshd-side phases: launch -> probe, probe -> apply, apply -> follow, follow -> exit
-                    ph = {"to_probe": [], "probe_to_apply": [], "apply_to_follow": [], "follow_to_exit": []}
-                    for r in rs:
-                        for at in r["cmd_at"]:
-                            if len(at) == 1:   # one agent per host: launch -> its command -> exit
-                                ph["to_probe"].append(at[0])
-                                ph["follow_to_exit"].append(r["wall_s"] - at[0])
-                            if len(at) == 3:
-                                ph["to_probe"].append(at[0])
-                                ph["probe_to_apply"].append(at[1] - at[0])
-                                ph["apply_to_follow"].append(at[2] - at[1])
-                                ph["follow_to_exit"].append(r["wall_s"] - at[2])
-                    s["sshd_phases_median_s"] = {k: round(med(v), 3) if v else None for k, v in ph.items()}
-                summary[f"{net}/{tool}@{n}"] = s
+    for fleet, net, n, tool in ((f, net, n, t) for f in fleets for net in nets for n in sizes for t in TOOLS):
+        rs = [r for r in runs if r["size"] == n and r["tool"] == tool and r.get("net", "loopback") == net
+              and r.get("fleet", "plain") == fleet]
+        if not rs:
+            continue
+        s = {"runs": len(rs), "wall_s": [round(r["wall_s"], 3) for r in rs],
+             "wall_median_s": round(med([r["wall_s"] for r in rs]), 3),
+             "wall_spread_pct": spread([r["wall_s"] for r in rs]),
+             "commands_per_host": sorted({c for r in rs for c in r["commands_per_host"]}),
+             "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
+             "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
+             "controller_cpu_median_s": round(med([r["controller_cpu_s"] for r in rs]), 3),
+             "machine_busy_median_pct": med([r["machine_busy_pct"] for r in rs]),
+             "foreign_cpu_median_s": med([r["foreign_cpu_s"] for r in rs]),
+             "foreign_cpu_max_s": max(r["foreign_cpu_s"] for r in rs),
+             "docker_cpu_median_s": med([r.get("docker_cpu_s") for r in rs]),
+             "loadavg_before": [r.get("loadavg_before") for r in rs],
+             "first_cmd_median_s": med([med([a[0] for a in r["cmd_at"] if a]) for r in rs]),
+             "last_cmd_median_s": med([med([a[-1] for a in r["cmd_at"] if a]) for r in rs])}
+        if tool == "fleetpatch":
+            hs = [h for r in rs for h in r["hosts"].values()]
+            s["host_duration_median_s"] = med([h.get("duration_s") for h in hs])
+            s["host_duration_max_s"] = max((h.get("duration_s") or 0) for h in hs)
+            s["round_trips"] = sorted({h.get("round_trips") for h in hs if h.get("round_trips") is not None})
+            s["verdict_after_median_s"] = med([h.get("verdict_after_s") for h in hs])
+            # sshd-side phases: launch -> probe, probe -> apply, apply -> follow, follow -> exit
+            ph = {"to_probe": [], "probe_to_apply": [], "apply_to_follow": [], "follow_to_exit": []}
+            for r in rs:
+                for at in r["cmd_at"]:
+                    if len(at) == 1:   # one agent per host: launch -> its command -> exit
+                        ph["to_probe"].append(at[0])
+                        ph["follow_to_exit"].append(r["wall_s"] - at[0])
+                    if len(at) == 3:
+                        ph["to_probe"].append(at[0])
+                        ph["probe_to_apply"].append(at[1] - at[0])
+                        ph["apply_to_follow"].append(at[2] - at[1])
+                        ph["follow_to_exit"].append(r["wall_s"] - at[2])
+            s["sshd_phases_median_s"] = {k: round(med(v), 3) if v else None for k, v in ph.items()}
+        summary[skey(net, tool, n, fleet)] = s
+    # container hosts against plain hosts: the medians' ratio, and each repeat's ratio (the
+    # two runs of one repeat ran back to back, so the machine's load was much the same)
+    if "container" in fleets and "plain" in fleets:
+        for net, n, tool in ((net, n, t) for net in nets for n in sizes for t in CONTAINER_TOOLS):
+            c, p = summary.get(skey(net, tool, n, "container")), summary.get(skey(net, tool, n))
+            if not c or not p:
+                continue
+            pairs = {}
+            for r in runs:
+                if r["size"] == n and r["tool"] == tool and r.get("net", "loopback") == net:
+                    rep = r["tag"].split("-")[1]
+                    pairs.setdefault(rep, {})[r.get("fleet", "plain")] = r["wall_s"]
+            per = [round(v["container"] / v["plain"], 3) for _, v in sorted(pairs.items())
+                   if "container" in v and "plain" in v]
+            summary[f"container/plain:{net}/{tool}@{n}"] = {
+                "ratio_of_medians": round(c["wall_median_s"] / p["wall_median_s"], 3),
+                "ratio_per_repeat": per, "ratio_per_repeat_median": med(per),
+                "container_median_s": c["wall_median_s"], "plain_median_s": p["wall_median_s"],
+                "added_median_s": round(c["wall_median_s"] - p["wall_median_s"], 3)}
     return summary
 
 
@@ -867,6 +1107,9 @@ def net_title(res: dict, net: str) -> str:
 def tables(res: dict) -> str:
     s, sizes = res["summary"], res["sizes"]
     nets = res.get("nets", ["loopback"])
+    fleets = res.get("fleets", ["plain"])
+    rows = [(f, t) for f in fleets for t in TOOLS]   # (fleet, tool), plain hosts' first
+    label = lambda f, t: t if f == "plain" else f"{t} on {f} hosts"
     lines = []
     for net in nets:
         lines.append(f"### {net_title(res, net)}")
@@ -876,8 +1119,8 @@ def tables(res: dict) -> str:
         lines.append("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         for n in sizes:
             base = s.get(f"{net}/baseline@{n}")
-            for tool in TOOLS:
-                x = s.get(f"{net}/{tool}@{n}")
+            for fl, tool in rows:
+                x = s.get(skey(net, tool, n, fl))
                 if not x:
                     continue
                 walls = ", ".join(f"{w:.2f}" for w in x["wall_s"])
@@ -885,10 +1128,11 @@ def tables(res: dict) -> str:
                 oks = " ".join(f"{a}/{b}" for a, b in zip(x["tool_ok"], x["checked_ok"]))
                 rel = f"{x['wall_median_s'] / base['wall_median_s']:.2f}x" if base else "-"
                 sp = "-" if x.get("wall_spread_pct") is None else f"{x['wall_spread_pct']:.0f} %"
-                lines.append(f"| {n} | {tool} | **{x['wall_median_s']:.2f} s** ({walls}) | {sp} | {rel} | {cmds} | "
+                lines.append(f"| {n} | {label(fl, tool)} | **{x['wall_median_s']:.2f} s** ({walls}) | {sp} | {rel} | {cmds} | "
                              f"{x['controller_cpu_median_s']:.2f} s | {x['machine_busy_median_pct']:.0f} % | "
                              f"{x['foreign_cpu_median_s']:.2f} s ({x['foreign_cpu_max_s']:.2f}) | {oks} (of {n}) |")
         lines.append("")
+        lines += container_lines(res, net)
         pairs = []
         for n in sizes:
             fp, c2 = s.get(f"{net}/fleetpatch@{n}"), s.get(f"{net}/baseline-c25519@{n}")
@@ -938,15 +1182,15 @@ def tables(res: dict) -> str:
     lines.append("| net | hosts | host duration_s (max) | round trips | launch → 1st command (probe) | probe → apply | "
                  "apply → follow (apply+restart) | last command → exit | verdict_after_s |")
     lines.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for net in nets:
-        for n in sizes:
-            x = s.get(f"{net}/fleetpatch@{n}")
-            if not x:
-                continue
-            ph = x["sshd_phases_median_s"]
-            lines.append(f"| {net} | {n} | {fmt(x['host_duration_median_s'])} ({fmt(x['host_duration_max_s'])}) | "
-                         f"{'/'.join(map(str, x['round_trips']))} | {fmt(ph['to_probe'])} | {fmt(ph['probe_to_apply'])} | "
-                         f"{fmt(ph['apply_to_follow'])} | {fmt(ph['follow_to_exit'])} | {fmt(x['verdict_after_median_s'])} |")
+    for fl, net, n in ((fl, net, n) for fl in fleets for net in nets for n in sizes):
+        x = s.get(skey(net, "fleetpatch", n, fl))
+        if not x:
+            continue
+        ph = x["sshd_phases_median_s"]
+        where = net if fl == "plain" else f"{net}, {fl} hosts"
+        lines.append(f"| {where} | {n} | {fmt(x['host_duration_median_s'])} ({fmt(x['host_duration_max_s'])}) | "
+                     f"{'/'.join(map(str, x['round_trips']))} | {fmt(ph['to_probe'])} | {fmt(ph['probe_to_apply'])} | "
+                     f"{fmt(ph['apply_to_follow'])} | {fmt(ph['follow_to_exit'])} | {fmt(x['verdict_after_median_s'])} |")
     ins = res.get("instrumented") or {}
     if ins:
         lines.append("")
@@ -957,11 +1201,18 @@ def tables(res: dict) -> str:
         lines.append("| --- | ---: | ---: | ---: | --- | ---: |")
         for key, x in ins.items():
             net, _, n = key.rpartition("@") if "@" in key else ("loopback", "", key)
+            if ":" in net:   # container:loopback@8
+                fl, _, net = net.partition(":")
+                net = f"{net}, {fl} hosts"
             ops = "; ".join(f"{name} ×{c['count']}: {c['median_s']:.2f} s, "
                             f"{c['sent_median_B'] / 1024:.0f}/{c['recv_median_B'] / 1024:.0f} KiB"
                             for name, c in x["ops"].items()) or "-"
             lines.append(f"| {net} | {n} | {fmt(x['import_s'])} | {fmt(x['connect_median_s'])} "
                          f"({fmt(x['connect_max_s'])}) | {ops} | {fmt(x['in_process_total_s'])} |")
+    co = res.get("container_ops") or {}
+    if co:
+        lines.append("")
+        lines += container_ops_lines(co)
     st = res.get("startup") or {}
     if st:
         lines.append("")
@@ -977,6 +1228,72 @@ def tables(res: dict) -> str:
     return "\n".join(lines)
 
 
+def container_lines(res: dict, net: str) -> list[str]:
+    """The container hosts against the plain hosts on `net`: medians, ratio, spreads, commands."""
+    s, out = res["summary"], []
+    for n in res["sizes"]:
+        for tool in CONTAINER_TOOLS:
+            ratio = s.get(f"container/plain:{net}/{tool}@{n}")
+            if not ratio:
+                continue
+            c, p = s[skey(net, tool, n, "container")], s[skey(net, tool, n)]
+            cmds = lambda x: "/".join(str(v) for v in x["commands_per_host"])
+            if not out:
+                out += ["Container hosts against plain hosts (the same rollout, the same run; the fleets' order "
+                        "alternating per repeat):", "",
+                        "| hosts | tool | plain hosts: median (spread) | container hosts: median (spread) | "
+                        "container / plain (per repeat) | added | commands / host (plain / container) | "
+                        "docker CPU per run (container runs) |",
+                        "| ---: | --- | ---: | ---: | --- | ---: | --- | ---: |"]
+            sp = lambda x: "-" if x.get("wall_spread_pct") is None else f"{x['wall_spread_pct']:.0f} %"
+            out.append(f"| {n} | {tool} | {p['wall_median_s']:.2f} s ({sp(p)}) | {c['wall_median_s']:.2f} s ({sp(c)}) | "
+                       f"**{ratio['ratio_of_medians']:.2f}x** ({', '.join(f'{v:.2f}' for v in ratio['ratio_per_repeat'])}) | "
+                       f"{ratio['added_median_s']:+.2f} s | {cmds(p)} / {cmds(c)} | "
+                       f"{fmt(c.get('docker_cpu_median_s'))} s |")
+    return out + [""] if out else []
+
+
+def container_ops_lines(co: dict) -> list[str]:
+    out = ["The container runtime's commands, as the agent runs them on a container host (the host's docker CLI "
+           f"and socket, in its namespace; not over SSH; {co['host']}, medians): `docker inspect` "
+           f"{co['inspect_s']:.3f} s (CPU {fmt(co.get('inspect_cli_cpu_s'), 3)} s of the CLI), "
+           + "".join(f"on {k.split('_')[1]} hosts at once {v['median_s']:.3f} s each ({v['wall_s']:.3f} s for all), "
+                     for k, v in co.items() if k.startswith("inspect_") and k.endswith("_at_once"))
+           + f"`docker logs --since` {co['logs_since_s']:.3f} s, `python3 -S -c pass` on the "
+           f"host {co['python3_on_host_s']:.3f} s. A restart (stop, start, to /health):", "",
+           "| restart | hosts at once | wall | machine CPU | stop | start | start → /health | stop → /health |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for key, x in co.items():
+        if not isinstance(x, dict) or "_restart_" not in key:
+            continue
+        kind, _, rest = key.partition("_restart_")
+        hosts = rest.split("_")[0]
+        out.append(f"| {'docker stop -t 10 + docker start' if kind == 'container' else 'plain: TERM + wait, spawn'} "
+                   f"| {hosts} | {fmt(x.get('wall_s'))} | {fmt(x.get('machine_cpu_s')) + (' s' if x.get('machine_cpu_s') is not None else '')} | {fmt(x['stop_s'])} | {fmt(x['start_s'])} | "
+                   f"{fmt(x['start_to_health_s'])} | {fmt(x['restart_to_health_s'])} |")
+    return out
+
+
+def container_md(res: dict) -> str:
+    d = res.get("docker")
+    if not d:
+        return ""
+    starts = res.get("fleet_start_s") or {}
+    return f"""
+Container hosts (`--fleets {','.join(res.get('fleets', []))}`): c00, c01, … are sshd hosts like h00, h01, … whose
+engine runs in a Docker container of `{d.get('image')}` (Debian trixie, SGLang {VERSION} laid out as in
+lmsysorg/sglang, the stand-in as the container's main process, `--network host`, `--restart always`); the
+inventory names `engine.container`, `server.log: container`, `restart.kind: container`. Docker daemon:
+{d.get('daemon')}, at `{d.get('sock')}`. Before every container run each container is re-created from the image
+(`docker rm -f`, `docker run`, to /health). The bench's check reads the files inside the container (`docker exec …
+sha256sum`), the container's output since the run started (`docker logs --since`), the container's main pid (new)
+and id (unchanged). Docker CPU = CPU of dockerd, containerd, the shims, runc and every process in a container during
+the run (the container hosts' engines; on a shared daemon also other users' containers); it is not in "other CPU".
+Fleet start: {', '.join(f'{k} {v:.0f} s' for k, v in starts.items())}.
+
+"""
+
+
 def results_md(res: dict) -> str:
     m = res["machine"]
     t = res["tools"]
@@ -989,11 +1306,19 @@ def results_md(res: dict) -> str:
     fore = [r.get("foreign_cpu_s", 0) for r in runs]
     busy_before = [r.get("busy_before_pct") for r in runs if r.get("busy_before_pct") is not None]
     d = res.get("delay") or {}
+    delay_md = f"""The delay proxy (`bench/delayproxy.py`) adds {d.get('delay_ms', 0):g} ms each way to every chunk of every
+connection, one listener per host on 127.0.0.1; measured round trip through it {fmt(d.get('rtt_ms'), 1)} ms
+(loopback without it: well under 0.1 ms). A new connection's first bytes flow one round trip late, as after
+TCP's handshake on a real link (connect + first echo: {fmt(d.get('first_exchange_ms'), 1)} ms). Every tool connects to the proxy ports with the same strict host key
+checking, against a known_hosts file that holds each host's key under its proxy port.
+""" if d else ""
+    order = ("per size and repeat: loopback then the delay proxy, the fleets in alternating order "
+             "(in even repeats as --fleets names them, in odd ones reversed), the tool order rotated per repeat") if len(res.get("fleets", [])) > 1 \
+        else "per size and repeat: loopback then the delay proxy,\nthe tool order rotated per repeat"
     return f"""# Benchmark results
 
 Generated by `bench/run.py` (`invoke bench`) on {res['date']}; one run, sizes {', '.join(map(str, res['sizes']))},
-{res['repeats']} repeats per size, net and tool, interleaved (per size and repeat: loopback then the delay proxy,
-the tool order rotated per repeat), the fleet reset to pristine before every run. Total bench time {res['bench_s']:.0f} s.
+{res['repeats']} repeats per size, net and tool, interleaved ({order}), the fleet reset to pristine before every run. Total bench time {res['bench_s']:.0f} s.
 
 **Machine: {m['cpus']} CPUs ({m['cpu_model']}), kernel {m['kernel']}. Every test host (sshd, the
 stand-in servers, every command the tools run "remotely") shares these {m['cpus']} cores with the tool
@@ -1006,19 +1331,14 @@ median {fmt(med(fore))} s, max {fmt(max(fore) if fore else None)} s; machine bus
 waiting up to {res.get('quiet_wait', 0):.0f} s for < 20 %): median {fmt(med(busy_before), 0)} %, max
 {fmt(max(busy_before) if busy_before else None, 0)} %.
 
-The delay proxy (`bench/delayproxy.py`) adds {d.get('delay_ms', 0):g} ms each way to every chunk of every
-connection, one listener per host on 127.0.0.1; measured round trip through it {fmt(d.get('rtt_ms'), 1)} ms
-(loopback without it: well under 0.1 ms). A new connection's first bytes flow one round trip late, as after
-TCP's handshake on a real link (connect + first echo: {fmt(d.get('first_exchange_ms'), 1)} ms). Every tool connects to the proxy ports with the same strict host key
-checking, against a known_hosts file that holds each host's key under its proxy port.
-
+{delay_md}
 Versions: Python {m['python']}, fleetpatch at {m['fleetpatch_commit']} (`{m.get('fleetpatch_path', '')}`; last
 change to src/fleetpatch: {m.get('fleetpatch_src_commit', '-')[:90]}){dirty}, {t.get('pyinfra', 'pyinfra -')},
 {t.get('ansible')}, {t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
 The baseline's ssh key exchange: {res.get('baseline_kex', 'OpenSSH default')}. fleetpatch's bytecode:
 {t.get('fleetpatch_bytecode', 'not compiled by the bench')}, as `pip install` does; the other tools are pip-installed.
 {('fleetpatch-before: ' + t['fleetpatch_before'] + '.') if t.get('fleetpatch_before') else ''}
-Each host's reset to pristine keeps fleetpatch's agent compile cache (`state/agent-cache`, filled on every host by the warm-up run), as on a fleet
+{container_md(res)}Each host's reset to pristine keeps fleetpatch's agent compile cache (`state/agent-cache`, filled on every host by the warm-up run), as on a fleet
 fleetpatch has run on before; everything else in the state dir goes.
 baseline-c25519 is the same one-ssh baseline with `-o KexAlgorithms=curve25519-sha256`, the key exchange
 paramiko (fleetpatch, pyinfra) negotiates. The baseline, pyinfra and Ansible stop at the marker, fleetpatch also waits
@@ -1048,6 +1368,11 @@ def main(argv=None) -> int:
     ap.add_argument("--nets", default=",".join(NETS),
                     help="loopback (straight to each sshd) and/or delay (through bench/delayproxy.py)")
     ap.add_argument("--delay-ms", default="25", help="the proxy's delay each way (default 25: 50 ms RTT)")
+    ap.add_argument("--fleets", default="plain",
+                    help="plain (the engine in a venv on each host) and/or container (the engine in a Docker "
+                         "container on each host; only fleetpatch runs there): plain,container times both in one "
+                         "run, the order alternating per repeat, and writes results-containers.json and "
+                         "RESULTS-containers.md (default plain)")
     ap.add_argument("--fleetpatch-before", default="", metavar="CHECKOUT",
                     help="another fleetpatch checkout (e.g. a git worktree of an older commit), run as the "
                          "tool fleetpatch-before from CHECKOUT/src: a before/after table from one run")
@@ -1068,9 +1393,10 @@ def main(argv=None) -> int:
             res = json.loads(Path(a.render).read_text())
         except (OSError, ValueError) as e:
             sys.exit(f"bench: cannot read {a.render}: {e}")
-        res["summary"] = summarize(res["runs"], res["sizes"], res.get("nets", ["loopback"]))
+        res["summary"] = summarize(res["runs"], res["sizes"], res.get("nets", ["loopback"]),
+                                   res.get("fleets", ["plain"]))
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "RESULTS.md").write_text(results_md(res))
+        (Path(a.out) / out_names(res.get("fleets", ["plain"]))[1]).write_text(results_md(res))
         print(tables(res))
         return 0
     try:
@@ -1079,12 +1405,17 @@ def main(argv=None) -> int:
         sys.exit(f"bench: --sizes takes numbers separated by commas, not {a.sizes!r}")
     tools = [t for t in a.tools.split(",") if t]
     nets = [x for x in a.nets.split(",") if x]
+    fleets = [x for x in a.fleets.split(",") if x]
     if not sizes or max(sizes) > MAX_HOSTS or min(sizes) < 1:
         sys.exit(f"bench: sizes must be 1..{MAX_HOSTS}")
     if not tools or set(tools) - set(TOOLS):
         sys.exit(f"bench: unknown tool(s) {sorted(set(tools) - set(TOOLS))}; choose from {','.join(TOOLS)}")
     if not nets or set(nets) - set(NETS):
         sys.exit(f"bench: unknown net(s) {sorted(set(nets) - set(NETS))}; choose from {','.join(NETS)}")
+    if not fleets or set(fleets) - set(FLEETS) or len(set(fleets)) != len(fleets):
+        sys.exit(f"bench: --fleets takes plain and/or container, not {a.fleets!r}")
+    if "container" in fleets and not set(tools) & set(CONTAINER_TOOLS):
+        sys.exit("bench: --fleets container: only fleetpatch rolls out to container hosts; add fleetpatch to --tools")
     a.repeats = number("--repeats", a.repeats, whole=True, minimum=1, what="a whole number of 1 or more")
     a.delay_ms = number("--delay-ms", a.delay_ms, minimum=0, what="milliseconds, a number of 0 or more")
     a.quiet_wait = number("--quiet-wait", a.quiet_wait, minimum=0, what="seconds, a number of 0 or more")
@@ -1098,8 +1429,9 @@ def main(argv=None) -> int:
                  "(no src/fleetpatch in it); give a git worktree of an older commit")
     if a.fleetpatch_before and "fleetpatch-before" not in tools:
         sys.exit("bench: --fleetpatch-before runs as the tool fleetpatch-before: add it to --tools")
+    docker, docker_note = (container_daemon() if "container" in fleets else (None, None))
     t_bench = time.monotonic()
-    tool_notes = ensure_tools(not a.no_install, need_pyinfra="pyinfra" in tools)
+    tool_notes = ensure_tools(not a.no_install, need_pyinfra="pyinfra" in tools, need_ansible="ansible" in tools)
     tool_notes["fleetpatch_bytecode"] = compile_fleetpatch()
     before_src = None
     if "fleetpatch-before" in tools:
@@ -1116,48 +1448,78 @@ def main(argv=None) -> int:
     wd = root / "work"
     wd.mkdir(parents=True, exist_ok=True)
     n_hosts = max(sizes)
-    specs = [HostSpec(f"h{i:02d}", version=VERSION, spec_v2=(i % 2 == 1), startup_delay=0.0) for i in range(n_hosts)]
-    log(f"starting a fleet of {n_hosts} sshd hosts under {root}")
+    specs = {
+        "plain": [HostSpec(f"h{i:02d}", version=VERSION, spec_v2=(i % 2 == 1), startup_delay=0.0)
+                  for i in range(n_hosts)],
+        # the same hosts with the engine in a container (c00, c02, … v1; c01, c03, … v2)
+        "container": [HostSpec(f"c{i:02d}", version=VERSION, spec_v2=(i % 2 == 1), startup_delay=0.0,
+                               container=True) for i in range(n_hosts)],
+    }
     runs: list[dict] = []
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "sizes": sizes, "repeats": a.repeats, "nets": nets,
-           "tools_run": tools, "quiet_wait": a.quiet_wait, "baseline_kex": a.baseline_kex or "OpenSSH default", "load": {"start": load_avg()},
+           "fleets": fleets, "tools_run": tools, "quiet_wait": a.quiet_wait,
+           "baseline_kex": a.baseline_kex or "OpenSSH default", "load": {"start": load_avg()},
            "machine": machine(), "tools": tool_notes, "patch": PATCH, "runs": runs}
-    with Fleet(root / "fleet", specs) as fleet, contextlib.ExitStack() as stack:
-        net_by_name = {"loopback": loopback_net(fleet)}
-        if "delay" in nets:
-            # bounded: it stops by itself well after the longest bench this could be
-            proxy_max = 600 + len(sizes) * a.repeats * len(tools) * 2 * TOOL_TIMEOUT
-            net_by_name["delay"] = stack.enter_context(DelayProxy(fleet, wd, a.delay_ms, proxy_max))
-            res["delay"] = {"delay_ms": a.delay_ms, "rtt_ms": net_by_name["delay"].rtt_ms,
-                            "first_exchange_ms": net_by_name["delay"].first_exchange_ms,
-                            "max_seconds": proxy_max}
-            log(f"delay proxy up: {a.delay_ms:g} ms each way, measured RTT {net_by_name['delay'].rtt_ms} ms, "
-                f"first exchange on a new connection {net_by_name['delay'].first_exchange_ms} ms")
-        runners = {
-            "fleetpatch": lambda names, tag, net: run_fleetpatch(fleet, names, wd, tag, net),
-            "fleetpatch-before": lambda names, tag, net: run_fleetpatch(fleet, names, wd, tag, net,
-                                                                       src=before_src),
-            "baseline": lambda names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net),
-            "baseline-c25519": lambda names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net,
-                                                                   opts=C25519),
-            "pyinfra": lambda names, tag, net: run_pyinfra(fleet, names, wd, tag, files, net),
-            "ansible": lambda names, tag, net: run_ansible(fleet, names, wd, tag, files, net),
-        }
-
-        def one(tool, names, tag, net: Net, record=True):
+    if docker is not None:
+        res["docker"] = docker_note
+    with contextlib.ExitStack() as stack:
+        fleet_by: dict[str, Fleet] = {}
+        for fl in fleets:
+            what = "sshd hosts" if fl == "plain" else "container hosts (sshd + the engine in a Docker container)"
+            log(f"starting a fleet of {n_hosts} {what} under {root}")
             t = time.monotonic()
-            reset_keeping_agent_cache(fleet)
+            fleet_by[fl] = stack.enter_context(Fleet(root / ("fleet" if fl == "plain" else "cfleet"), specs[fl],
+                                                     docker_sock=docker.sock if fl == "container" else None))
+            res.setdefault("fleet_start_s", {})[fl] = round(time.monotonic() - t, 2)
+            if fl == "container":
+                res["docker"]["image"] = fleet_by[fl]._images.get(VERSION)
+        net_by: dict[tuple, Net] = {}
+        for fl, fleet in fleet_by.items():
+            net_by[fl, "loopback"] = loopback_net(fleet)
+            if "delay" in nets:
+                # bounded: it stops by itself well after the longest bench this could be
+                proxy_max = 600 + len(sizes) * a.repeats * len(tools) * 2 * len(fleets) * TOOL_TIMEOUT
+                net_by[fl, "delay"] = stack.enter_context(
+                    DelayProxy(fleet, wd, a.delay_ms, proxy_max, label="" if fl == "plain" else f"-{fl}"))
+                if "delay" not in res:
+                    res["delay"] = {"delay_ms": a.delay_ms, "rtt_ms": net_by[fl, "delay"].rtt_ms,
+                                    "first_exchange_ms": net_by[fl, "delay"].first_exchange_ms,
+                                    "max_seconds": proxy_max}
+                    log(f"delay proxy up: {a.delay_ms:g} ms each way, measured RTT {net_by[fl, 'delay'].rtt_ms} ms, "
+                        f"first exchange on a new connection {net_by[fl, 'delay'].first_exchange_ms} ms")
+        runners = {
+            "fleetpatch": lambda fleet, names, tag, net: run_fleetpatch(fleet, names, wd, tag, net),
+            "fleetpatch-before": lambda fleet, names, tag, net: run_fleetpatch(fleet, names, wd, tag, net,
+                                                                              src=before_src),
+            "baseline": lambda fleet, names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net),
+            "baseline-c25519": lambda fleet, names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files,
+                                                                          net, opts=C25519),
+            "pyinfra": lambda fleet, names, tag, net: run_pyinfra(fleet, names, wd, tag, files, net),
+            "ansible": lambda fleet, names, tag, net: run_ansible(fleet, names, wd, tag, files, net),
+        }
+        every_ns = lambda: {h.ns_ino for f in fleet_by.values() for h in f.hosts.values() if h.ns_ino}
+
+        def one(fl, tool, names, tag, net: Net, record=True):
+            fleet = fleet_by[fl]
+            t = time.monotonic()
+            reset_keeping_agent_cache(fleet)   # container hosts: containers re-created from the image
             fleet.clear_commands()
             reset_s = time.monotonic() - t
             before = snapshot(fleet, names)
             quiet = wait_quiet(a.quiet_wait) if a.quiet_wait > 0 else None
-            fleet_ns = {h.ns_ino for h in fleet.hosts.values() if h.ns_ino}
+            fleet_ns = every_ns()
+            loadavg = load_avg()
             f0 = foreign_cpu(fleet_ns)
             cpu0, busy0 = children_cpu(), cpu_busy()
-            r = runners[tool](names, tag, net)
+            r = runners[tool](fleet, names, tag, net)
             cpu1, busy1 = children_cpu(), cpu_busy()
-            r["foreign_cpu_s"] = round(foreign_delta(f0, foreign_cpu(fleet_ns)), 2)
+            f1 = foreign_cpu(fleet_ns)
+            r["foreign_cpu_s"] = round(foreign_delta(f0, f1), 2)
+            # the Docker daemon's and the containers' CPU (for a container fleet: the engines'
+            # side of the rollout; on a shared daemon also other users' containers)
+            r["docker_cpu_s"] = round(foreign_delta(f0, f1, docker=True), 2)
             r["busy_before_pct"] = quiet
+            r["loadavg_before"] = loadavg
             # CPU of the tool's own processes on the controller side (the tool process and
             # everything it forked locally: ansible forks, ssh clients), and how busy the
             # whole machine (controller + every host) was during the run
@@ -1165,7 +1527,8 @@ def main(argv=None) -> int:
             r["machine_busy_pct"] = round(100.0 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 1)
             side = sshd_side(fleet, names, r["t_launch"])
             checked = check(fleet, names, before, expect)
-            r.update({"tool": tool, "net": net.name, "size": len(names), "tag": tag, "reset_s": round(reset_s, 2),
+            r.update({"tool": tool, "fleet": fl, "net": net.name, "size": len(names), "tag": tag,
+                      "reset_s": round(reset_s, 2),
                       "tool_ok": sum(1 for n in names if r["hosts"].get(n, {}).get("ok")),
                       "checked_ok": sum(1 for n in names if not checked[n]),
                       "problems": {n: p for n, p in checked.items() if p},
@@ -1173,9 +1536,10 @@ def main(argv=None) -> int:
                       "cmd_at": [side[n]["at"] for n in names],
                       "command_kinds": side[names[0]]["kinds"]})
             r["wall_s"] = round(r["wall_s"], 3)
-            log(f"{net.name:8s} {tool:10s} {len(names):2d} hosts  {r['wall_s']:6.2f} s  exit {r['exit']}  "
-                f"busy before {r['busy_before_pct']}% other CPU {r['foreign_cpu_s']} s  "
-                f"ok {r['tool_ok']}/{len(names)} (check {r['checked_ok']})  "
+            log(f"{'(warm-up) ' if not record else ''}{net.name:8s} {fl:9s} {tool:10s} {len(names):2d} hosts  "
+                f"{r['wall_s']:6.2f} s  exit {r['exit']}  "
+                f"busy before {r['busy_before_pct']}% load {loadavg} other CPU {r['foreign_cpu_s']} s "
+                f"docker CPU {r['docker_cpu_s']} s  ok {r['tool_ok']}/{len(names)} (check {r['checked_ok']})  "
                 f"cmds/host {sorted(set(r['commands_per_host']))}")
             if r["checked_ok"] != len(names) or r["tool_ok"] != len(names):
                 log(f"  problems: {json.dumps(r['problems'])[:800]}")
@@ -1185,44 +1549,60 @@ def main(argv=None) -> int:
                 runs.append(r)
             return r
 
+        def tools_for(fl):
+            return [t for t in tools if fl == "plain" or t in CONTAINER_TOOLS]
+
         # Not recorded. fleetpatch's runs go to every host: each host's agent compile cache is
         # then filled, as on a fleet fleetpatch has run on before (the claim the results make),
         # instead of the first run of each size paying the compile on the hosts it had not seen.
         log("warm-up (not recorded): one run of each tool on 1 host; fleetpatch's on every host")
-        for tool in tools:
-            warm = fleet.names if tool.startswith("fleetpatch") else fleet.names[:1]
-            one(tool, warm, "warmup", net_by_name["loopback"], record=False)
+        for fl, fleet in fleet_by.items():
+            for tool in tools_for(fl):
+                warm = fleet.names if tool.startswith("fleetpatch") else fleet.names[:1]
+                one(fl, tool, warm, f"warmup-{fl}", net_by[fl, "loopback"], record=False)
         for n in sizes:
-            names = fleet.names[:n]
             for rep in range(a.repeats):
                 k = rep % len(tools)
+                # the fleets' order alternates per repeat (plain first, then container first, …)
+                order = fleets if rep % 2 == 0 else fleets[::-1]
                 for netname in nets:
-                    for tool in tools[k:] + tools[:k]:
-                        one(tool, names, f"{n}-{rep}", net_by_name[netname])
+                    for fl in order:
+                        names = fleet_by[fl].names[:n]
+                        tag = f"{n}-{rep}" if fl == "plain" else f"{n}-{rep}-{fl}"
+                        for tool in tools[k:] + tools[:k]:
+                            if tool in tools_for(fl):
+                                one(fl, tool, names, tag, net_by[fl, netname])
         if not a.no_instrumented and "fleetpatch" in tools:
             res["instrumented"] = {}
-            for netname in nets:
-                for n in sizes:
-                    reset_keeping_agent_cache(fleet)
-                    fleet.clear_commands()
-                    doc = run_instrumented(fleet, fleet.names[:n], wd, net_by_name[netname])
-                    key = f"{netname}@{n}"
-                    res["instrumented"][key] = instrumented_summary(doc)
-                    res.setdefault("instrumented_raw", {})[key] = doc
-                    log(f"instrumented fleetpatch {key}: {json.dumps(res['instrumented'][key])}")
+            for fl, fleet in fleet_by.items():
+                for netname in nets:
+                    for n in sizes:
+                        reset_keeping_agent_cache(fleet)
+                        fleet.clear_commands()
+                        doc = run_instrumented(fleet, fleet.names[:n], wd, net_by[fl, netname])
+                        key = skey(netname, None, n, fl)
+                        res["instrumented"][key] = instrumented_summary(doc)
+                        res.setdefault("instrumented_raw", {})[key] = doc
+                        log(f"instrumented fleetpatch {key}: {json.dumps(res['instrumented'][key])}")
+        if "container" in fleet_by:
+            res["container_ops"] = container_ops(fleet_by["container"], fleet_by.get("plain"),
+                                                 max(n for n in sizes))
+            log(f"container runtime ops: {json.dumps(res['container_ops'])}")
+        first = fleet_by[fleets[0]]
         res["startup"] = startup_times()
-        res["first_connect"] = first_connect_times(fleet, wd)
+        res["first_connect"] = first_connect_times(first, wd)
     res["load"]["end"] = load_avg()
     res["bench_s"] = time.monotonic() - t_bench
-    res["summary"] = summarize(runs, sizes, nets)
+    res["summary"] = summarize(runs, sizes, nets, fleets)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "RESULTS.md").write_text(results_md(res))
+    json_name, md_name = out_names(fleets)
+    (out / json_name).write_text(json.dumps(res, indent=1) + "\n")
+    (out / md_name).write_text(results_md(res))
     print()
     print(tables(res))
     print()
-    log(f"done in {res['bench_s']:.0f} s; wrote {out / 'results.json'} and {out / 'RESULTS.md'}")
+    log(f"done in {res['bench_s']:.0f} s; wrote {out / json_name} and {out / md_name}")
     bad = [r for r in runs if r["checked_ok"] != r["size"]]
     return 1 if bad else 0
 

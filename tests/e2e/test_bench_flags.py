@@ -1,4 +1,5 @@
 """The bench's flags: a bad value is one line naming the flag, before any fleet starts."""
+import os
 import subprocess
 import sys
 
@@ -15,12 +16,23 @@ from support.paths import REPO
     ("--quiet-wait", "-3", "--quiet-wait takes seconds, a number of 0 or more, not '-3'"),
     ("--sizes", "1,64", "sizes must be 1..32"),
     ("--tools", "foo", "unknown tool(s) ['foo']"),
+    ("--fleets", "plain,vm", "--fleets takes plain and/or container, not 'plain,vm'"),
+    ("--fleets", "container", "only fleetpatch rolls out to container hosts; add fleetpatch to --tools"),
 ])
 def test_a_bad_bench_flag_is_one_line_and_starts_nothing(flag, value, says):
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), flag, value, "--no-install"],
+    extra = ["--tools", "baseline"] if flag == "--fleets" else []   # container hosts: fleetpatch only
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), flag, value, *extra, "--no-install"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r
     assert "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert says in r.stderr
     assert "starting a fleet" not in r.stdout + r.stderr
+
+
+def test_the_bench_help_lists_the_container_fleet():
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--help"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "--fleets FLEETS" in text and "plain,container times both in one run" in text
