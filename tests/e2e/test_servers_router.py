@@ -133,3 +133,28 @@ def test_a_rollout_under_traffic_takes_the_hosts_servers_out_one_at_a_time_and_d
         remaining = sigterm_remaining(h.log_of(s).read_text(errors="replace"))
         assert remaining and all(n == 0 for n in remaining), (s, remaining)
     print("servers-host rollout under traffic:", counts, f"{len(samples)} router samples")
+
+
+def test_a_server_the_router_does_not_list_refuses_the_run_before_any_server_is_touched(op, fleet, router):
+    """Every server's url must be the one the router lists, not only the first's: a second
+    server written with a trailing slash would be drained under a name the router does not
+    know (so never drained: its streams cut at the SIGTERM), then added as a worker of its own."""
+    doc = op.inventory()
+    wrong = fleet.hosts[MULTI].worker_url("s1") + "/"
+    doc["hosts"][MULTI]["servers"]["s1"]["url"] = wrong
+    op.write_inventory(doc)
+    pids = {s: fleet.server_pid(MULTI, s) for s in SERVERS}
+    before = {w.url for w in Router(router.url).list_workers()}
+
+    check = op.run("check-patch", "--patch", "dynamic-spec-disable", "--hosts", MULTI)
+    assert check.code == 1, check
+    assert check.host(MULTI)["status"] == "router-error", check.host(MULTI)
+    assert f"worker {wrong} is not in its list" in check.host(MULTI)["message"], check.host(MULTI)["message"]
+
+    for cmd in (("deploy-patch", "--hosts", MULTI), ("rollout", "--group", "all", "--canary", "0", "--batch", "2")):
+        run = op.run(cmd[0], "--patch", "dynamic-spec-disable", *cmd[1:])
+        assert run.code == 2, run
+        assert f"{MULTI} server s1: router {router.url}: worker {wrong} is not in its list" in run.output, run.output
+    assert {s: fleet.server_pid(MULTI, s) for s in SERVERS} == pids
+    assert sha256(fleet.hosts[MULTI].site_packages / EAGLE) == sha256(sglang_tree("0.5.9") / EAGLE)
+    assert {w.url for w in Router(router.url).list_workers()} == before, "no worker added under the wrong url"

@@ -151,3 +151,20 @@ def test_one_server_of_four_that_does_not_come_back_fails_the_host_naming_it_and
     servers = st.host(HOST)["servers"]
     assert not servers["s2"]["server_up"] and all(servers[s]["server_up"] for s in ("s0", "s1", "s3"))
     assert "s2" in st.host(HOST)["message"], st.host(HOST)["message"]
+
+
+def test_the_bake_watches_every_server_and_one_that_dies_during_it_fails_the_host_naming_it(mop, mfleet):
+    """--bake watches each server of the host at once, not only the first: s3 dies 3 s after
+    it is ready, inside the 6 s bake that follows its verification."""
+    doc = mop.inventory()
+    doc["hosts"][HOST]["servers"]["s3"]["restart"]["env"] = {"FLEETPATCH_STANDIN_EXIT_AFTER_READY": "3"}
+    mop.write_inventory(doc)
+    run = mop.run("rollout", "--patch", "spec-path-beacon", "--hosts", HOST, "--canary", "0", "--bake", "6",
+                  "--on-failure", "keep")
+    assert run.code == 1, run
+    host = run.host(HOST)
+    assert host["bake"]["ok"] is False, host
+    assert "failed during the bake (--bake 6)" in host["message"] and "server s3" in host["message"], host["message"]
+    assert {s: v["status"] for s, v in host["servers"].items()} == {s: "verified" for s in SERVERS}, \
+        "each server verified before the bake"
+    assert mfleet.server_pid(HOST, "s3") is None and all(mfleet.server_pid(HOST, s) for s in ("s0", "s1", "s2"))
