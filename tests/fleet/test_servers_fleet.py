@@ -68,6 +68,8 @@ def test_four_servers_share_one_patched_install_each_restarted_verified_and_list
         assert host["servers"][s]["executed_path"] == "EAGLEWorker"
         assert host["servers"][s]["markers"][0]["text"].startswith(MARKER)
     assert "4 servers, each verified" in host["message"]
+    restarts = [line.split(" restart [", 1)[1][:2] for line in run.output.splitlines() if " restart [" in line]
+    assert restarts == SERVERS, run.output   # one after the other, each named in the progress
 
     # the install patched once: its files are the ledger's one recorded change, the marker written once
     patched = installed(mfleet)
