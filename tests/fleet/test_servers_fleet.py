@@ -154,6 +154,17 @@ def test_one_server_of_four_that_does_not_come_back_fails_the_host_naming_it_and
     assert not servers["s2"]["server_up"] and all(servers[s]["server_up"] for s in ("s0", "s1", "s3"))
     assert "s2" in st.host(HOST)["message"], st.host(HOST)["message"]
 
+    # the way back: the cause fixed, the same deploy again restarts only s2; the others keep running
+    del doc["hosts"][HOST]["servers"]["s2"]["restart"]["env"]
+    mop.write_inventory(doc)
+    again = mop.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", HOST)
+    assert again.code == 0, again
+    statuses = {s: v["status"] for s, v in again.host(HOST)["servers"].items()}
+    assert statuses == {"s0": "already-applied", "s1": "already-applied", "s2": "verified", "s3": "already-applied"}
+    now = pids(mfleet)
+    assert now["s2"] and {s: now[s] for s in ("s0", "s1", "s3")} == {s: after[s] for s in ("s0", "s1", "s3")}
+    assert since_last_start(mfleet, "s2").count(MARKER) == 1 and mfleet.healthy(HOST)
+
 
 def test_the_bake_watches_every_server_and_one_that_dies_during_it_fails_the_host_naming_it(mop, mfleet):
     """--bake watches each server of the host at once, not only the first: s3 dies 3 s after
@@ -170,3 +181,4 @@ def test_the_bake_watches_every_server_and_one_that_dies_during_it_fails_the_hos
     assert {s: v["status"] for s, v in host["servers"].items()} == {s: "verified" for s in SERVERS}, \
         "each server verified before the bake"
     assert mfleet.server_pid(HOST, "s3") is None and all(mfleet.server_pid(HOST, s) for s in ("s0", "s1", "s2"))
+
