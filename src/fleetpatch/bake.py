@@ -4,8 +4,12 @@ After the canary and each batch, every host of it is watched S seconds ON the
 host (agent op `bake`: the server process alive, its health endpoint 200, no
 new log line holding the patch's `forbid` texts). A host failing its bake is a
 failed host: it counts against --max-failures, and with --on-failure rollback
-it is rolled back (drained first when a router is in front of it)."""
+it is rolled back (drained first when a router is in front of it). A host with
+several servers (`servers:`) has each of them watched at once, over a connection each."""
 from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
 
 from . import drain, steps
 from .errors import Status
@@ -24,11 +28,30 @@ def _watch(run: "steps.HostRun") -> "steps.HostResult":
                       f"{run.name}: failed during the bake (--bake {seconds:g}): {out.get('problem')}")
 
 
+def _watch_each(job, host) -> "steps.HostResult":
+    """The host's bake: each of its servers watched at the same time; the first that fails, named."""
+    views = host.server_views()
+    if len(views) == 1:
+        return _watch(job, host)
+    job.progress(host.name, "bake", f"{job.bake_s:g}s, each of {len(views)} servers")
+    quiet = dataclasses.replace(job, progress=lambda *_: None)   # the host's progress is said here, once
+    with concurrent.futures.ThreadPoolExecutor(len(views)) as pool:
+        watched = list(pool.map(lambda view: _watch(quiet, view), views))
+    failed = [(v, w) for v, w in zip(views, watched) if not w.ok]
+    result = failed[0][1] if failed else watched[0]
+    if failed:
+        result.message = result.message.replace(f"{host.name}: ", f"{host.name}: server {failed[0][0].server_name} ",
+                                                1)
+        result.details["server"] = failed[0][0].server_name
+    job.progress(host.name, "done", result.status)
+    return result
+
+
 def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.HostResult":
     """The host's result after its bake: `passed` unchanged, or the failure (rolled back
     with --on-failure rollback)."""
     job.bake_s = seconds
-    watched = _watch(job, host)
+    watched = _watch_each(job, host)
     if watched.ok:
         passed.details["bake"] = {"ok": True, "seconds": seconds}
         return passed
@@ -39,9 +62,10 @@ def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.H
                                                                  "problem": watched.message}))
     if drain.enabled(job, host):
         # a failing worker does not keep serving: out of its routers (the rollback drains it anyway)
+        worker = next((v for v in host.server_views() if v.server_name == watched.details.get("server")), host)
         try:
             for r in drain.routers_of(host.router).routers:
-                r.remove(host.server.url)
+                r.remove(worker.server.url)
             failed.message += "\n  taken out of the router"
         except RouterError as e:
             failed.message += f"\n  could not take it out of the router: {e}"

@@ -315,11 +315,12 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require
             problems.append(str(e))
             continue
         for h in behind if require_listed else []:
-            if find_worker(workers, h.server.url) is None:
-                try:
-                    r.require_listed(h.server.url)   # raises, saying what the router lists instead
-                except RouterError as e:
-                    problems.append(f"{h.name}: {e}")
+            for view in h.server_views():   # each server of a host with several, each one drained on its own
+                if find_worker(workers, view.server.url) is None:
+                    try:
+                        r.require_listed(view.server.url)   # raises, saying what the router lists instead
+                    except RouterError as e:
+                        problems.append(f"{h.name}{f' server {view.server_name}' if view.server_name else ''}: {e}")
         names = {h.name for h in behind}
         for i, stage in enumerate(stages):
             out = [h.server.url for h in stage if h.name in names]
@@ -369,8 +370,9 @@ def check_router(host) -> tuple:
         try:
             r = router_of(u, host.router)
             api = r.api
-            w = r.require_listed(host.server.url)
-            details[u] = {"api": api.description, "listed": True, "healthy": w.healthy, **via}
+            ws = [r.require_listed(view.server.url) for view in host.server_views()]   # each of its servers
+            healthy = False if any(w.healthy is False for w in ws) else ws[0].healthy
+            details[u] = {"api": api.description, "listed": True, "healthy": healthy, **via}
         except RouterError as e:
             details[u] = {"error": e.reason, **via}
             problem = problem or str(e)
@@ -387,11 +389,12 @@ def with_router_check(step):
         details, problem = check_router(host)
         result.details["routers"] = details
         lines = []
+        listed = ", ".join(v.server.url for v in host.server_views())   # each server of a host with several
         for u, d in details.items():
             reached = f" (reached via {d['via']}, over its SSH connection)" if d.get("via") else ""
-            lines.append(f"  router {u}{reached}: " + (f"{d['api']}; lists {host.server.url}"
-                                              + (" (unhealthy)" if d.get("healthy") is False else "")
-                                              if "api" in d else f"PROBLEM: {d['error']}"))
+            said = (f"{d['api']}; lists {listed}" + (" (unhealthy)" if d.get("healthy") is False else "")
+                    if "api" in d else f"PROBLEM: {d['error']}")
+            lines.append(f"  router {u}{reached}: {said}")
         result.message += "\n" + "\n".join(lines)
         if problem and result.ok:
             result.ok, result.status = False, Status.ROUTER_ERROR

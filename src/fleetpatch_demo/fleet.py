@@ -29,6 +29,13 @@ host's namespace): program ``sglang`` with the same command, environment and wor
 ``supervisorctl`` is not on the SSH session's PATH here, so the host agent runs it as
 ``<engine python> -m supervisor.supervisorctl``.
 
+A host with ``HostSpec(..., servers=N)`` (N > 1) runs N stand-in servers from its one
+SGLang tree, s0 ... on their own HTTP ports, logs (logs/s0.log ...) and pidfiles
+(run/s0.pid ...); its inventory entry is the ``servers:`` form (each server's url, health_url,
+log and restart; the shared restart env under ``server:``).  ``start_server``,
+``stop_server``, ``server_pid``, ``healthy`` and ``server_log_tail`` take ``server=``
+(default: every server; server_pid and the log: the first).
+
 Typical use::
 
     with Fleet(tmp_path, [HostSpec("a"), HostSpec("b", spec_v2=True)]) as fleet:
@@ -95,6 +102,7 @@ class HostSpec:
     restart_kind: str = "command"     # "command", or "supervisor": supervisord runs the stand-in
     container: bool = False           # True: the engine runs in a Docker container (containerhost.py)
     args: tuple = ()                  # extra launch flags, e.g. ("--disable-overlap-schedule",)
+    servers: int = 1                  # > 1: servers s0, s1, ... on their own ports, logs and pidfiles, one tree
 
     @property
     def topk(self) -> int:
@@ -122,6 +130,40 @@ class FleetHost:
     sshd_pid: int | None = None
     ns_ino: int | None = None  # inode of its mount namespace
     container_name: str = ""   # container hosts: the engine's container
+    http_ports: list = field(default_factory=list)  # one per server; http_port is the first
+
+    # -- its servers: [None] (the one-server form: logs/sglang.log, run/sglang.pid), or
+    #    s0, s1, ... (spec.servers > 1: logs/s0.log, run/s0.pid, each on its own port)
+    @property
+    def server_names(self) -> list:
+        return [None] if self.spec.servers <= 1 else [f"s{i}" for i in range(self.spec.servers)]
+
+    def _server(self, server):
+        if server is None:
+            return self.server_names[0]
+        if server not in self.server_names:
+            raise FleetError(f"{self.name} has no server {server!r} (it has {self.server_names})")
+        return server
+
+    def port_of(self, server=None) -> int:
+        return (self.http_ports or [self.http_port])[self.server_names.index(self._server(server))]
+
+    def log_of(self, server=None) -> Path:
+        return self.host_dir / "logs" / f"{self._server(server) or 'sglang'}.log"
+
+    def pidfile_of(self, server=None) -> Path:
+        return self.host_dir / "run" / f"{self._server(server) or 'sglang'}.pid"
+
+    def remote_of(self, path: Path) -> str:
+        """A path under host_dir as the host sees it."""
+        return f"{self.mount_point}/{path.relative_to(self.host_dir)}"
+
+    def worker_url(self, server=None) -> str:
+        """The server as a router lists it (the inventory's server.url)."""
+        return f"http://127.0.0.1:{self.port_of(server)}"
+
+    def health_url_of(self, server=None) -> str:
+        return self.worker_url(server) + "/health"
 
     # -- real paths on this machine
     @property
@@ -138,11 +180,11 @@ class FleetHost:
 
     @property
     def log_path(self) -> Path:
-        return self.host_dir / "logs" / "sglang.log"
+        return self.log_of()
 
     @property
     def pidfile(self) -> Path:
-        return self.host_dir / "run" / "sglang.pid"
+        return self.pidfile_of()
 
     @property
     def state_dir(self) -> Path:
@@ -183,11 +225,11 @@ class FleetHost:
 
     @property
     def remote_log(self) -> str:
-        return f"{self.mount_point}/logs/sglang.log"
+        return self.remote_of(self.log_of())
 
     @property
     def remote_pidfile(self) -> str:
-        return f"{self.mount_point}/run/sglang.pid"
+        return self.remote_of(self.pidfile_of())
 
     @property
     def remote_state_dir(self) -> str:
@@ -279,11 +321,15 @@ class FleetHost:
 
     @property
     def health_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/health"
+        return self.health_url_of()
 
     @property
     def start_command(self) -> str:
         """The inventory's ``server.restart.start`` for this host (``{python}`` unexpanded)."""
+        return self.start_command_of()
+
+    def start_command_of(self, server=None) -> str:
+        """The start command of one of its servers: the same launch on that server's port."""
         return (
             "{python} -m sglang_standin"
             f" --model-path {shlex.quote(self.mount_point + '/models/demo')}"
@@ -291,7 +337,7 @@ class FleetHost:
             # SGLang asserts that num-steps / eagle-topk / num-draft-tokens are given together
             f" --speculative-num-steps 3 --speculative-eagle-topk {self.spec.topk}"
             f" --speculative-num-draft-tokens {self.spec.num_draft_tokens}"
-            f" --port {self.http_port}"
+            f" --port {self.port_of(server)}"
             + "".join(" " + shlex.quote(str(a)) for a in self.spec.args)
         )
 
@@ -396,6 +442,19 @@ def _supervisor_value(value: str) -> str:
 def _supervisor_quote(value: str) -> str:
     """One value of supervisord's environment= list (a posix shlex word)."""
     return _supervisor_value('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+
+
+def _key(name: str, server: str | None) -> str:
+    """A server's key in Fleet._servers: the host's name, and the server's after a colon."""
+    return name if server is None else f"{name}:{server}"
+
+
+def _answers(url: str, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def _children(pid: int) -> list[int]:
@@ -518,6 +577,9 @@ class Fleet:
             if spec.container and spec.restart_kind != "command":
                 raise FleetError(f"{spec.name}: a container host's server is the container: "
                                  f"restart_kind {spec.restart_kind!r} does not apply")
+            if spec.servers < 1 or (spec.servers > 1 and (spec.container or spec.restart_kind != "command")):
+                raise FleetError(f"{spec.name}: servers={spec.servers}: several servers are command-restarted "
+                                 "servers of a plain host")
         self.docker_sock = docker_sock or sock_from_env()
         self.docker = Dockerd(self.docker_sock)
         self._images: dict[str, str] = {}
@@ -644,10 +706,12 @@ class Fleet:
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(lambda h: self._build_tree(h, trees[h.spec.version]),
                           self.hosts.values()))
-        # ports (ssh + http per host)
-        ports = _free_ports(2 * len(self.hosts))
-        for i, h in enumerate(self.hosts.values()):
-            h.ssh_port, h.http_port = ports[2 * i], ports[2 * i + 1]
+        # ports (ssh + http per server of each host)
+        ports = _free_ports(sum(1 + len(h.server_names) for h in self.hosts.values()))
+        for h in self.hosts.values():
+            n = len(h.server_names)
+            h.ssh_port, h.http_ports, ports = ports[0], ports[1:1 + n], ports[1 + n:]
+            h.http_port = h.http_ports[0]
             self._write_sshd_files(h)
         os.makedirs(self.mount_point, exist_ok=True)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privsep directory
@@ -823,6 +887,13 @@ class Fleet:
                     "restart": restart,
                 },
             }
+            if h.server_names != [None]:
+                # `servers:` - what they share under server:, what is each one's own under its name
+                inv["hosts"][h.name]["server"] = {"restart": {"env": h.server_env}}
+                inv["hosts"][h.name]["servers"] = {s: {
+                    "url": h.worker_url(s), "health_url": h.health_url_of(s), "log": h.remote_of(h.log_of(s)),
+                    "restart": {"start": h.start_command_of(s), "pidfile": h.remote_of(h.pidfile_of(s))},
+                } for s in h.server_names}
             if h.containerized:
                 inv["hosts"][h.name]["engine"] = {"container": h.container_name, "runtime": "docker",
                                                   "python": containerhost.CONTAINER_PYTHON}
@@ -886,14 +957,18 @@ class Fleet:
         return {"PATH": SESSION_PATH, "HOME": self.hosts[name].remote_home, "USER": "root",
                 "LOGNAME": "root", "SHELL": "/bin/bash"}
 
-    def start_server(self, name: str) -> int:
+    def start_server(self, name: str, server: str | None = None) -> int:
         """Start the host's stand-in server as the inventory's command restart would:
         in the host's namespace, own session, restart env, workdir mount_point, stdout and
         stderr appended to logs/sglang.log, pid written to run/sglang.pid.  Returns the pid
-        (the running one if it is already up)."""
+        (the running one if it is already up).  A host with several servers: each of them
+        (logs/s0.log, run/s0.pid, ...), or the one named; the pid of the first, or of that one."""
+        h = self.hosts[name]
+        if server is None and len(h.server_names) > 1:
+            return [self.start_server(name, s) for s in h.server_names][0]
         with self._lock:
-            h = self.hosts[name]
-            pid = self.server_pid(name)
+            server = h._server(server)
+            pid = self.server_pid(name, server)
             if pid:
                 return pid
             if h.containerized:
@@ -902,21 +977,22 @@ class Fleet:
                 raise FleetError(f"{name}: sglang_standin.py is missing from its site-packages")
             if h.supervised:
                 return self._start_supervised(name)
-            argv = [tok.replace("{python}", h.remote_python) for tok in shlex.split(h.start_command)]
+            argv = [tok.replace("{python}", h.remote_python) for tok in shlex.split(h.start_command_of(server))]
             full, fds = self.nsenter_argv(name, *argv)
             env = self.session_env(name)
             env.update(h.server_env)
-            h.log_path.parent.mkdir(parents=True, exist_ok=True)
-            h.pidfile.parent.mkdir(parents=True, exist_ok=True)
-            with open(h.log_path, "ab") as log:
+            log_path, pidfile = h.log_of(server), h.pidfile_of(server)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            pidfile.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as log:
                 proc = subprocess.Popen(
                     full,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                     start_new_session=True, close_fds=True, pass_fds=fds)
-            self._servers[name] = proc
-            tmp = h.pidfile.with_name(h.pidfile.name + ".tmp")
+            self._servers[_key(name, server)] = proc
+            tmp = pidfile.with_name(pidfile.name + ".tmp")
             tmp.write_text(f"{proc.pid}\n")
-            tmp.replace(h.pidfile)
+            tmp.replace(pidfile)
             return proc.pid
 
     def _start_container(self, name: str) -> int:
@@ -954,11 +1030,11 @@ class Fleet:
         """The docker CLI against the fleet's daemon (not over SSH, not in commands.log)."""
         return self.docker.cli(*args, **kw)
 
-    def server_log_tail(self, name: str, n: int = 20) -> str:
+    def server_log_tail(self, name: str, n: int = 20, server: str | None = None) -> str:
         h = self.hosts[name]
         if h.containerized:
             return containerhost.log_tail(self.docker, h.container_name, n)
-        return _tail(h.log_path, n)
+        return _tail(h.log_of(server), n)
 
     def _start_supervised(self, name: str, timeout: float = 15.0) -> int:
         """supervisord with the host's conf (autostart runs the stand-in), or, when supervisord
@@ -1021,13 +1097,14 @@ class Fleet:
     def _reap(self, name: str | None = None) -> None:
         with self._lock:
             for n, proc in list(self._servers.items()):
-                if (name is None or n == name) and proc.poll() is not None:
+                if (name is None or n.split(":")[0] == name) and proc.poll() is not None:
                     if self._servers.get(n) is proc:
                         del self._servers[n]
 
-    def server_pid(self, name: str) -> int | None:
-        """pid of the host's server per its pidfile, if that process is alive."""
+    def server_pid(self, name: str, server: str | None = None) -> int | None:
+        """pid of the host's server (the first, or the one named) per its pidfile, if that process is alive."""
         h = self.hosts[name]
+        server = h._server(server)
         if h.containerized:
             return containerhost.pid(self.docker, h.container_name)
         if h.supervised:  # the program is supervisord's child
@@ -1036,24 +1113,31 @@ class Fleet:
             return kids[0] if kids else None
         self._reap(name)
         try:
-            pid = int(h.pidfile.read_text().split()[0])
+            pid = int(h.pidfile_of(server).read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
         if pid <= 0 or not _alive(pid):
             return None
-        ours = self._servers.get(name)
+        ours = self._servers.get(_key(name, server))
         if ours is not None and ours.pid == pid:
             return pid  # ours, maybe still entering the namespace
         if h.ns_ino is not None and _ns_ino(pid) != h.ns_ino:
             return None
         return pid
 
-    def healthy(self, name: str, timeout: float = 1.0) -> bool:
-        try:
-            with urllib.request.urlopen(self.hosts[name].health_url, timeout=timeout) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+    def healthy(self, name: str, timeout: float = 1.0, server: str | None = None) -> bool:
+        """/health answers 200: of every server of the host, or of the one named."""
+        h = self.hosts[name]
+        return all(_answers(h.health_url_of(s), timeout) for s in ([server] if server else h.server_names))
+
+    def server_names(self, name: str) -> list:
+        """The host's servers: [None] (one), or ["s0", "s1", ...] (HostSpec.servers > 1)."""
+        return self.hosts[name].server_names
+
+    def worker_urls(self, names=None) -> dict:
+        """Every server of the hosts (all: None) as a router lists it: {host, or host/server: URL}."""
+        return {n if s is None else f"{n}/{s}": h.worker_url(s) for n, h in self.hosts.items()
+                if names is None or n in names for s in h.server_names}
 
     def wait_healthy(self, names=None, timeout: float = 30.0) -> None:
         """Wait until each host's /health answers 200; FleetError (with log tails) if a
@@ -1062,15 +1146,16 @@ class Fleet:
         deadline = time.monotonic() + timeout
 
         def one(name):
-            while True:
-                if self.healthy(name, timeout=1.0):
-                    return None
-                if self.server_pid(name) is None:
-                    return f"{name}: server exited:\n{self.server_log_tail(name)}"
-                if time.monotonic() > deadline:
-                    return (f"{name}: no 200 from {self.hosts[name].health_url} within "
-                            f"{timeout:.0f}s:\n{self.server_log_tail(name)}")
-                time.sleep(0.05)
+            for s in self.hosts[name].server_names:
+                who = name if s is None else f"{name} {s}"
+                while not self.healthy(name, 1.0, s):
+                    if self.server_pid(name, s) is None:
+                        return f"{who}: server exited:\n{self.server_log_tail(name, server=s)}"
+                    if time.monotonic() > deadline:
+                        return (f"{who}: no 200 from {self.hosts[name].health_url_of(s)} within "
+                                f"{timeout:.0f}s:\n{self.server_log_tail(name, server=s)}")
+                    time.sleep(0.05)
+            return None
 
         if not names:
             return
@@ -1085,13 +1170,16 @@ class Fleet:
         if wait:
             self.wait_healthy(names, timeout=timeout)
 
-    def stop_server(self, name: str, grace: float = 10.0) -> bool:
+    def stop_server(self, name: str, grace: float = 10.0, server: str | None = None) -> bool:
         """TERM the pid in the pidfile, wait, KILL after `grace`; remove the pidfile.
-        True if a server was running."""
+        True if a server was running.  A host with several servers: each (server=None), or the one named."""
         h = self.hosts[name]
+        if server is None and len(h.server_names) > 1:
+            return any([self.stop_server(name, grace, s) for s in h.server_names])
+        server = h._server(server)
         if h.containerized:
             return containerhost.stop(self.docker, h.container_name, grace)
-        pid = self.server_pid(name)
+        pid = self.server_pid(name, server)
         if h.supervised:
             # supervisord stops its program (TERM, stopwaitsecs) before it exits itself
             sd = self.supervisord_pid(name)
@@ -1110,7 +1198,7 @@ class Fleet:
             self._terminate([pid], grace)
         self._reap(name)
         try:
-            h.pidfile.unlink()
+            h.pidfile_of(server).unlink()
         except FileNotFoundError:
             pass
         return bool(pid)
@@ -1258,6 +1346,7 @@ class Fleet:
             "running": self._started and not self._stopped,
             "hosts": {
                 n: {"spec": asdict(h.spec), "ssh_port": h.ssh_port, "http_port": h.http_port,
+                    "http_ports": h.http_ports,
                     "sshd_pid": h.sshd_pid, "ns_ino": h.ns_ino, "token": h.token}
                 for n, h in self.hosts.items()
             },
@@ -1278,6 +1367,7 @@ class Fleet:
         for n, hs in state["hosts"].items():
             h = fleet.hosts[n]
             h.ssh_port, h.http_port = hs["ssh_port"], hs["http_port"]
+            h.http_ports = hs.get("http_ports") or [h.http_port]
             h.sshd_pid, h.ns_ino, h.token = hs["sshd_pid"], hs["ns_ino"], hs["token"]
         fleet._started = True  # let stop() scan even if a previous stop was cut short
         return fleet

@@ -13,7 +13,8 @@ or a demo that did not finish there) it refuses and changes nothing, saying how
 to keep using the fleet or take it down first.
 
 ``up(root)`` builds 4 real sshd hosts with SGLang 0.5.9 files (see ``fleet.py``),
-two on the spec-v2 path and two not, leaves them running (detached), and runs
+two on the spec-v2 path and two not (one of them, gpu-a02, with two servers
+on its one install: the inventory's ``servers:`` form), leaves them running (detached), and runs
 the real ``fleetpatch`` commands against them as subprocesses, exactly as a user
 would type them.  It returns 0 when every step behaved as the demo expects
 (including the two steps that are *meant* to fail), else non-zero naming the
@@ -62,6 +63,7 @@ ONE_PATH_PATCH = "v2-only-beacon"
 SGLANG_VERSION = "0.5.9"
 V2_HOSTS = ["gpu-a01", "gpu-a02"]      # SGLANG_ENABLE_SPEC_V2=True, --speculative-eagle-topk 1
 V1_HOSTS = ["gpu-a03", "gpu-a04"]      # no env, --speculative-eagle-topk 4: EAGLEWorker runs
+TWO_SERVERS = "gpu-a02"                # two servers (s0, s1) on its one SGLang install (`servers:`)
 STARTUP_DELAY_ENV = "FLEETPATCH_DEMO_STARTUP_DELAY"
 DEPLOY_TIMEOUT = "20"
 # What the hosts' SGLang files were when the demo last finished: a rerun may start
@@ -133,7 +135,8 @@ def _startup_delay() -> float:
 
 def _specs(delay: float, containers: bool = False) -> list[HostSpec]:
     """The demo's hosts; with --containers each engine runs in a Docker container on its host."""
-    return ([HostSpec(n, version=SGLANG_VERSION, spec_v2=True, startup_delay=delay, container=containers)
+    return ([HostSpec(n, version=SGLANG_VERSION, spec_v2=True, startup_delay=delay, container=containers,
+                      servers=2 if n == TWO_SERVERS and not containers else 1)   # one container, one server
              for n in V2_HOSTS]
             + [HostSpec(n, version=SGLANG_VERSION, spec_v2=False, startup_delay=delay, container=containers)
                for n in V1_HOSTS])
@@ -227,6 +230,10 @@ def _expect_hosts(doc: dict, names: list[str], status: str, paths: dict[str, str
         if h.get("executed_path") != paths[n]:
             raise _Misbehaved(f"{n}: the report says the server runs {h.get('executed_path')!r}, "
                               f"expected {paths[n]!r}")
+        for s, sh in (h.get("servers") or {}).items():   # a host with several servers: each one judged
+            if sh.get("status") != status or sh.get("executed_path") != paths[n]:
+                raise _Misbehaved(f"{n}: its server {s} is {sh.get('status')!r} on {sh.get('executed_path')!r}, "
+                                  f"expected {status!r} on {paths[n]!r}")
 
 
 def _tree_hashes(fleet: Fleet, names: list[str]) -> dict:
@@ -372,8 +379,8 @@ def _interrupted(console: Console, root: Path, down_cmd: str, ctx: dict, step: S
 
 
 def _worker_urls(fleet: Fleet) -> dict:
-    """Each host's server as the router lists it (the string the inventory's server.url must be)."""
-    return {n: f"http://127.0.0.1:{h.http_port}" for n, h in fleet.hosts.items()}
+    """Each server as the router lists it (the string the inventory's server.url must be): {host or host/server: URL}."""
+    return fleet.worker_urls()
 
 
 def _launch_router(console: Console, root: Path):
@@ -397,7 +404,7 @@ def _start_router(console: Console, root: Path, fleet: Fleet, finish) -> str | N
         console.print(f"fleetpatch demo: could not start sglang-router ({said}); the demo goes on without a router "
                       f"(its log: {_show_path(root / trafficmod.LOG)}).", style="yellow", markup=False)
         return None
-    console.print(f"sglang-router up on {url}, listing the {len(fleet.hosts)} servers (the real router from "
+    console.print(f"sglang-router up on {url}, listing the {len(_worker_urls(fleet))} servers (the real router from "
                   "PyPI, in front of the fleet as in production).", markup=False)
     return url
 
@@ -407,7 +414,8 @@ def _write_inventory(fleet: Fleet, path: Path, router_url: str | None) -> Path:
     if router_url:
         doc["defaults"]["router"] = {"urls": [router_url]}
         for name, url in _worker_urls(fleet).items():
-            doc["hosts"][name]["server"]["url"] = url
+            if name in doc["hosts"]:   # a host with several servers: fleet.inventory() gave each its url
+                doc["hosts"][name]["server"]["url"] = url
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -450,7 +458,8 @@ def _run_rollout_under_traffic(console: Console, step: Step, router_url: str, fl
 
 def _drain_proof(doc: dict) -> str:
     """What 0 failed and 0 cut prove, with the drain's own figures from the report."""
-    routed = [h.get("router") or {} for h in doc.get("hosts", {}).values()]
+    routed = [s.get("router") or {} for h in doc.get("hosts", {}).values()
+              for s in (list((h.get("servers") or {}).values()) or [h])]
     waited = sum(int(r.get("in_flight_at_removal") or 0) for r in routed)
     longest = max((float(r.get("drained_s") or 0) for r in routed), default=0.0)
     return ("0 failed, 0 cut: that is the drained rollout. fleetpatch took each worker out of the router before "
@@ -481,6 +490,10 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         "server that imports them and routes speculative decoding exactly as SGLang does:")
     console.print(f"  {', '.join(V2_HOSTS)}  SGLANG_ENABLE_SPEC_V2=True  topk 1 -> EAGLEWorkerV2", markup=False)
     console.print(f"  {', '.join(V1_HOSTS)}  (not set)                  topk 4 -> EAGLEWorker", markup=False)
+    if not ctx.get("containers"):
+        console.print(f"{TWO_SERVERS} runs two servers (s0, s1, each on its own port, with its own log and pidfile) "
+                      "from its one SGLang install: the inventory's `servers:` form. fleetpatch patches the install "
+                      "once, then restarts, drains and verifies each server in turn.", markup=False)
     if ctx.get("containers"):
         console.print("Each engine runs in a Docker container on its host (--containers), laid out as the official "
                       "lmsysorg/sglang image: SGLang installed editable under /sgl-workspace, its log the "
@@ -527,7 +540,7 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     ctx["inventory"] = inventory
     inv = _show_path(inventory)
     console.print(f"Inventory {inv} (group canary: [{V2_HOSTS[0]}]"
-                  + (f"; router: {router_url}, each host's server.url as the router lists it)" if router_url
+                  + (f"; router: {router_url}, each server's url as the router lists it)" if router_url
                      else ")"), markup=False)
     reports = root / "reports"
     if reports.exists():
@@ -627,8 +640,8 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     # summary -------------------------------------------------------------
     console.print(Rule("demo summary"))
     console.print(f"1. status        exit {s1.code}  all {len(paths)} hosts reachable, SGLang {SGLANG_VERSION}")
-    console.print(f"2. rollout       exit {s2.code}  {SHIPPED_PATCH} verified on {len(paths)}/{len(paths)} hosts, "
-                  "each on the path it runs")
+    console.print(f"2. rollout       exit {s2.code}  {SHIPPED_PATCH} verified on {len(paths)}/{len(paths)} hosts "
+                  f"({len(_worker_urls(fleet))} servers), each on the path it runs")
     console.print(f"3. check-patch   exit {s3.code}  {ONE_PATH_PATCH} refused by the pre-flight check on "
                   f"{v1}, nothing written")
     console.print(f"4. deploy-patch  exit {s4.code}  forced: not-executed on {v1}, EAGLEWorker ran, "
@@ -686,7 +699,7 @@ def down(root: Path | None = None) -> int:
         return 1
     members = fleet._ns_members()
     procs = sum(len(p) for p in members.values())
-    ports = {n: (h.ssh_port, h.http_port) for n, h in fleet.hosts.items()}
+    ports = {n: (h.ssh_port, *(h.http_ports or [h.http_port])) for n, h in fleet.hosts.items()}
     if router_doc is not None:
         ports["the router"] = tuple(trafficmod.ports(router_doc))
     try:

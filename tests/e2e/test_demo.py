@@ -149,6 +149,13 @@ def test_demo_up_then_down(tmp_path):
         assert rollout.index("gpu-a01      queued canary") < rollout.index("queued batch 1")
         doc = json.loads((root / "reports" / "2-rollout.json").read_text())
         assert {h["status"] for h in doc["hosts"].values()} == {"verified"}
+        # gpu-a02 runs two servers on its one install: each restarted and verified on its own
+        inv = yaml.safe_load((root / "hosts.yaml").read_text())
+        assert sorted(inv["hosts"]["gpu-a02"]["servers"]) == ["s0", "s1"]
+        two = doc["hosts"]["gpu-a02"]["servers"]
+        assert {s: (h["status"], h["executed_path"]) for s, h in two.items()} == \
+            {"s0": ("verified", "EAGLEWorkerV2"), "s1": ("verified", "EAGLEWorkerV2")}, two
+        assert "gpu-a02 runs two servers (s0, s1" in out
         if ROUTER:
             # the real router in front of the fleet, traffic through it for the whole rollout
             inv = yaml.safe_load((root / "hosts.yaml").read_text())
@@ -162,6 +169,8 @@ def test_demo_up_then_down(tmp_path):
                 "a plain traffic line while the rollout runs"
             for h in doc["hosts"].values():
                 assert h["router"]["removed"] and h["router"]["readded"], h
+            for s in ("s0", "s1"):   # each server of gpu-a02 left the router and came back on its own
+                assert two[s]["router"]["removed"] and two[s]["router"]["readded"], two[s]
             assert f"Router traffic during the rollout: {t['sent']} requests sent" in section(out, "demo summary", None)
         else:
             assert "sglang-router is not installed" in out and "pip install sglang-router" in out
@@ -189,7 +198,8 @@ def test_demo_up_then_down(tmp_path):
         if ROUTER:  # failed verification: kept out of the router, the others serve
             assert deploy.count("not put back into the router: it failed verification") == 2, deploy
             listed = {w.url for w in Router(router_url).list_workers() if w.healthy}
-            assert listed == {inv["hosts"][n]["server"]["url"] for n in ("gpu-a01", "gpu-a02")}, listed
+            assert listed == {inv["hosts"]["gpu-a01"]["server"]["url"],
+                              *(s["url"] for s in inv["hosts"]["gpu-a02"]["servers"].values())}, listed
 
         summary = section(out, "demo summary", None)
         assert "The demo behaved as expected" in summary
@@ -205,7 +215,7 @@ def test_demo_up_then_down(tmp_path):
         # it keeps running after the command, and the printed line points everyday commands at it
         fleet = Fleet.attach(root)
         assert fleet.is_running()
-        ports = [p for h in fleet.hosts.values() for p in (h.ssh_port, h.http_port)]
+        ports = [p for h in fleet.hosts.values() for p in (h.ssh_port, *h.http_ports)]
         assert set(ports) <= set(fleetmod._listening_ports())
         assert all(fleet._ns_members().values())
         env = {**os.environ, "FLEETPATCH_INVENTORY": str(root / "hosts.yaml"), "COLUMNS": "200"}
@@ -345,7 +355,7 @@ def test_ctrl_c_in_the_demo_lets_the_step_finish_its_hosts_and_says_where_the_fl
             assert not (fleet.hosts[n].state_dir / "lock").exists(), f"{n} is left locked"
         assert "verified" in statuses.values(), statuses  # the canary was in flight and finished
         state = json.loads((root / "fleet.json").read_text())
-        ports = [p for h in fleet.hosts.values() for p in (h.ssh_port, h.http_port)]
+        ports = [p for h in fleet.hosts.values() for p in (h.ssh_port, *h.http_ports)]
         assert_down_removes_everything(tmp_path, root, fleet, state, ports)
     finally:
         if proc.poll() is None:

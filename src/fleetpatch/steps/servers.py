@@ -40,9 +40,15 @@ class HeldLock:
 
 
 def server_runs(run: HostRun) -> list[HostRun]:
-    """One HostRun per server: the same connection, lock and job, the host seen as that server."""
-    job = dataclasses.replace(run.job, on_failure="keep")   # the host's rollback is done here, for all its servers
-    return [dataclasses.replace(run, host=view, job=job, lock=HeldLock(run.lock)) for view in run.host.server_views()]
+    """One HostRun per server: the same connection, lock and job, the host seen as that server
+    (its progress lines say which server: "drain [s1] out of the router")."""
+    def job_of(view):
+        def progress(host, phase, detail=""):
+            run.job.progress(host, phase, f"[{view.server_name}] {detail}".rstrip())
+        # the host's rollback is done here, for all its servers
+        return dataclasses.replace(run.job, on_failure="keep", progress=progress)
+    return [dataclasses.replace(run, host=view, job=job_of(view), lock=HeldLock(run.lock))
+            for view in run.host.server_views()]
 
 
 def deploy_each(run: HostRun, plan, probe_spec: dict | None, reason_of) -> HostResult:
