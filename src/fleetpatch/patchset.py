@@ -61,10 +61,11 @@ __all__ = [
 MANIFEST = "patch.yaml"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TOP_KEYS = ("name", "summary", "engine", "revisions", "markers", "executed", "expect", "smoke_expect", "forbid",
-             "allow_single_path", "superseded")
+             "allow_single_path", "superseded", "unported")
 _REV_KEYS = ("rev", "diff", "engine_versions")
 _MARKER_KEYS = ("regex",)
 _SUPERSEDED_KEYS = ("engine_versions", "use")
+_UNPORTED_KEYS = ("engine_versions", "why")
 EXECUTED = ("any", "off")   # patch.yaml's `executed:`: the probe may judge execution, or markers alone
 
 
@@ -159,6 +160,20 @@ class Revision:
         return self.engine_versions.contains(v, prereleases=True)
 
 
+@dataclass(frozen=True)
+class Unported:
+    """patch.yaml's `unported:`: engine versions no revision fits, and why (what a port must deal with)."""
+
+    engine_versions: SpecifierSet
+    why: str
+
+    def admits(self, engine_version: str) -> bool:
+        try:
+            return self.engine_versions.contains(Version(str(engine_version)), prereleases=True)
+        except InvalidVersion:
+            return False
+
+
 @dataclass
 class Patch:
     name: str
@@ -176,6 +191,7 @@ class Patch:
     # "any": the probe may judge whether the patched code ran (the default); "off": markers alone
     executed: str = "any"
     superseded: Optional[Superseded] = None
+    unported: Optional[Unported] = None
 
     @property
     def manifest(self) -> Path:
@@ -215,7 +231,9 @@ class Patch:
         for r in sorted(self.revisions, key=lambda x: x.rev, reverse=True):
             if r.admits(engine_version):
                 return r
-        raise NoRevisionFits(f"{self.name} has no revision for {self.engine} {engine_version}; "
+        why = (f": {self.unported.why}" if self.unported is not None and self.unported.admits(engine_version)
+               else "")
+        raise NoRevisionFits(f"{self.name} has no revision for {self.engine} {engine_version}{why}; "
                              f"revisions support: {self.support()}")
 
     def label(self, rev: Union[int, Revision, None]) -> str:
@@ -406,6 +424,20 @@ def _superseded(file: str, node: Any) -> Optional[Superseded]:
     return Superseded(engine_versions=spec, spec_text=node["engine_versions"].strip(), use=use)
 
 
+def _unported(file: str, node: Any) -> Optional[Unported]:
+    """`unported: {engine_versions, why}`: the versions that no revision fits, and why."""
+    if node is None:
+        return None
+    if not isinstance(node, dict):
+        raise _perr(file, "unported", f'expected a mapping {{engine_versions: ">=...", why: "..."}}, got {_got(node)}')
+    _refuse_unknown_keys(file, "unported", node, _UNPORTED_KEYS)
+    for k in _UNPORTED_KEYS:
+        if node.get(k) is None:
+            raise _perr(file, f"unported.{k}", "required but missing")
+    spec = _spec(file, "unported.engine_versions", node["engine_versions"])
+    return Unported(engine_versions=spec, why=" ".join(_str(file, "unported.why", node["why"]).split()))
+
+
 def _read_diff(folder: Path, file: str, key: str, name: Any, profile,
                package: str) -> Tuple[Path, str, str, List[FileDiff]]:
     diff_name = _str(file, key, name)
@@ -589,6 +621,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     markers = _markers(file, doc.get("markers"), profile)
     executed = _executed(file, doc.get("executed"))
     superseded = _superseded(file, doc.get("superseded"))
+    unported = _unported(file, doc.get("unported"))
 
     expect = _str_list(file, "expect", doc.get("expect"))
     forbid = _str_list(file, "forbid", doc.get("forbid"))
@@ -614,4 +647,4 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     revisions.sort(key=lambda r: r.rev)
     return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
                  expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder, smoke_expect=smoke_expect,
-                 executed=executed, superseded=superseded)
+                 executed=executed, superseded=superseded, unported=unported)

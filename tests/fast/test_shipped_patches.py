@@ -59,7 +59,7 @@ SERVER_ARGS = "sglang/srt/server_args.py"
 READY = "The server is fired up and ready to roll!"
 
 TOP_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid", "allow_single_path", "smoke_expect",
-            "superseded", "executed"}
+            "superseded", "executed", "unported"}
 REQUIRED_KEYS = {"name", "summary", "engine", "revisions", "markers", "expect", "forbid"}
 REV_KEYS = {"rev", "diff", "engine_versions"}
 
@@ -212,6 +212,9 @@ def test_dynamic_spec_disable_fits_every_release_or_says_why(version):
     states = {fd.path: diffapply.apply_file(fd, _wheel_file(version, fd.path)).state for fd in r1}
     assert "conflict" in states.values(), states
     assert patch.superseded.admits(version) == (Version(version) >= Version("0.5.23"))
+    # check-patch says why no revision fits (the error is its message): the port nobody wrote, not a bare "no"
+    unported = Version("0.5.10") <= Version(version) < Version("0.5.23")
+    assert ("changed the code its diff touches" in str(err.value)) == unported, str(err.value)
 
 
 # ---------------------------------------------------------------------------
