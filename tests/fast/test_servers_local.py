@@ -2,6 +2,7 @@
 local transport: the install patched once, each server restarted and judged on its own."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
@@ -111,5 +112,33 @@ def test_without_markers_each_server_is_proven_by_its_own_probe_records_and_veri
         assert (lh.state / "probe-s0").is_dir() and (lh.state / "probe-s1").is_dir()
         seen = steps.verify_logs(job(lh, "both-quiet", host=host)[0], host)
         assert seen.ok and {s["status"] for s in seen.details["servers"].values()} == {"verified"}, seen.message
+    finally:
+        stop_all(lh)
+
+
+def test_on_failure_rollback_restores_the_install_and_restarts_each_server_that_ran_the_patch(lh):
+    """v2-only-beacon proves the v2 path only: s0 runs it (verified), s1 runs the v1 path (not-executed).
+    The install goes back to its originals, and s0 and s1 are restarted without the patch."""
+    lh.spec_v2 = True
+    host = two_servers(lh)
+    doc_s1 = host.servers[1][1].restart
+    v1_start = doc_s1.start.replace("--speculative-eagle-topk 1", "--speculative-eagle-topk 4").replace(
+        "--speculative-num-draft-tokens 4", "--speculative-num-draft-tokens 8")
+    s1 = dataclasses.replace(host.servers[1][1], restart=dataclasses.replace(doc_s1, start=v1_start, env={
+        k: v for k, v in doc_s1.env.items() if k != "SGLANG_ENABLE_SPEC_V2"}))
+    host = dataclasses.replace(host, servers=(host.servers[0], ("s1", s1)))
+    try:
+        r = steps.deploy(job(lh, "v2-only-beacon", host=host, timeout=15, on_failure="rollback")[0], host)
+        assert not r.ok and r.status == Status.ROLLED_BACK, r.message
+        assert r.details["servers"]["s0"]["status"] == "verified"
+        assert r.details["servers"]["s1"]["status"] == "not-executed"
+        assert r.details["rollback"]["ok"], r.details["rollback"]
+        assert lh.is_pristine(), "the install's originals are back"
+        for name in ("s0", "s1"):
+            log = (lh.root / "logs" / f"{name}.log").read_text()
+            assert log.count("server_args=") == 2, f"{name} was restarted again, without the patch"
+        before, after = (lh.root / "logs" / "s0.log").read_text().rsplit("server_args=", 1)
+        assert "fleetpatch fixture v2-only-beacon" in before and "fleetpatch fixture v2-only-beacon" not in after
+        assert not lh.ledger().get("restart_pending"), lh.ledger()
     finally:
         stop_all(lh)
