@@ -362,8 +362,10 @@ class SSHTransport:
         watchdog.start()
         try:
             chan.exec_command(" ".join(shlex.quote(a) for a in argv))
-        except paramiko.SSHException:
-            pass   # refused, or the link went: the channel is closed and its first read says which
+        except (paramiko.SSHException, EOFError, OSError):
+            # refused, or the link went (paramiko raises the transport's own EOFError when the
+            # session is killed while it waits): the channel is closed and its first read says which
+            pass
         finally:
             watchdog.cancel()
         return _SSHChannel(chan, self.host.name)
