@@ -61,7 +61,7 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
         return refused
     probe = _probe_spec(run, plan, revision, reply)
     if plan.already and run.host.servers and not job.no_restart:
-        return servers.deploy_each(run, plan, probe, lambda srun: servers.restart_due(srun, job.patch.name))
+        return servers.deploy_each(run, plan, probe, applied=False)
     if plan.already:
         return _already_applied(run, plan, reply, probe)
     run.progress("apply", f"{len(plan.changes)} files")
@@ -72,7 +72,7 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
         apply_req["probe"] = probe
     if run.host.servers and not job.no_restart:
         run.remote.call("apply", dict(apply_req, restart=None))   # every server's restart is now pending
-        return servers.deploy_each(run, plan, probe, lambda srun: "apply")
+        return servers.deploy_each(run, plan, probe, applied=True)
     if job.no_restart:
         lock = run.lock
         lock.chained_done(run.remote.call("apply", dict(apply_req, restart=None, then=lock.release_followup())))

@@ -51,15 +51,19 @@ def server_runs(run: HostRun) -> list[HostRun]:
             for view in run.host.server_views()]
 
 
-def deploy_each(run: HostRun, plan, probe_spec: dict | None, reason_of) -> HostResult:
-    """Restart and verify each server (after the install was written, or with nothing to write).
-    `reason_of(server_run)` says why a server must restart (None: judge its last restart's window)."""
-    from .deploying import Restart, restart_and_verify   # deploying calls this module: import at use
+def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> HostResult:
+    """Restart and verify each server: all of them after the install was written (`applied`); with
+    nothing written, those whose own ledger slot or process says so, the others judged again from
+    their last restart's window."""
+    from .deploying import Restart, restart_and_verify, restart_reason   # deploying calls this module
     results: list[tuple[str, HostResult]] = []
     for srun in server_runs(run):
-        reason = reason_of(srun)
+        reason, reply = "apply", None
+        if not applied:   # this server's ledger slot and process: one read serves both uses
+            reply = probe(srun.remote, srun.host, srun.job, [], content=False)
+            reason = restart_reason(reply.get("ledger") or {}, reply.get("server") or {}, run.job.patch.name)
         if reason is None:
-            result = _verify_last(srun, plan)
+            result = _verify_last(srun, plan, reply)
         else:
             request = protocol.RestartRequest(**srun.request(), reason=f"{reason}: restart for {plan.label}")
             if probe_spec is not None:
@@ -72,9 +76,8 @@ def deploy_each(run: HostRun, plan, probe_spec: dict | None, reason_of) -> HostR
     return combine(run, results, plan.label)
 
 
-def _verify_last(srun: HostRun, plan) -> HostResult:
+def _verify_last(srun: HostRun, plan, reply: dict) -> HostResult:
     """Nothing to write and no restart due: this server's last restart's window, judged again."""
-    reply = probe(srun.remote, srun.host, srun.job, [], content=False)
     last = (reply.get("ledger") or {}).get("last_restart")
     if not last:
         return srun.result(True, Status.ALREADY_APPLIED, f"{srun.name}: {plan.label} already applied; nothing "
@@ -84,13 +87,6 @@ def _verify_last(srun: HostRun, plan) -> HostResult:
                                 [plan.label], execution=view), already=True)
     result.details["restarted"] = False
     return result
-
-
-def restart_due(srun: HostRun, patch_name: str) -> str | None:
-    """Why this server must restart although the install needs no write (its own ledger slot and process)."""
-    from .deploying import restart_reason
-    reply = probe(srun.remote, srun.host, srun.job, [], content=False)
-    return restart_reason(reply.get("ledger") or {}, reply.get("server") or {}, patch_name)
 
 
 def combine(run: HostRun, results: list[tuple[str, HostResult]], label: str | None) -> HostResult:
@@ -105,7 +101,7 @@ def combine(run: HostRun, results: list[tuple[str, HostResult]], label: str | No
     lines = [head] + [f"  [{n}] " + r.message.replace("\n", "\n      ") for n, r in results]
     out = run.result(not failed, worst.status, "\n".join(lines), patch=label or worst.patch,
                      executed_path=worst.executed_path, markers=[m for _, r in results for m in r.markers])
-    out.details["servers"] = {n: dict(r.to_json(), duration_s=round(r.duration_s, 3)) for n, r in results}
+    out.details["servers"] = {n: r.to_json() for n, r in results}
     for key in ("router", "execution"):
         if key in worst.details:
             out.details[key] = worst.details[key]
