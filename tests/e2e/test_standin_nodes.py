@@ -14,7 +14,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,8 +25,7 @@ import pytest
 
 from fleetpatch.engines.base import LaunchConfig
 from fleetpatch.engines.sglang import PROFILE
-from fleetpatch_demo import standin
-from fleetpatch_demo.wheels import sglang_tree
+from support.standin_sites import standin_site
 
 READY = "The server is fired up and ready to roll!"
 DUMMY = "Dummy health check server started in background thread at 127.0.0.1:%d"
@@ -59,16 +57,6 @@ def free_port() -> int:
 def node_args(version: str, rank: int, port: int, dist_port: int) -> list[str]:
     return launch(version) + ["--tp-size", "2", "--nnodes", "2", "--node-rank", str(rank),
                               "--dist-init-addr", "127.0.0.1:%d" % dist_port, "--port", str(port)]
-
-
-def make_site(tmp_path: Path, name: str, version: str) -> Path:
-    site = tmp_path / name
-    shutil.copytree(sglang_tree(version), site)
-    for p in site.rglob("*"):
-        if p.is_file():
-            p.chmod(0o644)
-    shutil.copyfile(standin.__file__, site / "sglang_standin.py")
-    return site
 
 
 def mark_def(site: Path, version: str, method: str, text: str) -> str:
@@ -172,7 +160,7 @@ def prefixes(text: str) -> set[str]:
 
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.15"])
 def test_two_nodes_meet_and_each_runs_its_own_hosts_worker(tmp_path, start, version):
-    a, b = make_site(tmp_path, "host-a", version), make_site(tmp_path, "host-b", version)
+    a, b = standin_site(tmp_path / "host-a", version), standin_site(tmp_path / "host-b", version)
     cls = mark_def(b, version, "__init__", "PATCH-MARK host-b")
     mark_def(b, version, "forward_batch_generation", "STEP-MARK host-b")
     port0, port1, dist = free_port(), free_port(), free_port()
@@ -201,7 +189,7 @@ def test_two_nodes_meet_and_each_runs_its_own_hosts_worker(tmp_path, start, vers
 
 
 def test_node_zero_is_not_ready_until_node_one_joins(tmp_path, start):
-    a, b = make_site(tmp_path, "host-a", "0.5.9"), make_site(tmp_path, "host-b", "0.5.9")
+    a, b = standin_site(tmp_path / "host-a", "0.5.9"), standin_site(tmp_path / "host-b", "0.5.9")
     port0, port1, dist = free_port(), free_port(), free_port()
     n0 = start(a, node_args("0.5.9", 0, port0, dist), "node0.log")
     n0.wait_for("Init torch distributed begin.")
@@ -226,7 +214,7 @@ def test_node_zero_is_not_ready_until_node_one_joins(tmp_path, start):
 
 
 def test_node_one_serves_no_real_api_only_the_dummy_health_check(tmp_path, start):
-    a, b = make_site(tmp_path, "host-a", "0.5.9"), make_site(tmp_path, "host-b", "0.5.9")
+    a, b = standin_site(tmp_path / "host-a", "0.5.9"), standin_site(tmp_path / "host-b", "0.5.9")
     port0, port1, dist = free_port(), free_port(), free_port()
     n0 = start(a, node_args("0.5.9", 0, port0, dist), "node0.log")
     n1 = start(b, node_args("0.5.9", 1, port1, dist), "node1.log")
@@ -249,7 +237,7 @@ def test_a_failed_node_one_leaves_node_zero_serving(tmp_path, start):
     """FLEETPATCH_STANDIN_FAIL_RANK=1: node 1's scheduler dies after start, and node 0
     goes on answering /health 200 and /generate (upstream SGLang issue #3099). Both
     nodes get the same environment, as a fleet would: only rank 1 acts on it."""
-    a, b = make_site(tmp_path, "host-a", "0.5.9"), make_site(tmp_path, "host-b", "0.5.9")
+    a, b = standin_site(tmp_path / "host-a", "0.5.9"), standin_site(tmp_path / "host-b", "0.5.9")
     port0, port1, dist = free_port(), free_port(), free_port()
     env = {"FLEETPATCH_STANDIN_FAIL_RANK": "1", "FLEETPATCH_STANDIN_FAIL_AFTER_S": "0.5"}
     n0 = start(a, node_args("0.5.9", 0, port0, dist), "node0.log", env)
@@ -277,7 +265,7 @@ def test_a_failed_node_one_leaves_node_zero_serving(tmp_path, start):
 def test_a_rank_that_never_joins_times_the_rendezvous_out(tmp_path, start):
     """Node 0 alone: torch's TCPStore gives up waiting for clients; node 1 alone (its
     rank 0 never there): the client gives up connecting. Each exits 1 unready."""
-    site = make_site(tmp_path, "host-a", "0.5.9")
+    site = standin_site(tmp_path / "host-a", "0.5.9")
     env = {"FLEETPATCH_STANDIN_DIST_TIMEOUT": "1"}
     port0, port1, dist0, dist1 = free_port(), free_port(), free_port(), free_port()
     began = time.monotonic()
@@ -302,7 +290,7 @@ def test_node_one_goes_when_node_zero_does(tmp_path, start, version):
     """Before 0.5.21 node 0's end kills node 1's scheduler (its next gloo broadcast
     fails). From 0.5.21 a SIGTERM on node 1 is logged and it waits for node 0's
     ShutdownReq broadcast, which node 0 sends when it exits gracefully."""
-    a, b = make_site(tmp_path, "host-a", version), make_site(tmp_path, "host-b", version)
+    a, b = standin_site(tmp_path / "host-a", version), standin_site(tmp_path / "host-b", version)
     port0, port1, dist = free_port(), free_port(), free_port()
     env = {"FLEETPATCH_STANDIN_SIGTERM_POLL": "0.1"}
     n0 = start(a, node_args(version, 0, port0, dist), "node0.log", env)
@@ -333,7 +321,7 @@ def test_node_one_goes_when_node_zero_does(tmp_path, start, version):
 # ---------------------------------------------------------------------------
 
 def test_two_standins_from_one_package_dir_serve_on_two_ports_with_their_own_logs(tmp_path, start):
-    site = make_site(tmp_path, "site", "0.5.9")
+    site = standin_site(tmp_path / "site", "0.5.9")
     ports = free_port(), free_port()
     servers = [start(site, launch("0.5.9") + ["--port", str(p)], "server-%d.log" % p) for p in ports]
     for s in servers:

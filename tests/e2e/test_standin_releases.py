@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +24,7 @@ import pytest
 from fleetpatch.engines.base import LaunchConfig
 from fleetpatch.engines.sglang import PROFILE
 from fleetpatch.engines.sglang_facts import FACTS_DIR
-from fleetpatch_demo import standin
-from fleetpatch_demo.wheels import sglang_tree
+from support.standin_sites import standin_site
 
 READY = "The server is fired up and ready to roll!"
 EAGLE3 = ["--model-path", "/models/llama", "--speculative-algorithm", "EAGLE3",
@@ -46,16 +44,6 @@ def sync_line(version: str) -> str:
     (text,) = [e["text"] for e in facts(version)["routing_log_lines"]["lines"]
                if e["text"].startswith("Non-overlap (synchronous) spec v2 is used")]
     return text
-
-
-def make_site(tmp_path: Path, version: str) -> Path:
-    site = tmp_path / ("site-" + version)
-    shutil.copytree(sglang_tree(version), site)
-    for p in site.rglob("*"):
-        if p.is_file():
-            p.chmod(0o644)
-    shutil.copyfile(standin.__file__, site / "sglang_standin.py")
-    return site
 
 
 def mark_init(site: Path, rel_file: str, cls: str, text: str) -> None:
@@ -100,7 +88,7 @@ def test_standin_runs_the_release_routing(tmp_path, version, sync):
     launch = EAGLE3 + (SYNC if sync else [])
     predicted = PROFILE.predict(version, LaunchConfig(["python3", "-m", "sglang.launch_server", *launch], {}))
     assert predicted.starts and predicted.path and predicted.overlap is (not sync), predicted
-    site = make_site(tmp_path, version)
+    site = standin_site(tmp_path / ("site-" + version), version)
     mark_init(site, predicted.file, predicted.path, "STANDIN-RELEASE-MARK " + predicted.path)
     rc, log = run_until_ready(site, launch)
     assert rc is None and READY in log, log[-3000:]
@@ -125,7 +113,7 @@ def test_rust_server_prints_the_ready_line_from_0522(tmp_path, version):
     the release's facts name a Rust .so for), Python's http_server logs none and
     uvicorn does not run; 0.5.20 still logs Python's."""
     rust_in_facts = any(r["source"].endswith(".so") for r in facts(version)["ready"])
-    site = make_site(tmp_path, version)
+    site = standin_site(tmp_path / ("site-" + version), version)
     rc, log = run_until_ready(site, EAGLE3 + SYNC, extra_env={"SGLANG_RUST_SERVER": "1"})
     assert rc is None, log[-3000:]
     (ready,) = [line for line in log.splitlines() if READY in line]

@@ -7,10 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
+from support.waits import wait_for
 from support.localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from support.marks import needs_root
 from fleetpatch import steps
@@ -72,15 +72,6 @@ def test_after_a_server_that_crashed_at_start_verify_logs_and_deploy_restart_and
 
 
 # ------------------------------------------- 4: a log rotated by rename while verifying
-
-def wait_for(predicate, timeout: float = 20.0, step: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
-
 
 def test_a_log_renamed_away_during_verification_is_still_followed(lh):
     """logrotate (create, no copytruncate) renames the log while the server starts: the

@@ -32,6 +32,7 @@ from support import clockstep
 from support.marks import needs_fleet
 from support.operator import Operator
 from fleetpatch_demo import fleet as fleetmod
+from support.waits import wait_for
 from support.localhost import EAGLE, EAGLE_V2, LocalHost, job, sha256
 from fleetpatch import steps
 
@@ -417,15 +418,6 @@ def test_crash_loop(lh):
     assert r.status == "rolled-back", r.message
     record("crash loop", "restart", lh, pristine, r,
            lambda: steps.deploy(job(lh, "crash-in-init", on_failure="rollback")[0], lh.host()))
-
-
-def wait_for(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.parametrize("what", ["rotate", "truncate", "delete"])

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 
+from support.waits import wait_for
 from support.localhost import job
 from fleetpatch import steps
 
@@ -85,15 +86,6 @@ def test_a_200_mb_flood_before_the_marker_is_judged_to_the_end_and_verifies(lh):
     assert peaks["agent_kb"] < 100 * 1024, f"agent peak RSS {peaks['agent_kb']} kB"
     assert growth_mb < 150, f"the laptop grew {growth_mb:.0f} MB"
     assert not lh.lock.exists()
-
-
-def wait_for(predicate, timeout: float = 20.0, step: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
 
 
 BURST_MB = 200

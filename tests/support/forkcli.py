@@ -58,5 +58,7 @@ def run_many(cases: list[list[str]], cwd: Path, env: dict, timeout: float = 300)
                             capture_output=True, text=True, timeout=timeout)
     if parent.returncode != 0:
         raise AssertionError(f"the CLI's fork parent failed: {parent.stderr[-2000:]}")
+    results = json.loads(parent.stdout)
+    assert len(results) == len(cases), f"{len(cases)} runs asked, {len(results)} answered"
     return [subprocess.CompletedProcess(["fleetpatch", *argv], code, out, err)
-            for argv, (code, out, err) in zip(cases, json.loads(parent.stdout))]
+            for argv, (code, out, err) in zip(cases, results)]
