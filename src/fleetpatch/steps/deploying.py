@@ -71,7 +71,8 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
     if probe is not None:
         apply_req["probe"] = probe
     if run.host.servers and not job.no_restart:
-        run.remote.call("apply", dict(apply_req, restart=None))   # every server's restart is now pending
+        # every server's restart is now pending; the probe goes in with each server's restart, not here
+        run.remote.call("apply", {k: v for k, v in apply_req.items() if k != "probe"} | {"restart": None})
         return servers.deploy_each(run, plan, probe, applied=True)
     if job.no_restart:
         lock = run.lock
