@@ -302,7 +302,7 @@ FOLLOW_EVENTS = ("lines", "state", "server_info", "launch", "tick", "deadline")
 # Requests that can run long (a stop waits out the server's grace) say every TICK_S
 # that they still run, so the laptop tells a host at work from a stalled link.
 TICK_S = 1.0
-TICKING_OPS = ("apply", "restart", "rollback", "follow")
+TICKING_OPS = ("apply", "restart", "stop", "rollback", "follow")
 
 
 # ---------------------------------------------------------------- ledger

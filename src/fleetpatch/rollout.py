@@ -13,12 +13,14 @@ from typing import Callable
 
 from . import dialer, drain
 from .errors import Status
-from .inventory import Host
+from .inventory import Host, units_of
 from .steps import HostResult
 
 MAX_PARALLEL = 32
 
 HostFn = Callable[[Host], HostResult]
+# a node group's step: its ranks in rank order in, one result per rank out
+GroupFn = Callable[[list[Host]], list[HostResult]]
 
 
 def _plural(n: int, word: str) -> str:
@@ -29,8 +31,34 @@ _UNREACHABLE = {Status.UNREACHABLE, Status.HOST_KEY_REJECTED, Status.AUTH_FAILED
 
 
 def _failed(results: dict) -> list[HostResult]:
-    """The hosts that count against a failure budget: failed or unreachable, not skipped."""
+    """The hosts that failed or were unreachable, not skipped."""
     return [r for r in results.values() if not r.ok and r.status not in (Status.SKIPPED, Status.INTERRUPTED)]
+
+
+def _failed_units(results: dict) -> int:
+    """What a failure budget counts: each host alone, a node group once however many of its ranks failed."""
+    return len({r.details.get("node_group") or r.host for r in _failed(results)})
+
+
+def _tagged(result: HostResult, host: Host) -> HostResult:
+    """The result names the node group and rank of a host that runs one (the report's node_group, node_rank)."""
+    if host.node_group is not None:
+        result.details.setdefault("node_group", host.node_group)
+        result.details.setdefault("node_rank", host.node_rank)
+    return result
+
+
+def _over_budget(budget: int, failures: int, grouped: bool) -> str:
+    what = _plural(failures, "host") if not grouped else \
+        f"{_plural(failures, 'unit')} (a host, or a node group counted once)"
+    return (f"more than --max-failures {budget}: {what} had failed "
+            f"or {'was' if failures == 1 else 'were'} unreachable when the stop came")
+
+
+def _run_unit(unit: list[Host], fn: HostFn, group_fn: GroupFn | None) -> list[HostResult]:
+    if group_fn is not None and len(unit) > 1:
+        return [_tagged(r, h) for r, h in zip(group_fn(unit), unit)]
+    return [_tagged(fn(h), h) for h in unit]
 
 
 @dataclass
@@ -72,30 +100,32 @@ def default_parallel(n_hosts: int, parallel: int | None) -> int:
 
 
 def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop: Stop,
-              budget: int | None = None, on_result: Callable[[HostResult], None] | None = None) -> None:
-    """Run `fn` on hosts, at most `parallel` at once. With a `budget`, stop
-    starting hosts once more than `budget` have failed (counted over `results`)."""
-    pending = list(hosts)
-    in_flight: dict[Future, Host] = {}
+              budget: int | None = None, group_fn: GroupFn | None = None) -> None:
+    """Run `fn` on hosts, at most `parallel` units at once: with a `group_fn`, a node group's
+    ranks are one unit that it runs; without, each host is its own. With a `budget`, stop
+    starting units once more than `budget` have failed (counted over `results`)."""
+    pending = units_of(hosts) if group_fn is not None else [[h] for h in hosts]
+    grouped = any(len(u) > 1 for u in pending)
+    in_flight: dict[Future, list[Host]] = {}
+
+    def take(fut: Future, unit: list[Host]) -> None:
+        for host, result in zip(unit, fut.result()):
+            results[host.name] = result
+
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="fleetpatch") as pool:
         try:
             while pending or in_flight:
                 while pending and len(in_flight) < parallel and stop.reason is None:
-                    host = pending.pop(0)
-                    in_flight[pool.submit(fn, host)] = host
+                    unit = pending.pop(0)
+                    in_flight[pool.submit(_run_unit, unit, fn, group_fn)] = unit
                 if not in_flight:
                     break
                 done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    host = in_flight.pop(fut)
-                    result = fut.result()
-                    results[host.name] = result
-                    if on_result:
-                        on_result(result)
-                    failures = len(_failed(results))
+                    take(fut, in_flight.pop(fut))
+                    failures = _failed_units(results)
                     if budget is not None and failures > budget:
-                        stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed "
-                                 f"or {'was' if failures == 1 else 'were'} unreachable when the stop came")
+                        stop.set(_over_budget(budget, failures, grouped))
         except KeyboardInterrupt:
             drain.INTERRUPTED.set()   # a host still draining goes back into its routers untouched
             dialer.abort_first_contacts()   # a host still connecting is left untouched at once
@@ -108,12 +138,12 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
                 except KeyboardInterrupt:
                     continue
                 for fut in done:
-                    host = in_flight.pop(fut)
-                    results[host.name] = fut.result()
+                    take(fut, in_flight.pop(fut))
         finally:
             dialer.reset_first_contacts()   # the next stage, or run in this process, starts un-aborted
-    for host in pending:
-        results.setdefault(host.name, _skipped(host, stop))
+    for unit in pending:
+        for host in unit:
+            results.setdefault(host.name, _tagged(_skipped(host, stop), host))
 
 
 def _skipped(host: Host, stop: Stop) -> HostResult:
@@ -121,10 +151,12 @@ def _skipped(host: Host, stop: Stop) -> HostResult:
     return HostResult(host.name, False, Status.SKIPPED, f"{host.name}: not started ({why}); untouched")
 
 
-def run_all(hosts: list[Host], fn: HostFn, parallel: int | None) -> tuple[dict, Stop]:
+def run_all(hosts: list[Host], fn: HostFn, parallel: int | None,
+            group_fn: GroupFn | None = None) -> tuple[dict, Stop]:
+    """`fn` on every host, at most `parallel` units at once; `group_fn` on each node group's ranks."""
     results: dict = {}
     stop = Stop()
-    run_stage(hosts, fn, default_parallel(len(hosts), parallel), results, stop)
+    run_stage(hosts, fn, default_parallel(len(units_of(hosts)), parallel), results, stop, group_fn=group_fn)
     return {h.name: results[h.name] for h in hosts}, stop
 
 
@@ -136,7 +168,7 @@ def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult
     run_stage(good, lambda h: bake(h, results[h.name]), max(1, len(good)), baked, Stop())
     for name, r in baked.items():
         results[name] = r
-    failures = len(_failed(results))
+    failures = _failed_units(results)
     if failures > budget and stop.reason is None:
         stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed (bake included)")
 
@@ -144,23 +176,27 @@ def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult
 def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int | None,
                 batch: int | None) -> tuple[list[list[Host]], bool]:
     """The canary stage (if any), then batches, in inventory order; and whether
-    the first stage is a canary."""
+    the first stage is a canary. A node group is one unit: all of its ranks are in one
+    stage, it counts once towards --canary N and --batch N, and it is in the canary
+    when the `canary` group names any of its hosts."""
+    units = units_of(hosts)
     if canary_group and canary != 0:
-        first = [h for h in hosts if h.name in canary_group]
+        first = [u for u in units if any(h.name in canary_group for h in u)]
     else:
         n = 1 if canary is None else max(0, canary)
-        first = hosts[:n]
-    rest = [h for h in hosts if h not in first]
+        first = units[:n]
+    rest = [u for u in units if u not in first]
     stages = [first] if first else []
     size = batch if batch and batch > 0 else max(1, len(rest))
     for i in range(0, len(rest), size):
         stages.append(rest[i:i + size])
-    return stages, bool(first)
+    return [[h for u in stage for h in u] for stage in stages], bool(first)
 
 
 def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, canary: int | None,
             batch: int | None, parallel: int | None, max_failures: int,
-            bake: Callable[[Host, HostResult], HostResult] | None = None) -> tuple[dict, Stop, list[list[str]]]:
+            bake: Callable[[Host, HostResult], HostResult] | None = None,
+            group_fn: GroupFn | None = None) -> tuple[dict, Stop, list[list[str]]]:
     """`bake(host, result)`: after each stage, the result of watching each host that
     succeeded (--bake); a host failing it counts against the budget like any failure."""
     stages, has_canary = plan_stages(hosts, canary_group, canary, batch)
@@ -170,8 +206,8 @@ def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, ca
         if stop.reason is not None:
             break
         is_canary = has_canary and i == 0
-        run_stage(stage, fn, default_parallel(len(stage), parallel), results, stop,
-                  budget=0 if is_canary else max_failures)
+        run_stage(stage, fn, default_parallel(len(units_of(stage)), parallel), results, stop,
+                  budget=0 if is_canary else max_failures, group_fn=group_fn)
         if bake is not None and not stop.interrupted:
             _bake_stage(stage, bake, results, stop, 0 if is_canary else max_failures)
         bad = [h.name for h in stage if not results[h.name].ok] if is_canary else []
@@ -180,5 +216,5 @@ def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, ca
             stop.reason = None
             stop.set(f"the canary failed ({', '.join(f'{n}: {results[n].status}' for n in bad)})")
     for h in hosts:
-        results.setdefault(h.name, _skipped(h, stop))
+        results.setdefault(h.name, _tagged(_skipped(h, stop), h))
     return {h.name: results[h.name] for h in hosts}, stop, [[h.name for h in s] for s in stages]

@@ -75,3 +75,16 @@ def test_a_new_release_starts_from_the_previous_reviewed_facts_pending_review(tm
     diff = sglang_wheel.differences(old, new)
     assert any(d.startswith("+ extracted.dispatch.branches.platform_worker_cls") for d in diff), diff
     assert diff[-1].endswith("line numbers moved)")
+
+
+@pytest.mark.pypi
+@pytest.mark.parametrize("version", SHIPPED)
+def test_a_rank_above_0_logs_the_node_ready_line_in_every_release(version):
+    """A multi-node server's ranks above 0 are judged up by launch_dummy_health_check_server's line."""
+    import zipfile
+    with zipfile.ZipFile(wheel(version)) as z:
+        common = z.read("sglang/srt/utils/common.py").decode()
+        engine = z.read("sglang/srt/entrypoints/engine.py").decode()
+    body = common[common.index("def launch_dummy_health_check_server"):]
+    assert f'f"{PROFILE.node_ready_line}' in body.split("\ndef ", 1)[0]
+    assert "launch_dummy_health_check_server(" in engine.split("node_rank >= 1", 1)[1][:4000]

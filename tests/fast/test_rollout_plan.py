@@ -3,8 +3,8 @@ from fleetpatch.rollout import plan_stages
 
 
 class H:
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, node_group=None, node_rank=None):
+        self.name, self.node_group, self.node_rank = name, node_group, node_rank
 
     def __repr__(self):
         return self.name
@@ -35,3 +35,14 @@ def test_canary_zero_skips_the_canary_stage_even_with_a_group():
 def test_a_canary_group_outside_the_selection_is_no_canary():
     stages, canary = plan_stages(HOSTS[:3], ["h5"], None, None)
     assert not canary and names(stages) == [["h0", "h1", "h2"]]
+
+
+def test_a_node_group_is_one_unit_in_the_canary_and_the_batches():
+    """Its ranks stay together in one stage, in rank order, and count once towards --canary and --batch."""
+    fleet = [H("b1", "kimi", 1), H("a1"), H("b0", "kimi", 0), H("a2"), H("a3"), H("a4")]
+    stages, canary = plan_stages(fleet, None, None, 2)
+    assert canary and names(stages) == [["b0", "b1"], ["a1", "a2"], ["a3", "a4"]]
+    stages, _ = plan_stages(fleet, ["b1"], None, 3)   # the canary group names one rank: the whole group goes
+    assert names(stages) == [["b0", "b1"], ["a1", "a2", "a3"], ["a4"]]
+    stages, _ = plan_stages(fleet, None, 2, None)
+    assert names(stages) == [["b0", "b1", "a1"], ["a2", "a3", "a4"]]

@@ -41,7 +41,7 @@ from .package import dist_info_version
 from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
 
 # ops that read or act on the container (the others touch only the state dir on the host, or HTTP)
-CONTAINER_OPS = ("probe", "apply", "rollback", "restart", "follow", "smoke", "bake")
+CONTAINER_OPS = ("probe", "apply", "rollback", "restart", "stop", "follow", "smoke", "bake")
 
 SITE_DIRS = ("/usr/local/lib/python3*/dist-packages", "/usr/lib/python3/dist-packages",
              "/usr/local/lib/python3*/site-packages", "/usr/lib/python3*/site-packages",
@@ -283,10 +283,8 @@ def command_pid(restart):
     return host_pid(info, inner) if inner else None
 
 
-def restart_command(restart, log):
-    """Stop the server started in the container (TERM, KILL after stop_grace), note where its
-    log (a file in the container, read from the host) ends, start it again with `exec -d`."""
-    info = restart["_container"]
+def stop_command(restart):
+    """Stop the server started in the container: TERM, KILL after stop_grace."""
     pid = command_pid(restart)
     extra = {"stopped": None}
     if pid_alive(pid):
@@ -296,6 +294,14 @@ def restart_command(restart, log):
             os.kill(pid, signal.SIGKILL)
             wait_pid_gone(pid, 5)
             extra["signal"] = "KILL"
+    return extra
+
+
+def restart_command(restart, log):
+    """Stop the server started in the container (TERM, KILL after stop_grace), note where its
+    log (a file in the container, read from the host) ends, start it again with `exec -d`."""
+    info = restart["_container"]
+    extra = stop_command(restart)
     pos = log_position(log)
     pidfile = info["root"] + restart["pidfile"]
     if os.path.exists(pidfile):

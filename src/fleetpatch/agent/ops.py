@@ -16,7 +16,7 @@ from .logs import LogFollower, find_inode
 from .package import package_dir, package_version
 from .probing import install_probe, remove_stale
 from .procs import pid_alive, proc_launch
-from .restart import log_position, restart_server, server_pid
+from .restart import log_position, restart_server, server_pid, stop_server
 
 
 def op_probe(state, req):
@@ -177,6 +177,15 @@ def op_restart(state, req):
     ledger = load_ledger(req)
     probe = install_probe(state, req)
     out = {"restart": restart_server(req, ledger, req.get("reason", "restart")), "probe": probe}
+    save_ledger(req, ledger)
+    return out
+
+
+def op_stop(state, req):
+    """Stop the server, its restart left pending (the ranks of a multi-node server: all stop, then all start)."""
+    check_lock(req)
+    ledger = load_ledger(req)
+    out = {"stop": stop_server(req, ledger, req.get("reason", "stop"))}
     save_ledger(req, ledger)
     return out
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from .container import command_pid, container_pid, note, restart_command, restart_container
+from .container import command_pid, container_pid, note, restart_command, restart_container, stop_command
 from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, protocol, read_bytes
 from .package import find_spec
 from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
@@ -333,4 +333,35 @@ def restart_server(req, ledger, reason):
         ledger["container"] = note(result["container"])
     ledger["restart_pending"] = False
     result.update({"pid": pid, "inode": pos["inode"], "offset": pos["offset"]})
+    return result
+
+
+def stop_server(req, ledger, reason):
+    """Stop the server and leave it stopped, its restart pending: a multi-node server's ranks
+    are all stopped before any is started again (the restart that follows starts it). A run
+    that ends between the two leaves the pending restart for the next one to do."""
+    restart = dict(req["restart"], state_dir=req.get("state_dir"), server=req.get("server_name"))
+    kind = restart.get("kind", "command")
+    if kind == "command" and restart.get("_container"):
+        result = stop_command(restart)
+    elif kind == "command":
+        result = stop_command_server(restart)
+    elif kind == "systemd":
+        argv = ["systemctl", "stop", "--", restart["unit"]]
+        rc, out = run_tool(argv)
+        if rc != 0:
+            raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()))
+        result = {"unit": restart["unit"]}
+    elif kind == "supervisor":
+        argv = supervisor_argv(restart, "stop", supervisorctl_command())
+        rc, out = run_tool(argv)
+        if parse_supervisor_result(out, restart["program"]) not in ("stopped", "not running"):
+            raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()
+                                                                              or "no output"))
+        result = {"program": restart["program"]}
+    else:
+        raise AgentError("error", "a server of restart kind %r is not stopped apart from its start" % kind)
+    ledger["restart_pending"] = True
+    ledger["stopped"] = {"at": now_iso(), "reason": reason}
+    result["kind"] = kind
     return result

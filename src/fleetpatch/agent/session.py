@@ -20,7 +20,7 @@ from .container import attach
 from .base import AgentError, atomic_write, now_iso, protocol, read_json, state_path
 from .follow import Follow
 from .lock import LOCK_BUSY, LOCK_LOST, read_lock, release_lock
-from .ops import op_apply, op_probe, op_record, op_restart, op_rollback, op_unlock
+from .ops import op_apply, op_probe, op_record, op_restart, op_rollback, op_stop, op_unlock
 from .probing import op_probe_off, remove_own
 from .procs import own_start
 from .serving import op_bake, op_drain, op_smoke
@@ -95,7 +95,7 @@ def op_follow(state, req):
 
 
 OPS = types.MappingProxyType({"probe": op_probe, "apply": op_apply, "restart": op_restart, "rollback": op_rollback,
-                              "record": op_record, "unlock": op_unlock, "follow": op_follow,
+                              "stop": op_stop, "record": op_record, "unlock": op_unlock, "follow": op_follow,
                               "drain": op_drain, "smoke": op_smoke, "bake": op_bake, "probe_off": op_probe_off})
 
 

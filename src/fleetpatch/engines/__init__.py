@@ -14,7 +14,7 @@ import pkgutil
 from typing import Dict, Iterable, Tuple
 
 from ..errors import UsageError
-from .base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Resolution, Signature
+from .base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Resolution, Signature, for_node_rank
 
 DEFAULT_KIND = "sglang"   # what an inventory without engine.kind means (inventory.py says the same)
 
@@ -85,5 +85,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["get", "register", "kinds", "for_hosts", "KINDS", "DEFAULT_KIND", "UnknownEngine", "EngineProfile",
+__all__ = ["get", "for_node_rank", "register", "kinds", "for_hosts", "KINDS", "DEFAULT_KIND", "UnknownEngine", "EngineProfile",
            "LaunchConfig", "Prediction", "Evidence", "Facts", "Resolution", "Signature"]

@@ -137,6 +137,8 @@ class EngineProfile:
     kind: str = ""                      # the inventory's engine.kind, e.g. "sglang"
     package: str = ""                   # the import package whose files patches change
     ready_line: str = ""                # the log line that says the server accepts requests
+    # what a rank above 0 of a multi-node server logs once its schedulers are up ('' : the engine has none)
+    node_ready_line: str = ""
     log_prefix: Optional[re.Pattern] = None   # what the engine puts before each message
     launch_env_prefixes: Tuple[str, ...] = ()   # environment variables read from /proc (the rest may be secret)
     fact_keys: Tuple[str, ...] = ()     # the settings that pick the path, in the order messages name them
@@ -211,3 +213,24 @@ class EngineProfile:
 
     def resolve(self, version: Optional[str], values: Dict[str, object]) -> Resolution:
         raise NotImplementedError
+
+
+class NodeRankView:
+    """A rank above 0 of a multi-node server, as verification reads the profile: it serves no
+    HTTP, so its log never has the ready line; its own "up" line (`node_ready_line`) stands in
+    for it. Everything else is the profile's."""
+
+    def __init__(self, profile: EngineProfile, rank: int):
+        self._profile, self.node_rank = profile, rank
+
+    @property
+    def ready_line(self) -> str:
+        return self._profile.node_ready_line or self._profile.ready_line
+
+    def __getattr__(self, name: str):
+        return getattr(self._profile, name)
+
+
+def for_node_rank(profile: EngineProfile, rank: Optional[int]):
+    """The profile as a rank of a multi-node server reads it (rank 0 and a one-host server: itself)."""
+    return NodeRankView(profile, rank) if rank else profile

@@ -76,6 +76,8 @@ ENV_SPEC_V2 = "SGLANG_ENABLE_SPEC_V2"
 ENV_TRUE = ("true", "1", "yes", "y")
 ENV_FALSE = ("false", "0", "no", "n")
 READY_LINE = "The server is fired up and ready to roll!"
+# launch_dummy_health_check_server (utils/common.py, every release 0.5.7+), on a rank above 0
+NODE_READY_LINE = "Dummy health check server started in background thread at "
 DUMP_PREFIX = "server_args=ServerArgs("          # the dataclass repr, up to 0.5.18
 DUMP_DICT_PREFIX = "server_args={"               # resolved_dict(), 0.5.19+ (redacted from 0.5.22)
 TRACEBACK = facts.TRACEBACK
@@ -261,6 +263,7 @@ class SGLangProfile(EngineProfile):
     kind = "sglang"
     package = "sglang"
     ready_line = READY_LINE
+    node_ready_line = NODE_READY_LINE
     # "[2026-01-05 10:11:12 DP0 TP0] ": logging's time, then the data/tensor parallel ranks
     log_prefix = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}[^\]]*\] ")
     # SGLANG_ENABLE_SPEC_V2 routes the worker; the rest of a server's environment may hold secrets

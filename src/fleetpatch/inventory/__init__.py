@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import UsageError
 from ..router import RouterConf, SmokeConf, build_router_conf, check_router_section
+from .nodes import parse_nodes, refuse_partial
 from .checks import (InventoryError, ENV_VAR, DEFAULT_STATE_DIR_ROOT, DEFAULT_STATE_DIR_USER, RESTART_KINDS,
                      RUNTIMES, CONTAINER_LOG, HOST_AGENT_PYTHON, _GATEWAY, _HOST_NAME, _HOST_SCHEMA, _V,
                      _check_section, _did_you_mean, _expand, _got, _keyname, _merge, _names, _or, load_yaml)
@@ -35,6 +36,7 @@ __all__ = [
     "Host",
     "Inventory",
     "load_inventory",
+    "units_of",
     "parse_inventory",
     "resolve_inventory_path",
     "load_yaml",
@@ -114,6 +116,8 @@ class Host:
     # `servers:` (several servers sharing the host's install), in file order; () for the one-server form
     servers: Tuple[Tuple[str, "ServerConf"], ...] = ()
     server_name: Optional[str] = None      # a view of one server (server_views): which; None: the host as a whole
+    node_group: Optional[str] = None       # `nodes:`: the multi-node server this host runs a rank of
+    node_rank: Optional[int] = None        # its --node-rank (0 serves HTTP, takes the drain and the smoke request)
 
     def server_views(self) -> List["Host"]:
         """One Host per server of `servers`, each with that server as its `server` (the host itself
@@ -135,13 +139,18 @@ class Inventory:
     path: Path
     hosts: Dict[str, Host]                 # in file order
     groups: Dict[str, List[str]]           # in file order; "all" is implicit
+    # `nodes:`: each multi-node server's hosts in node-rank order; --group selects one by its name
+    node_groups: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
 
     def group(self, name: str) -> List[Host]:
         if name == "all":
             return list(self.hosts.values())
+        if name in self.node_groups:
+            return [self.hosts[n] for n in self.node_groups[name]]
         if name not in self.groups:
-            raise UsageError(f"unknown group {name!r}{_did_you_mean(name, self.groups)}; "
-                             f"groups in {self.path}: {_names(['all', *self.groups])}")
+            known = [*self.groups, *self.node_groups]
+            raise UsageError(f"unknown group {name!r}{_did_you_mean(name, known)}; "
+                             f"groups in {self.path}: {_names(['all', *known])}")
         members = set(self.groups[name])
         return [h for n, h in self.hosts.items() if n in members]
 
@@ -163,6 +172,8 @@ class Inventory:
             chosen = self.group(group)
             if not chosen:
                 raise UsageError(f"group {group!r} in {self.path} has no hosts")
+            if changes_hosts:
+                refuse_partial(chosen, self.node_groups)
             return chosen
         names = [n.strip() for n in hosts.split(",") if n.strip()]
         if not names:
@@ -174,7 +185,28 @@ class Inventory:
                 f"unknown host{'s' if len(unknown) > 1 else ''} {', '.join(repr(n) for n in unknown)}{hint}; "
                 f"known hosts in {self.path}: {_names(self.hosts)}")
         wanted = set(names)
-        return [h for n, h in self.hosts.items() if n in wanted]
+        chosen = [h for n, h in self.hosts.items() if n in wanted]
+        if changes_hosts:
+            refuse_partial(chosen, self.node_groups)
+        return chosen
+
+
+def units_of(hosts: Sequence[Host]) -> List[List[Host]]:
+    """`hosts` as the units a command changes: a host alone, or a node group's selected ranks
+    in rank order, at the place of its first rank in `hosts`."""
+    out: List[List[Host]] = []
+    placed: Dict[str, List[Host]] = {}
+    for h in hosts:
+        if h.node_group is None:
+            out.append([h])
+        elif h.node_group in placed:
+            placed[h.node_group].append(h)
+        else:
+            placed[h.node_group] = [h]
+            out.append(placed[h.node_group])
+    for unit in placed.values():
+        unit.sort(key=lambda h: h.node_rank)
+    return out
 
 
 def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] = None) -> Host:
@@ -436,9 +468,9 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
     if not isinstance(doc, dict):
         raise v.fail(None, f"expected a mapping with 'hosts:' at the top, got {_got(doc)}")
     for k in doc:
-        if k not in ("defaults", "groups", "hosts"):
-            hint = _did_you_mean(str(k), ("defaults", "groups", "hosts"))
-            raise v.fail(_keyname(k), f"unknown key{hint}; the top level has defaults, groups and hosts")
+        if k not in ("defaults", "groups", "hosts", "nodes"):
+            hint = _did_you_mean(str(k), ("defaults", "groups", "hosts", "nodes"))
+            raise v.fail(_keyname(k), f"unknown key{hint}; the top level has defaults, groups, nodes and hosts")
 
     defaults = _check_section(v, "defaults", doc.get("defaults") or {}, _HOST_SCHEMA)
     if defaults.get("servers"):
@@ -487,7 +519,14 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
         for n in names:
             member_of[n].append(gname)
     hosts = {n: _replace(h, groups=tuple(member_of[n])) for n, h in hosts.items()}
-    return Inventory(path=path if path is not None else Path(file), hosts=hosts, groups=groups)
+    node_groups = parse_nodes(v, doc.get("nodes"), hosts, groups)
+    for gname, members in node_groups.items():
+        for rank, n in enumerate(members):
+            # ranks above 0 serve no HTTP (at most a dummy /health): no router lists them
+            hosts[n] = _replace(hosts[n], node_group=gname, node_rank=rank,
+                                router=hosts[n].router if rank == 0 else None)
+    return Inventory(path=path if path is not None else Path(file), hosts=hosts, groups=groups,
+                     node_groups=node_groups)
 
 
 def _resolve_via(v: "_V", host: Host, hosts: Dict[str, Host], written_at: str) -> RouterConf:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .. import dialer, lockview, protocol
 from ..engines import LaunchConfig
+from ..engines import for_node_rank
 from ..engines import get as get_profile
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult, base_request, split_command
@@ -79,7 +80,7 @@ class HostRun:
 
     @property
     def profile(self):
-        return get_profile(self.host.engine.kind)
+        return profile_of(self.host)
 
     @property
     def timeout(self) -> float:
@@ -131,6 +132,11 @@ def host_step(fn: Callable[[HostRun], HostResult]):
 
 
 # ----------------------------------------------------------------- helpers
+
+def profile_of(host: Host):
+    """The host's engine profile, as its node rank reads it (a rank above 0 has its own "up" line)."""
+    return for_node_rank(get_profile(host.engine.kind), host.node_rank)
+
 
 def inventory_launch(host: Host) -> LaunchConfig:
     r = host.server.restart

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import protocol
 from ..engines import LaunchConfig
-from ..engines import get as get_profile
 from ..errors import Status
 from ..hostcalls import HostResult, base_request
 from ..inventory import Host
-from .context import HostRun, Job, server_info_url
+from .context import HostRun, Job, profile_of, server_info_url
 
 if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
     from .. import evidence
@@ -267,9 +266,16 @@ class Judging:
         subject = evidence.Subject(self.run.profile, self.run.version, self.events.launch, self.run.name,
                                    self.run.job.settle_s)
         view = self.watch.execution
-        vs = [evidence.judge(obs, subject, evidence.Check.of(p, label, self.watch.want_markers, view is not None))
-              for p, label in zip(self.watch.patches, self.watch.labels)]
+        vs = [evidence.judge(obs, subject, self._check(p, label)) for p, label in zip(self.watch.patches,
+                                                                                       self.watch.labels)]
         return vs if view is None else [self._with_execution(v, label, obs) for v, label in zip(vs, self.watch.labels)]
+
+    def _check(self, patch, label: str):
+        from .. import evidence
+        check = evidence.Check.of(patch, label, self.watch.want_markers, self.watch.execution is not None)
+        if self.run.host.node_rank:   # the expect lines are rank 0's to log: it alone runs the HTTP side
+            check.expect = []
+        return check
 
     def _with_execution(self, v: evidence.Verdict, label: str, obs: evidence.Observation) -> evidence.Verdict:
         """The markers' verdict with what the probe saw (steps/execution.py)."""
@@ -354,8 +360,9 @@ def ledger_update(judging: Judging, check: str = "deploy") -> protocol.LedgerUpd
 def follow_request(host: Host, job: Job, start: dict, timeout: float, probe: bool = False) -> protocol.FollowRequest:
     """The follow of the log window `start` (or protocol.AFTER_RESTART); `probe`: stream the probe's records too."""
     req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
-                                 pid=start.get("pid"), timeout=timeout, ready_line=get_profile(host.engine.kind).ready_line,
-                                 server_info_url=server_info_url(host.server.health_url))
+                                 pid=start.get("pid"), timeout=timeout, ready_line=profile_of(host).ready_line,
+                                 # a rank above 0 answers only the dummy /health
+                                 server_info_url=None if host.node_rank else server_info_url(host.server.health_url))
     if start.get("after_restart"):
         req["after_restart"] = True
     if probe:
