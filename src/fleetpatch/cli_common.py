@@ -282,8 +282,9 @@ def make_drainer(selected, stages, router: dict | None, preflight: bool = True, 
 
 
 def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=False, router: dict | None = None,
-              **job_kw) -> None:
-    """Run `step` over the selected hosts, at most --parallel at once, and finish."""
+              group_step=None, **job_kw) -> None:
+    """Run `step` over the selected hosts, at most --parallel at once, and finish; `group_step`
+    runs each node group's ranks together."""
     parallel_n = count("parallel", flags.parallel, minimum=1)
     job_kw["timeout"] = seconds("timeout", job_kw.get("timeout"))
     inv, selected, dirs, patch_obj, rev = prepare(inventory=flags.inventory, hosts=flags.hosts, group=flags.group,
@@ -302,5 +303,7 @@ def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=
                     inventory_arg=flags.inventory, accept_new_host_keys=flags.accept_new_host_keys, **job_kw)
     with rep.View(task_name, [h.name for h in selected], console=console) as view:
         job.progress = view.progress
-        results, stop = fleet.run_all(selected, functools.partial(step, job), parallel_n)
+        fn = (fleet.by_unit(functools.partial(step, job), functools.partial(group_step, job)) if group_step
+              else fleet.each_host(functools.partial(step, job)))
+        results, stop = fleet.run_all(selected, fn, parallel_n)
     finish(console, task_name, results, started, flags, stop)

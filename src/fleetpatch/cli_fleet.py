@@ -65,7 +65,8 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
                 view.stage(h.name, "canary" if canary_stage else f"batch {k} of {n_batches}")
 
         results, stop, stages = fleet.rollout(
-            selected, functools.partial(steps.deploy, job), canary_group=canary_group, canary=canary_n,
+            selected, fleet.by_unit(functools.partial(steps.deploy, job), functools.partial(steps.deploy_nodes, job)),
+            canary_group=canary_group, canary=canary_n,
             batch=batch_n, parallel=parallel_n, max_failures=budget,
             bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None)
     finish(console, "rollout", results, started, Common(report=report, verbose=verbose), stop,

@@ -44,7 +44,7 @@ def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=N
               patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, no_restart=no_restart,
               timeout=timeout, on_failure=choice("on-failure", on_failure, ("keep", "rollback")), force=force,
               break_lock=break_lock, router=router_settings(drain_timeout, max_unavailable, no_router or no_restart),
-              probe=not no_probe)
+              probe=not no_probe, group_step=steps.deploy_nodes)
 
 
 @command(help=helps(*COMMON, "patch", "timeout", no_probe=HELP["no_probe"]))
@@ -65,7 +65,7 @@ def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None,
     run_hosts("rollback", steps.rollback,
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
               patch=patch, changes_hosts=True, timeout=timeout, force=force, break_lock=break_lock,
-              router=router_settings(drain_timeout, max_unavailable, no_router))
+              router=router_settings(drain_timeout, max_unavailable, no_router), group_step=steps.rollback_nodes)
 
 
 @command(help=helps(*COMMON))
@@ -79,7 +79,7 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     started = rep.now_iso()
     job = steps.Job(hosts_by_name=inv.hosts, patch_dirs=dirs, accept_new_host_keys=accept_new_host_keys,
                     inventory_arg=inventory)
-    results, stop = fleet.run_all(selected, functools.partial(steps.status, job), parallel_n)
+    results, stop = fleet.run_all(selected, fleet.each_host(functools.partial(steps.status, job)), parallel_n)
     console.print(rep.status_table(results))
     ok = all(r.ok for r in results.values())
     if report:

@@ -55,10 +55,23 @@ def _over_budget(budget: int, failures: int, grouped: bool) -> str:
             f"or {'was' if failures == 1 else 'were'} unreachable when the stop came")
 
 
-def _run_unit(unit: list[Host], fn: HostFn, group_fn: GroupFn | None) -> list[HostResult]:
-    if group_fn is not None and len(unit) > 1:
+UnitFn = Callable[[list[Host]], list[HostResult]]
+
+
+def each_host(fn: HostFn) -> UnitFn:
+    """A step of one host as the step of a unit: each of its hosts in turn."""
+    def unit_fn(unit: list[Host]) -> list[HostResult]:
+        return [_tagged(fn(h), h) for h in unit]
+    return unit_fn
+
+
+def by_unit(fn: HostFn, group_fn: GroupFn) -> UnitFn:
+    """A host alone by `fn`; a node group's ranks together by `group_fn`."""
+    def unit_fn(unit: list[Host]) -> list[HostResult]:
+        if len(unit) == 1 and unit[0].node_group is None:
+            return [fn(unit[0])]
         return [_tagged(r, h) for r, h in zip(group_fn(unit), unit)]
-    return [_tagged(fn(h), h) for h in unit]
+    return unit_fn
 
 
 @dataclass
@@ -99,12 +112,12 @@ def default_parallel(n_hosts: int, parallel: int | None) -> int:
     return parallel
 
 
-def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop: Stop,
-              budget: int | None = None, group_fn: GroupFn | None = None) -> None:
-    """Run `fn` on hosts, at most `parallel` units at once: with a `group_fn`, a node group's
-    ranks are one unit that it runs; without, each host is its own. With a `budget`, stop
-    starting units once more than `budget` have failed (counted over `results`)."""
-    pending = units_of(hosts) if group_fn is not None else [[h] for h in hosts]
+def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop: Stop,
+              budget: int | None = None) -> None:
+    """Run `fn` on the units of `hosts` (a host alone, or a node group's ranks), at most
+    `parallel` units at once. With a `budget`, stop starting units once more than `budget`
+    have failed (counted over `results`)."""
+    pending = units_of(hosts)
     grouped = any(len(u) > 1 for u in pending)
     in_flight: dict[Future, list[Host]] = {}
 
@@ -117,7 +130,7 @@ def run_stage(hosts: list[Host], fn: HostFn, parallel: int, results: dict, stop:
             while pending or in_flight:
                 while pending and len(in_flight) < parallel and stop.reason is None:
                     unit = pending.pop(0)
-                    in_flight[pool.submit(_run_unit, unit, fn, group_fn)] = unit
+                    in_flight[pool.submit(fn, unit)] = unit
                 if not in_flight:
                     break
                 done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
@@ -151,12 +164,11 @@ def _skipped(host: Host, stop: Stop) -> HostResult:
     return HostResult(host.name, False, Status.SKIPPED, f"{host.name}: not started ({why}); untouched")
 
 
-def run_all(hosts: list[Host], fn: HostFn, parallel: int | None,
-            group_fn: GroupFn | None = None) -> tuple[dict, Stop]:
-    """`fn` on every host, at most `parallel` units at once; `group_fn` on each node group's ranks."""
+def run_all(hosts: list[Host], fn: UnitFn, parallel: int | None) -> tuple[dict, Stop]:
+    """`fn` on every unit of `hosts`, at most `parallel` at once."""
     results: dict = {}
     stop = Stop()
-    run_stage(hosts, fn, default_parallel(len(units_of(hosts)), parallel), results, stop, group_fn=group_fn)
+    run_stage(hosts, fn, default_parallel(len(units_of(hosts)), parallel), results, stop)
     return {h.name: results[h.name] for h in hosts}, stop
 
 
@@ -165,7 +177,7 @@ def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult
     """Watch the stage's successful hosts at once; failures join the stage's results."""
     good = [h for h in stage if results[h.name].ok]
     baked: dict = {}
-    run_stage(good, lambda h: bake(h, results[h.name]), max(1, len(good)), baked, Stop())
+    run_stage(good, each_host(lambda h: bake(h, results[h.name])), max(1, len(good)), baked, Stop())
     for name, r in baked.items():
         results[name] = r
     failures = _failed_units(results)
@@ -193,10 +205,9 @@ def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int |
     return [[h for u in stage for h in u] for stage in stages], bool(first)
 
 
-def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, canary: int | None,
+def rollout(hosts: list[Host], fn: UnitFn, *, canary_group: list[str] | None, canary: int | None,
             batch: int | None, parallel: int | None, max_failures: int,
-            bake: Callable[[Host, HostResult], HostResult] | None = None,
-            group_fn: GroupFn | None = None) -> tuple[dict, Stop, list[list[str]]]:
+            bake: Callable[[Host, HostResult], HostResult] | None = None) -> tuple[dict, Stop, list[list[str]]]:
     """`bake(host, result)`: after each stage, the result of watching each host that
     succeeded (--bake); a host failing it counts against the budget like any failure."""
     stages, has_canary = plan_stages(hosts, canary_group, canary, batch)
@@ -207,7 +218,7 @@ def rollout(hosts: list[Host], fn: HostFn, *, canary_group: list[str] | None, ca
             break
         is_canary = has_canary and i == 0
         run_stage(stage, fn, default_parallel(len(units_of(stage)), parallel), results, stop,
-                  budget=0 if is_canary else max_failures, group_fn=group_fn)
+                  budget=0 if is_canary else max_failures)
         if bake is not None and not stop.interrupted:
             _bake_stage(stage, bake, results, stop, 0 if is_canary else max_failures)
         bad = [h.name for h in stage if not results[h.name].ok] if is_canary else []

@@ -103,6 +103,7 @@ class HostSpec:
     container: bool = False           # True: the engine runs in a Docker container (containerhost.py)
     args: tuple = ()                  # extra launch flags, e.g. ("--disable-overlap-schedule",)
     servers: int = 1                  # > 1: servers s0, s1, ... on their own ports, logs and pidfiles, one tree
+    node_group: str | None = None     # one multi-node server: its hosts, in spec order, are ranks 0, 1, ...
 
     @property
     def topk(self) -> int:
@@ -131,6 +132,9 @@ class FleetHost:
     ns_ino: int | None = None  # inode of its mount namespace
     container_name: str = ""   # container hosts: the engine's container
     http_ports: list = field(default_factory=list)  # one per server; http_port is the first
+    node_rank: int = 0         # a node group's host: its --node-rank
+    nnodes: int = 1            # and its group's --nnodes
+    dist_port: int = 0         # the rendezvous port on rank 0 (--dist-init-addr)
 
     # -- its servers: [None] (the one-server form: logs/sglang.log, run/sglang.pid), or
     #    s0, s1, ... (spec.servers > 1: logs/s0.log, run/s0.pid, each on its own port)
@@ -338,6 +342,8 @@ class FleetHost:
             f" --speculative-num-steps 3 --speculative-eagle-topk {self.spec.topk}"
             f" --speculative-num-draft-tokens {self.spec.num_draft_tokens}"
             f" --port {self.port_of(server)}"
+            + (f" --tp-size {self.nnodes} --nnodes {self.nnodes} --node-rank {self.node_rank}"
+               f" --dist-init-addr 127.0.0.1:{self.dist_port}" if self.nnodes > 1 else "")
             + "".join(" " + shlex.quote(str(a)) for a in self.spec.args)
         )
 
@@ -603,6 +609,22 @@ class Fleet:
                 host_dir=d / "fs", sshd_dir=d / "sshd", mount_point=self.mount_point,
                 python_dir=pyver, token=uuid.uuid4().hex,
                 container_name=containerhost.container_name(self.root, spec.name) if spec.container else "")
+        for group, members in self.node_groups.items():
+            if len(members) < 2 or any(self.hosts[m].spec.container or self.hosts[m].spec.servers > 1
+                                       or self.hosts[m].spec.restart_kind != "command" for m in members):
+                raise FleetError(f"node group {group}: 2 hosts or more, each a plain host with one "
+                                 "command-restarted server")
+            for rank, m in enumerate(members):
+                self.hosts[m].node_rank, self.hosts[m].nnodes = rank, len(members)
+
+    @property
+    def node_groups(self) -> dict[str, list[str]]:
+        """Each node group's hosts in rank order (the order of their specs)."""
+        out: dict[str, list[str]] = {}
+        for spec in self.specs:
+            if spec.node_group:
+                out.setdefault(spec.node_group, []).append(spec.name)
+        return out
 
     # -- context manager ----------------------------------------------------
 
@@ -707,12 +729,17 @@ class Fleet:
             list(pool.map(lambda h: self._build_tree(h, trees[h.spec.version]),
                           self.hosts.values()))
         # ports (ssh + http per server of each host)
-        ports = _free_ports(sum(1 + len(h.server_names) for h in self.hosts.values()))
+        groups = self.node_groups
+        ports = _free_ports(sum(1 + len(h.server_names) for h in self.hosts.values()) + len(groups))
         for h in self.hosts.values():
             n = len(h.server_names)
             h.ssh_port, h.http_ports, ports = ports[0], ports[1:1 + n], ports[1 + n:]
             h.http_port = h.http_ports[0]
             self._write_sshd_files(h)
+        for members in groups.values():
+            port, ports = ports[0], ports[1:]
+            for m in members:
+                self.hosts[m].dist_port = port
         os.makedirs(self.mount_point, exist_ok=True)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privsep directory
 
@@ -900,6 +927,8 @@ class Fleet:
                 inv["hosts"][h.name]["server"]["log"] = "container"
         if canary and self.hosts:
             inv["groups"]["canary"] = [next(iter(self.hosts))]
+        if self.node_groups:
+            inv["nodes"] = {g: {"hosts": list(members)} for g, members in self.node_groups.items()}
         return inv
 
     def write_inventory(self, path, **kw) -> Path:
@@ -1346,7 +1375,7 @@ class Fleet:
             "running": self._started and not self._stopped,
             "hosts": {
                 n: {"spec": asdict(h.spec), "ssh_port": h.ssh_port, "http_port": h.http_port,
-                    "http_ports": h.http_ports,
+                    "http_ports": h.http_ports, "dist_port": h.dist_port,
                     "sshd_pid": h.sshd_pid, "ns_ino": h.ns_ino, "token": h.token}
                 for n, h in self.hosts.items()
             },
@@ -1368,6 +1397,7 @@ class Fleet:
             h = fleet.hosts[n]
             h.ssh_port, h.http_port = hs["ssh_port"], hs["http_port"]
             h.http_ports = hs.get("http_ports") or [h.http_port]
+            h.dist_port = hs.get("dist_port", 0)
             h.sshd_pid, h.ns_ino, h.token = hs["sshd_pid"], hs["ns_ino"], hs["token"]
         fleet._started = True  # let stop() scan even if a previous stop was cut short
         return fleet

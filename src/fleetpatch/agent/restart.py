@@ -37,6 +37,7 @@ def started_servers(restart):
         return []
     mark = ("%s=%s" % (STARTED_BY, started_value(restart))).encode()
     found = []
+    own_ns = mount_ns(os.getpid())
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
@@ -46,11 +47,19 @@ def started_servers(restart):
                 fields = f.read().rsplit(")", 1)[1].split()
             if fields[0] in ("Z", "X") or int(fields[3]) != pid:   # state, session id
                 continue
-            if mark in read_bytes("/proc/%d/environ" % pid).split(b"\0"):
+            # the same state dir path in another mount namespace is another host's (or container's)
+            if mark in read_bytes("/proc/%d/environ" % pid).split(b"\0") and mount_ns(pid) == own_ns:
                 found.append(pid)
         except (IOError, OSError, IndexError, ValueError):
             continue
     return found
+
+
+def mount_ns(pid):
+    try:
+        return os.stat("/proc/%d/ns/mnt" % pid).st_ino
+    except OSError:
+        return None
 
 
 def command_server_pid(restart):

@@ -147,11 +147,11 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
         return _final(v, Status.NOT_EXECUTED, lines + _runs(v, ctx))
     done = ctx.settled or ctx.timed_out
     if block["mode"] == "unavailable":
+        if not done:   # its records may still be on their way, even with the markers seen
+            return _pending(v, ctx, "the probe's records of the server")
         if marker_seen:
             v.message += f"\n  note: the probe did not watch this server ({block['message']}); verified by its markers"
             return v
-        if not done:
-            return _pending(v, ctx, "the probe's records of the server")
         return _final(v, Status.NOT_EXECUTED, _never_loaded(v, block, ctx))
     ran = ran_on_path(block, v, ctx)
     if ran:

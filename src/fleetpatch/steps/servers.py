@@ -120,30 +120,10 @@ def rollback_after_failure(run: HostRun, failed: HostResult, restarted: list[str
 def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: list[str] | None = None) -> HostResult:
     """Restore the install from each patch of `names` (newest first), then restart each server of
     `restart` (None: all) and check that the patches' markers are gone from its log."""
-    labels = []
-    try:
-        reply = run.lock.probe([], content=False)
-        entries = (reply.get("ledger") or {}).get("patches", {})
-        for name in names:
-            entry = entries.get(name)
-            if entry is None:
-                continue
-            request = protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"], name=name,
-                                               force=run.job.force)
-            request["restart"] = None   # each server restarts on its own, below
-            if restart is not None:
-                request["servers_pending"] = restart
-            out = run.remote.call("rollback", request)
-            bad = [p for p, rec in entry["files"].items()
-                   if ((out.get("files") or {}).get(p) or {}).get("sha256") != rec["before"]]
-            if bad:
-                return run.result(False, Status.ERROR, f"{run.name}: after restoring, {', '.join(bad)} do not match "
-                                                       "the recorded original sha256")
-            labels.append(entry["label"])
-    except HostFailure as f:
-        if not no_answer(f):
-            raise
-        return cut_off(run, ", ".join(names), f, "rollback (restore)")
+    labels: list[str] = []
+    problem = restore_install(run, names, labels, restart)
+    if problem is not None:
+        return problem
     if not labels:
         return run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
     results = []
@@ -159,6 +139,37 @@ def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: lis
                           f"{len(results)} servers restarted without the patch's markers\n"
                           + result.message.split("\n", 1)[1])
     return result
+
+
+def restore_install(run: HostRun, names: list[str], labels: list[str], servers: list[str] | None = None
+                    ) -> HostResult | None:
+    """Restore the install from each patch of `names` (newest first) without a restart (the
+    restarts follow, server by server or rank by rank); each restored patch's label joins `labels`.
+    None when done; else the host's failed result. `servers`: those left with a restart pending."""
+    try:
+        reply = run.lock.probe([], content=False)
+        entries = (reply.get("ledger") or {}).get("patches", {})
+        for name in names:
+            entry = entries.get(name)
+            if entry is None:
+                continue
+            request = protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"], name=name,
+                                               force=run.job.force)
+            request["restart"] = None
+            if servers is not None:
+                request["servers_pending"] = servers
+            out = run.remote.call("rollback", request)
+            bad = [p for p, rec in entry["files"].items()
+                   if ((out.get("files") or {}).get(p) or {}).get("sha256") != rec["before"]]
+            if bad:
+                return run.result(False, Status.ERROR, f"{run.name}: after restoring, {', '.join(bad)} do not match "
+                                                       "the recorded original sha256")
+            labels.append(entry["label"])
+    except HostFailure as f:
+        if not no_answer(f):
+            return run.result(False, f.status, f.message)
+        return cut_off(run, ", ".join(names), f, "rollback (restore)")
+    return None
 
 
 def _restart_without(srun: HostRun, names: list[str], patches: dict, labels: list[str]) -> HostResult:

@@ -1,0 +1,447 @@
+"""A multi-node server (`nodes:` in the inventory): its ranks deployed, restarted,
+verified and rolled back as one unit.
+
+Every rank's connection and lock are taken and every rank's files are checked
+before the first byte is written: one refusal, or one rank that cannot be
+reached, leaves the whole group untouched. Then, inside rank 0's drain (it alone
+serves HTTP), every rank's install is written, every rank is stopped, then every
+rank is started, rank 0 first (it holds the rendezvous the others join), and every
+rank is judged at once, each on its own log and probe records: rank 0 by its ready
+line and the patch's expect lines, a rank above 0 by its own "up" line. A failure
+on any rank fails the group, naming the rank and its host; with `--on-failure
+rollback` every rank is rolled back. A run cut between the stops and the starts
+(a killed laptop) leaves each stopped rank's restart pending in its ledger, so the
+next deploy restarts the group, and the next rollback undoes it.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from .. import dialer, drain, protocol
+from ..errors import HostFailure, Status
+from ..hostcalls import HostResult
+from ..inventory import Host
+from ..remote import Remote
+from . import execution
+from .context import HostRun, Job, deploy_command, rollback_command
+from .follow import Watch, follow_ahead, follow_and_judge, verdict_result
+from .lock import HostLock
+from .servers import HeldLock, restore_install
+from .verify import cut_off, no_answer, verify
+
+
+class NodeGroup:
+    """One command's view of a node group: a HostRun per rank, in rank order (each its own
+    connection, agent and lock)."""
+
+    def __init__(self, job: Job, runs: list[HostRun]):
+        self.job, self.runs = job, runs
+        self.name = runs[0].host.node_group
+
+    @property
+    def rank0(self) -> HostRun:
+        return self.runs[0]
+
+    def who(self, run: HostRun) -> str:
+        return f"rank {run.host.node_rank} ({run.name})"
+
+    def untouched(self, cause: HostRun, result: HostResult) -> list[HostResult]:
+        """`cause`'s own result, and every other rank left as it was because of it."""
+        out = []
+        for run in self.runs:
+            if run is cause:
+                out.append(result)
+            else:
+                out.append(run.result(False, Status.SKIPPED, f"{run.name}: untouched: node group {self.name} was "
+                                                              f"not changed, because {self.who(cause)} is "
+                                                              f"{result.status}", patch=result.patch))
+        return out
+
+    def each(self, fn: Callable[[HostRun], HostResult]) -> list[HostResult]:
+        """`fn` on every rank at once (the follows: rank 0 is ready only once every rank has joined)."""
+        if len(self.runs) == 1:
+            return [fn(self.runs[0])]
+        with ThreadPoolExecutor(max_workers=len(self.runs), thread_name_prefix="fleetpatch-rank") as pool:
+            return list(pool.map(fn, self.runs))
+
+
+def group_step(fn: Callable[[NodeGroup], list[HostResult]]):
+    """A node group's operation as `step(job, hosts)`: every rank's connection opened first (a rank
+    that cannot be reached leaves the group untouched), one result per rank, every failure a result."""
+
+    def run(job: Job, hosts: list[Host]) -> list[HostResult]:
+        runs = [HostRun(job, h, Remote(h, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys,
+                                       transport=job.transport(h) if job.transport else None)) for h in hosts]
+        group = NodeGroup(job, runs)
+        try:
+            results = _opened(group) or fn(group)
+        except HostFailure as f:   # before any rank was changed: the steps catch the later ones
+            results = [run.result(False, f.status, f.message) for run in runs]
+        except Exception as e:  # a bug must not take the other hosts down with it
+            results = [run.result(False, Status.ERROR, f"{run.name}: {type(e).__name__}: {e}") for run in runs]
+        finally:
+            for r in runs:
+                r.remote.close()
+        for hr, result in zip(runs, results):
+            result.duration_s = time.monotonic() - hr.started
+            result.round_trips = hr.remote.round_trips
+            result.details.setdefault("node_group", group.name)
+            result.details.setdefault("node_rank", hr.host.node_rank)
+            hr.progress("done", result.status)
+        return results
+
+    run.__name__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def _opened(group: NodeGroup) -> list[HostResult] | None:
+    """Every rank connected (at once), or the results of a group left untouched."""
+    def connect(run: HostRun) -> HostResult | None:
+        run.progress("connect")
+        try:
+            with dialer.first_contact():   # Ctrl-C drops it: nothing has been sent to any rank yet
+                run.remote.open()
+        except HostFailure as f:
+            return run.result(False, f.status, f.message)
+        return None
+    failed = [(run, r) for run, r in zip(group.runs, group.each(connect)) if r is not None]
+    return group.untouched(*failed[0]) if failed else None
+
+
+@contextlib.contextmanager
+def _locked(group: NodeGroup, command: str):
+    """Every rank's lock for one block, released at its end (never riding on a rank's follow:
+    the other ranks' work, or their rollback, may still follow)."""
+    with contextlib.ExitStack() as stack:
+        for run in group.runs:
+            lock = stack.enter_context(HostLock(run.remote, run.host, group.job, command))
+            run.lock = HeldLock(lock)
+        yield
+
+
+def _annotated(group: NodeGroup, results: list[HostResult]) -> list[HostResult]:
+    return [run.lock.lock.annotate(r) if run.lock is not None else r for run, r in zip(group.runs, results)]
+
+
+def _locked_probes(group: NodeGroup, files: list[str], content: bool) -> tuple[list, list[HostResult] | None]:
+    replies = []
+    for run in group.runs:
+        run.progress("fetch", "lock + read files")
+        try:
+            replies.append(run.lock.probe(files, content=content))
+        except HostFailure as f:
+            return replies, group.untouched(run, run.result(False, f.status, f.message))
+        run.version = replies[-1].get("version")
+    return replies, None
+
+
+# ----------------------------------------------------------------------- deploy
+
+@group_step
+def deploy_nodes(group: NodeGroup) -> list[HostResult]:
+    """deploy-patch and rollout of a node group."""
+    from .plan import revision_files
+    results: list[HostResult] = []
+    try:
+        with _locked(group, deploy_command(group.job)):
+            replies, refused = _locked_probes(group, revision_files(group.job), content=True)
+            results = refused or _deploy_locked(group, replies)
+    finally:
+        results = _annotated(group, results) if results else results
+    return results
+
+
+def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
+    from .deploying import _probe_spec, _refusal, restart_reason
+    from .plan import make_plan
+    job = group.job
+    plans, specs, revisions = [], [], []
+    for run, reply in zip(group.runs, replies):
+        run.progress("pre-flight")
+        try:
+            plan, revision = make_plan(job, run.host, reply)
+        except HostFailure as f:
+            return group.untouched(run, run.result(False, f.status, f.message))
+        run.version = plan.version
+        refused = _refusal(run, plan)
+        if refused is not None:
+            return group.untouched(run, refused)
+        plans.append(plan)
+        revisions.append(revision)
+        specs.append(_probe_spec(run, plan, revision, reply))
+    mixed = _mixed_versions(group)
+    if mixed is not None:
+        return group.untouched(group.rank0, mixed)
+    reasons = [None if not p.already else restart_reason(r.get("ledger") or {}, r.get("server") or {},
+                                                        job.patch.name) for p, r in zip(plans, replies)]
+    writes = [(plan, reply, revision) for plan, reply, revision in zip(plans, replies, revisions)]
+    if job.no_restart:
+        return _apply_only(group, writes)
+    if all(p.already for p in plans) and not any(reasons):
+        from .deploying import _already_applied
+        return group.each(lambda run: _already_applied(run, plans[group.runs.index(run)],
+                                                       replies[group.runs.index(run)], specs[group.runs.index(run)]))
+    return _restart_group(group, writes, specs, reasons)
+
+
+def _mixed_versions(group: NodeGroup) -> HostResult | None:
+    versions = {run.version for run in group.runs}
+    if len(versions) < 2:
+        return None
+    each = ", ".join(f"{group.who(run)} {run.version}" for run in group.runs)
+    return group.rank0.result(False, Status.ERROR, f"{group.rank0.name}: refused, nothing changed on any rank: node "
+                                                   f"group {group.name}'s hosts run different engine versions "
+                                                   f"({each}); a multi-node server runs one release on every rank: "
+                                                   "install the same one on each, or fix the group in the inventory")
+
+
+def _apply_request(run: HostRun, plan, reply: dict, revision) -> dict:
+    from .deploying import apply_files, deploy_record
+    job = run.job
+    request = protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
+                                    rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
+                                    files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
+    return dict(request, restart=None)   # every rank is restarted once all are written
+
+
+def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
+    """Write every rank's install that needs it, its restart left pending; None when all are written.
+    A rank that fails has written nothing (the agent's all-or-nothing); those written before it are
+    restored, so that no rank of the group runs other code than the rest."""
+    written: list[HostRun] = []
+    for run, (plan, reply, revision) in zip(group.runs, writes):
+        if plan.already:
+            continue
+        run.progress("apply", f"{len(plan.changes)} files")
+        try:
+            run.remote.call("apply", _apply_request(run, plan, reply, revision))
+        except HostFailure as f:
+            out = group.untouched(run, run.result(False, f.status, f.message, patch=plan.label))
+            for w in written:
+                problem = restore_install(w, [group.job.patch.name], [])
+                i = group.runs.index(w)
+                out[i].status = Status.ERROR if problem else Status.ROLLED_BACK
+                out[i].message = (f"{w.name}: written, then restored to its originals (restart pending, not done: it "
+                                  f"never ran the patch): node group {group.name} failed at {group.who(run)} "
+                                  f"({f.status})" + (f"; the restore FAILED: {problem.message}" if problem else ""))
+            return out
+        written.append(run)
+    return None
+
+
+def _apply_only(group: NodeGroup, writes: list) -> list[HostResult]:
+    failed = _apply_all(group, writes)
+    if failed is not None:
+        return failed
+    return [run.result(True, Status.ALREADY_APPLIED if plan.already else Status.APPLIED,
+                       f"{run.name}: {plan.label} {'already applied' if plan.already else 'applied'}; restart pending "
+                       f"(--no-restart): the next deploy restarts node group {group.name} and proves it",
+                       patch=plan.label) for run, (plan, _, _) in zip(group.runs, writes)]
+
+
+def _restart_group(group: NodeGroup, writes: list, specs: list, reasons: list) -> list[HostResult]:
+    """Inside rank 0's drain: write, stop every rank, start every rank, judge every rank."""
+    job, rank0 = group.job, group.rank0
+    plans = [w[0] for w in writes]
+    per_rank: list[HostResult] = []
+    rollback = job.on_failure == "rollback"
+
+    def restart_all() -> HostResult:
+        nonlocal per_rank
+        per_rank = _group_verdict(group, _apply_all(group, writes) or _restarted_and_judged(group, plans, specs,
+                                                                                              reasons))
+        if rollback and not all(r.ok for r in per_rank):
+            per_rank = _rolled_back_after(group, per_rank)
+        return per_rank[0]
+
+    def undo(failed: HostResult) -> HostResult:   # rank 0's smoke request failed after every rank verified
+        nonlocal per_rank
+        per_rank = _rolled_back_after(group, _group_verdict(group, [failed] + per_rank[1:]))
+        return per_rank[0]
+
+    head = drain.around_restart(job, rank0.host, rank0.remote, restart_all, rollback=undo if rollback else None,
+                                expect=list(getattr(job.patch, "smoke_expect", None) or []))
+    if not per_rank:   # not drained (or refused before the restart): every rank as it was
+        return group.untouched(rank0, head)
+    per_rank[0] = head
+    return _group_verdict(group, per_rank)
+
+
+def _head(group: NodeGroup, per_rank: list[HostResult]) -> HostResult:
+    """Rank 0's result as its drain sees it: failed if any rank failed (a group that does not
+    verify never goes back into the router)."""
+    return _group_verdict(group, per_rank)[0]
+
+
+def _group_verdict(group: NodeGroup, per_rank: list[HostResult]) -> list[HostResult]:
+    """A failure on any rank fails every rank, each naming the ranks that failed (once: a verdict
+    already given is kept)."""
+    bad = [(run, r) for run, r in zip(group.runs, per_rank) if not r.ok]
+    if not bad or len(group.runs) < 2 or any("node_group_failed" in r.details for r in per_rank):
+        return per_rank
+    named = ", ".join(f"{group.who(run)}: {r.status}" for run, r in bad)
+    for r in per_rank:
+        r.details["node_group_failed"] = named
+        if r.ok:
+            r.ok, r.status = False, bad[0][1].status
+            r.message += f"\n  node group {group.name} failed: {named}"
+        else:
+            r.message += f"\n  node group {group.name}: {named}"
+    return per_rank
+
+
+def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostResult]:
+    """Stop every rank, start every rank (rank 0 first), then follow every rank's log at once."""
+    label = plans[0].label
+    why = next((r for r in reasons if r), "apply")
+    failed = _stop_all(group, label, f"{why}: restart for {label}")
+    if failed is not None:
+        return failed
+    outs: list[dict | None] = []
+    for run, spec in zip(group.runs, specs):
+        run.progress("restart", f"rank {run.host.node_rank} of {len(group.runs)}")
+        request = protocol.RestartRequest(**run.request(), reason=f"{why}: restart for {label}")
+        if spec is not None:
+            request["probe"] = spec
+        try:
+            outs.append(run.remote.call("restart", request, ahead=follow_ahead(run.job, run.host, spec is not None)))
+        except HostFailure as f:
+            return _start_failed(group, run, f, label)
+
+    def judge(run: HostRun) -> HostResult:
+        from .deploying import launch_after_restart
+        i = group.runs.index(run)
+        out, plan = outs[i], plans[i]
+        watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [label],
+                      ends_work=lambda ok: True,
+                      execution=execution.ExecutionView(out.get("probe")) if specs[i] is not None else None)
+        try:
+            return verify(run, watch)
+        except HostFailure as f:
+            return cut_off(run, label, f, "verification")
+    return group.each(judge)
+
+
+def _stop_all(group: NodeGroup, label: str, reason: str) -> list[HostResult] | None:
+    """Every rank stopped, its restart left pending (the ledger says so if this run ends here)."""
+    for run in reversed(group.runs):   # the ranks above 0 first: rank 0 holds the rendezvous
+        run.progress("restart", f"stop rank {run.host.node_rank}")
+        try:
+            run.remote.call("stop", dict(run.request(), reason=reason))
+        except HostFailure as f:
+            return _start_failed(group, run, f, label, phase="stop")
+    return None
+
+
+def _start_failed(group: NodeGroup, run: HostRun, f: HostFailure, label: str, phase: str = "start") -> list[HostResult]:
+    """A rank that could not be stopped or started: the group's files are written on every rank,
+    its restart pending where it did not happen."""
+    own = cut_off(run, label, f, "restart") if no_answer(f) else run.result(False, Status.RESTART_FAILED, f.message,
+                                                                              patch=label)
+    out = []
+    for other in group.runs:
+        if other is run:
+            out.append(own)
+        else:
+            out.append(other.result(False, Status.RESTART_FAILED,
+                                    f"{other.name}: node group {group.name} was not restarted: the {phase} of "
+                                    f"{group.who(run)} failed; the files are written on every rank and a restart is "
+                                    "pending: fix the cause, then rerun deploy-patch (or roll back)", patch=label))
+    return out
+
+
+# ----------------------------------------------------------------------- rollback
+
+def _rolled_back_after(group: NodeGroup, failed: list[HostResult]) -> list[HostResult]:
+    """--on-failure rollback: every rank restored and restarted without the patch, each failed
+    rank's result keeping why it failed."""
+    from .rolling_back import fold_rollback
+    job = group.job
+    for run in group.runs:
+        run.progress("rollback", "node group " + group.name)
+    rolled = _rollback_ranks(group, [job.patch.name], {job.patch.name: job.patch})
+    return [fold_rollback(f, rb) for f, rb in zip(failed, rolled)]
+
+
+def _rollback_ranks(group: NodeGroup, names: list[str], patches: dict) -> list[HostResult]:
+    """Restore every rank's install, stop every rank, start every rank, and check that each
+    came back without the patches' markers."""
+    labels: list[str] = []
+    for run in group.runs:
+        problem = restore_install(run, names, labels)
+        if problem is not None:
+            return [problem if o is run else o.result(False, Status.ERROR, f"{o.name}: node group {group.name}'s "
+                                                                           f"rollback stopped at {group.who(run)}; "
+                                                                           "a rerun of rollback finishes it")
+                    for o in group.runs]
+    label = ", ".join(dict.fromkeys(labels))
+    if not labels:
+        return [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
+                for run in group.runs]
+    failed = _stop_all(group, label, f"rollback {label}")
+    if failed is not None:
+        return failed
+    for run in group.runs:
+        run.progress("restart", f"without {label}")
+        try:
+            run.remote.call("restart", protocol.RestartRequest(**run.request(), reason=f"rollback {label}"),
+                            ahead=follow_ahead(run.job, run.host))
+        except HostFailure as f:
+            return _start_failed(group, run, f, label)
+
+    def judge(run: HostRun) -> HostResult:
+        from .context import running_launch
+        watch = Watch(protocol.AFTER_RESTART, running_launch(run.host, {}),
+                      [patches[n] for n in names if patches.get(n) is not None], [label], want_markers=False)
+        try:
+            verdicts, timings = follow_and_judge(run, watch)
+        except HostFailure as f:
+            return cut_off(run, label, f, "rollback's verification")
+        result = verdict_result(run, verdicts, [label], timings)
+        if result.ok:
+            result.status = Status.ROLLED_BACK
+            result.message = f"{run.name}: {label} rolled back on every rank of node group {group.name}; " \
+                             "restarted without the patch's markers"
+        return result
+    return group.each(judge)
+
+
+@group_step
+def rollback_nodes(group: NodeGroup) -> list[HostResult]:
+    """rollback of a node group: every rank restored, then all stopped, then all started."""
+    from .recorded import deployed, wanted_name
+    from .rolling_back import newest_first
+    job = group.job
+    results: list[HostResult] = []
+    try:
+        with _locked(group, rollback_command(job)):
+            replies, refused = _locked_probes(group, [], content=False)
+            if refused:
+                results = refused
+                return results
+            names: list[str] = []
+            patches: dict = {}
+            for run, reply in zip(group.runs, replies):
+                ledger = reply.get("ledger") or {}
+                for n in ([wanted_name(job)] if wanted_name(job) else newest_first(ledger)):
+                    entry = (ledger.get("patches") or {}).get(n)
+                    if entry is not None and n not in patches:
+                        names.append(n)
+                        patches[n] = deployed(job, run.host, [(n, entry)])[0].patch
+            rolled: list[HostResult] = []
+
+            def undo() -> HostResult:
+                rolled[:] = _rollback_ranks(group, names, patches)
+                return _head(group, rolled)
+            head = drain.around_restart(job, group.rank0.host, group.rank0.remote, undo)
+            results = list(rolled) if rolled else group.untouched(group.rank0, head)
+            if rolled:
+                results[0] = head
+            results = _group_verdict(group, results)
+    finally:
+        results = _annotated(group, results) if results else results
+    return results
