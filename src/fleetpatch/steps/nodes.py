@@ -303,7 +303,8 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
         return failed
     outs: list[dict | None] = []
     for run, spec in zip(group.runs, specs):
-        run.progress("restart", f"rank {run.host.node_rank} of {len(group.runs)}")
+        run.progress("restart", f"rank {run.host.node_rank} of {len(group.runs)}" + ("" if why == "apply" else
+                                                                                      f": {why}"))
         request = protocol.RestartRequest(**run.request(), reason=f"{why}: restart for {label}")
         if spec is not None:
             request["probe"] = spec
@@ -323,7 +324,27 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
             return verify(run, watch)
         except HostFailure as f:
             return cut_off(run, label, f, "verification")
-    return group.each(judge)
+    results = group.each(judge)
+    return _still_up(group, outs, results) if all(r.ok for r in results) else results
+
+
+def _still_up(group: NodeGroup, outs: list, results: list[HostResult]) -> list[HostResult]:
+    """Each rank is judged once its own lines are in, and a rank that dies after that does not stop
+    the others (upstream #3099): so once every rank has passed, each one's server is looked at again."""
+    from .context import probe
+    for run, out, result in zip(group.runs, outs, results):
+        started = (out.get("restart") or {}).get("pid")
+        try:
+            server = probe(run.remote, run.host, run.job, [], content=False).get("server") or {}
+        except HostFailure as f:
+            result.ok, result.status = False, f.status
+            result.message += f"\n  could not look at the server again once every rank had passed: {f.message}"
+            continue
+        if not server.get("alive") or (started and server.get("pid") not in (None, started)):
+            result.ok, result.status = False, Status.RESTART_FAILED
+            result.message += (f"\n  but its server (pid {started}) is no longer running: it exited after it passed, "
+                               f"while the other ranks were judged; its log ({run.host.server.log}) says why")
+    return results
 
 
 def _stop_all(group: NodeGroup, label: str, reason: str) -> list[HostResult] | None:

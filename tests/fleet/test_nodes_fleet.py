@@ -1,0 +1,188 @@
+"""One SGLang server on two hosts (`nodes:` in the inventory, --nnodes 2), on real sshd hosts
+driven through the CLI: every rank is checked before any is written, every rank is stopped
+before any is started, every rank is judged on its own log and probe records, and a failure
+on any rank fails (and with --on-failure rollback undoes) the whole group."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support.marks import needs_fleet
+from support.operator import Operator
+from support.paths import sha256
+from fleetpatch_demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.wheels import sglang_tree
+
+pytestmark = needs_fleet
+
+GROUP, RANKS = "kimi-2n", ["b0", "b1"]
+FILES = ["sglang/srt/speculative/eagle_worker.py", "sglang/srt/speculative/eagle_worker_v2.py"]
+MARKER = "fleetpatch spec-path-beacon: EAGLEWorker ("
+PRISTINE = {f: sha256(sglang_tree("0.5.9") / f) for f in FILES}
+
+
+@pytest.fixture(scope="module")
+def nfleet(tmp_path_factory):
+    specs = [HostSpec("b0", node_group=GROUP), HostSpec("b1", node_group=GROUP), HostSpec("p1")]
+    with Fleet(tmp_path_factory.mktemp("nodes"), specs) as f:
+        yield f
+
+
+@pytest.fixture
+def nop(nfleet, tmp_path):
+    nfleet.reset_all()
+    nfleet.clear_commands()
+    return Operator(nfleet, tmp_path)
+
+
+def installed(fleet, name):
+    return {f: sha256(fleet.hosts[name].site_packages / f) for f in FILES}
+
+
+def since_last_start(fleet, name: str) -> str:
+    log = fleet.hosts[name].log_path.read_text(errors="replace")
+    return log[log.rindex("server_args=ServerArgs("):]
+
+
+def pids(fleet):
+    return {n: fleet.server_pid(n) for n in RANKS}
+
+
+def test_a_node_group_is_deployed_verified_on_every_rank_and_rolled_back(nop, nfleet):
+    before = pids(nfleet)
+    run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP)
+    assert run.code == 0, run
+    after = pids(nfleet)
+    for rank, name in enumerate(RANKS):
+        host = run.host(name)
+        assert host["status"] == "verified", host["message"]
+        assert (host["node_group"], host["node_rank"]) == (GROUP, rank)
+        assert host["executed_path"] == "EAGLEWorker"
+        # each rank proven by its own process: the probe's records of the worker it built
+        ex = host["execution"]
+        assert ex["pids"] == [after[name]] and ex["ran"]["sglang/srt/speculative/eagle_worker.py"], ex
+        assert installed(nfleet, name) != PRISTINE and installed(nfleet, name) == installed(nfleet, "b0")
+        mine = since_last_start(nfleet, name)
+        assert mine.count(MARKER) == 1 and f" TP{rank}] " in mine.split(MARKER)[0].rsplit("\n", 1)[-1], name
+        assert len(nfleet.commands(name)) == 1, "one agent process per rank"
+    assert not set(after.values()) & set(before.values())
+    assert "Dummy health check server started" in since_last_start(nfleet, "b1")
+    assert installed(nfleet, "p1") == PRISTINE and "p1" not in run.report["hosts"]
+
+    # verify-logs judges every rank again, rank 1 by its own up line
+    vl = nop.run("verify-logs", "--group", GROUP)
+    assert vl.code == 0, vl
+    assert {n: vl.host(n)["status"] for n in RANKS} == {n: "verified" for n in RANKS}
+
+    rb = nop.run("rollback", "--group", GROUP)
+    assert rb.code == 0, rb
+    assert {n: rb.host(n)["status"] for n in RANKS} == {n: "rolled-back" for n in RANKS}
+    for name in RANKS:
+        assert installed(nfleet, name) == PRISTINE
+        assert MARKER not in since_last_start(nfleet, name)
+    back = pids(nfleet)
+    assert all(back.values()) and not set(back.values()) & set(after.values())
+    assert nfleet.healthy("b0")
+
+
+def test_a_command_that_changes_hosts_takes_every_rank_or_none(nop, nfleet):
+    run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "b1")
+    assert run.code == 2, run
+    assert "node group kimi-2n (b0, b1) without b0 (rank 0)" in run.output and "--group kimi-2n" in run.output
+    assert all(installed(nfleet, n) == PRISTINE for n in RANKS)
+    assert nfleet.commands("b0") == nfleet.commands("b1") == [], "no host contacted"
+    st = nop.run("status", "--hosts", "b1")   # reading one rank is fine
+    assert st.code == 0 and st.host("b1")["node_rank"] == 1, st
+
+
+def test_a_rank_unreachable_at_the_start_leaves_the_group_untouched(nop, nfleet):
+    doc = nop.inventory()
+    doc["hosts"]["b1"]["port"] = 1   # nothing listens there
+    nop.write_inventory(doc)
+    before = pids(nfleet)
+    run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP)
+    assert run.code == 1, run
+    assert run.host("b1")["status"] == "unreachable"
+    b0 = run.host("b0")
+    assert b0["status"] == "skipped" and "because rank 1 (b1) is unreachable" in b0["message"], b0["message"]
+    assert installed(nfleet, "b0") == PRISTINE and pids(nfleet) == before
+    assert not (nfleet.hosts["b0"].state_dir / "ledger.json").exists() or \
+        "spec-path-beacon" not in (nfleet.hosts["b0"].state_dir / "ledger.json").read_text()
+
+
+def test_a_rank_that_dies_after_the_restart_fails_the_group_naming_it_and_every_rank_is_rolled_back(nop, nfleet):
+    doc = nop.inventory()
+    doc["hosts"]["b1"]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_FAIL_RANK"] = "1"
+    nop.write_inventory(doc)
+    run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP, "--on-failure", "rollback",
+                  "--timeout", "30")
+    assert run.code == 1, run
+    b0, b1 = run.host("b0"), run.host("b1")
+    assert "node group kimi-2n failed: rank 1 (b1)" in b0["message"], b0["message"]
+    assert "rank 1 (b1)" in b1["message"] and b1["node_group_failed"].startswith("rank 1 (b1)"), b1["message"]
+    assert b0["status"] == "rolled-back" and b0["rollback"]["ok"], b0["message"]
+    # rank 1 dies again after the rollback's restart (the fault is in its environment), and says so
+    assert b1["status"] == "restart-failed" and b1["rollback"]["ok"] is False, b1["message"]
+    assert "Scheduler hit an exception" in b1["message"]
+    for name in RANKS:
+        assert installed(nfleet, name) == PRISTINE, name
+        assert "spec-path-beacon" not in json.loads((nfleet.hosts[name].state_dir / "ledger.json").read_text())[
+            "patches"]
+    assert nfleet.healthy("b0"), "rank 0 serves on, without the patch"
+
+
+def _deploy_until(nop, line: str, sig: int) -> subprocess.CompletedProcess:
+    """deploy-patch of the group, sent `sig` once its progress shows `line`."""
+    argv = [sys.executable, "-m", "fleetpatch", "deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP]
+    proc = subprocess.Popen(argv, cwd=nop.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**__import__("os").environ, "COLUMNS": "200"})
+    seen = []
+    for out in proc.stdout:
+        seen.append(out)
+        if line in out:
+            proc.send_signal(sig)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(seen) + rest)
+
+
+def test_a_run_killed_between_the_ranks_restarts_is_finished_by_the_next_deploy(nop, nfleet):
+    cut = _deploy_until(nop, "restart stop rank 0", signal.SIGKILL)
+    assert cut.returncode == -signal.SIGKILL, cut.stdout
+    time.sleep(1)   # the agents see their sessions end
+    # nothing half-patched: both ranks hold the same written install, rank 1 stopped with its restart pending
+    assert installed(nfleet, "b0") == installed(nfleet, "b1") != PRISTINE
+    ledger = json.loads((nfleet.hosts["b1"].state_dir / "ledger.json").read_text())
+    assert ledger["restart_pending"] is True and nfleet.server_pid("b1") is None
+
+    run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP)
+    assert run.code == 0, run
+    assert {n: run.host(n)["status"] for n in RANKS} == {n: "verified" for n in RANKS}
+    assert "restart pending from an earlier run" in run.output
+    assert all(pids(nfleet).values())
+
+
+def test_ctrl_c_between_the_ranks_restarts_lets_the_group_finish(nop, nfleet):
+    cut = _deploy_until(nop, "restart stop rank 0", signal.SIGINT)
+    assert cut.returncode == 130, cut.stdout
+    assert "interrupted (Ctrl-C)" in cut.stdout
+    # the group in flight was let finish: both ranks restarted on the patch and verified
+    assert installed(nfleet, "b0") == installed(nfleet, "b1") != PRISTINE
+    assert all(pids(nfleet).values())
+    for name in RANKS:
+        assert MARKER in since_last_start(nfleet, name), name
+    again = nop.run("rollback", "--group", GROUP)
+    assert again.code == 0, again
+    assert all(installed(nfleet, n) == PRISTINE for n in RANKS)
+
+
+def test_a_rollout_counts_a_node_group_as_one_unit(nop, nfleet):
+    run = nop.run("rollout", "--patch", "spec-path-beacon", "--group", "all", "--canary", "1", "--batch", "1")
+    assert run.code == 0, run
+    assert run.report["stages"] == [["b0", "b1"], ["p1"]]   # the group is the canary, then p1
+    assert {n: run.host(n)["status"] for n in ["b0", "b1", "p1"]} == {n: "verified" for n in ["b0", "b1", "p1"]}
