@@ -10,7 +10,8 @@ process on the host.
 By job: `context` (Job, HostRun, host_step), `lock` (HostLock: one `with`
 block per host), `fetching`, `plan` (and check-patch), `follow` (the log
 streamed and judged), `verify` (and verify-logs), `deploying`, `rolling_back`,
-`hoststatus`. The requests and replies are the records of `protocol`.
+`hoststatus`, `servers` (several servers on one install), `nodes` (a node group's
+ranks as one unit: `step(job, hosts)`, one result per rank). The requests and replies are the records of `protocol`.
 """
 from __future__ import annotations
 
