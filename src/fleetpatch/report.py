@@ -442,11 +442,12 @@ def status_table(results: dict) -> "FittedTable":
         table.add_column(col)
     for name, r in results.items():
         d = r.details
+        shown = name if d.get("node_group") is None else f"{name} ({d['node_group']} rank {d['node_rank']})"
         if not d.get("reachable"):
-            table.add_row(cell(name), cell(f"no ({r.status})"), "-", "-", "-", "-", "-", "-", style="bold red")
+            table.add_row(cell(shown), cell(f"no ({r.status})"), "-", "-", "-", "-", "-", "-", style="bold red")
             continue
         table.add_row(
-            cell(name), "yes",
+            cell(shown), "yes",
             cell((r.engine_version or "?") + ("" if d.get("known_version", True) else " (unknown to profile)")),
             cell(", ".join(str(a) for a in d.get("applied") or []) or "-"),
             cell(", ".join(str(p).rsplit("/", 1)[-1] for p in d.get("drift") or []) or "no"),
