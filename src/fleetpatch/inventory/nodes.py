@@ -69,6 +69,12 @@ def _check_rank_host(v: _V, at: str, host) -> None:
     if host.servers:
         raise v.fail(at, f"{host.name} has servers:; a host in a node group runs that group's one server "
                          f"(hosts.{host.name}.server)")
+    if host.server.restart.kind == "container":
+        # every rank is stopped before any starts, and a stopped container cannot be started by
+        # the request that finds it stopped: not supported yet
+        raise v.fail(at, f"{host.name}'s server is its container (restart.kind: container), which fleetpatch "
+                         "does not yet stop apart from its start; run the rank with restart.kind: command "
+                         "inside a long-running container")
 
 
 def partial_groups(chosen: Sequence, node_groups: Dict[str, Tuple[str, ...]]) -> List[str]:
