@@ -115,6 +115,19 @@ def test_a_rank_unreachable_at_the_start_leaves_the_group_untouched(nop, nfleet)
         "spec-path-beacon" not in (nfleet.hosts["b0"].state_dir / "ledger.json").read_text()
 
 
+def test_ranks_that_run_different_sglang_versions_are_refused_before_any_is_changed(nop, nfleet):
+    meta = nfleet.hosts["b1"].site_packages / "sglang-0.5.9.dist-info" / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 0.5.9\n", "Version: 0.5.10\n", 1))
+    before = pids(nfleet)
+    run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP)
+    assert run.code == 1, run
+    b0 = run.host("b0")
+    assert "node group kimi-2n's hosts run different engine versions (rank 0 (b0) 0.5.9, rank 1 (b1) 0.5.10)" \
+        in b0["message"], b0["message"]
+    assert run.host("b1")["status"] == "skipped" and "because rank 0 (b0) is error" in run.host("b1")["message"]
+    assert all(installed(nfleet, n) == PRISTINE for n in RANKS) and pids(nfleet) == before
+
+
 def test_a_rank_that_dies_after_the_restart_fails_the_group_naming_it_and_every_rank_is_rolled_back(nop, nfleet):
     doc = nop.inventory()
     doc["hosts"]["b1"]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_FAIL_RANK"] = "1"

@@ -159,6 +159,9 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
     from .deploying import _probe_spec, _refusal, restart_reason
     from .plan import make_plan
     job = group.job
+    mixed = _mixed_versions(group)   # before any rank's own plan: the group's first refusal
+    if mixed is not None:
+        return group.untouched(group.rank0, mixed)
     plans, specs, revisions = [], [], []
     for run, reply in zip(group.runs, replies):
         run.progress("pre-flight")
@@ -173,9 +176,6 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
         plans.append(plan)
         revisions.append(revision)
         specs.append(_probe_spec(run, plan, revision, reply))
-    mixed = _mixed_versions(group)
-    if mixed is not None:
-        return group.untouched(group.rank0, mixed)
     reasons = [None if not p.already else restart_reason(r.get("ledger") or {}, r.get("server") or {},
                                                         job.patch.name) for p, r in zip(plans, replies)]
     writes = [(plan, reply, revision) for plan, reply, revision in zip(plans, replies, revisions)]
