@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import sys
+import time
 
 from .base import AgentError, protocol
 from .container import describe, inspect, package_site, site_dirs, spec_of
@@ -34,23 +35,43 @@ else:                                        # on a host: agentboot loaded it fr
 
 PROBE_DIR = "/var/tmp/fleetpatch-probe"
 PID_NAMESPACE = "container"   # what the follow's probe events say of their pids
+SETTLE_TRIES, SETTLE_S = 15, 0.2   # a container whose main process just ended: until the runtime says it stopped
 
 
-def root_now(req):
+def root_now(req, stopped=False):
     """The container's root as the host sees it at this moment, or None (stopped, gone,
     the runtime not answering). `req`: a request (resolved by container.attach or not)
-    or a note that names the container. Never raises: taking the probe out must not fail."""
+    or a note that names the container. Never raises: taking the probe out must not fail.
+
+    `stopped`: for a stopped container, the writable layer of its overlay2 filesystem
+    (GraphDriver.Data.UpperDir), which holds every file written into the container: the
+    probe's .pth comes out of a container that stopped before the verdict, so that its
+    next start (by anyone) loads no probe."""
     info = req.get("_container")
     if info and info.get("root"):
         return info["root"]
     name, runtime = spec_of(req)
     if not name:
         return None
-    try:
-        now = describe(inspect(name, runtime), name, runtime)
-    except AgentError:
-        return None
-    return now["root"] if now["running"] else None
+    for _ in range(SETTLE_TRIES):
+        try:
+            doc = inspect(name, runtime)
+        except AgentError:
+            return None
+        now = describe(doc, name, runtime)
+        if not now["running"]:
+            return writable_layer(doc) if stopped else None
+        if os.path.isdir(now["root"]):
+            return now["root"]
+        time.sleep(SETTLE_S)   # its main process is gone and the runtime does not say so yet
+    return None
+
+
+def writable_layer(doc):
+    """The upper directory of a stopped container's overlay2 filesystem, None for another driver."""
+    driver = doc.get("GraphDriver") or {}
+    upper = (driver.get("Data") or {}).get("UpperDir") if driver.get("Name") == "overlay2" else None
+    return upper if upper and os.path.isdir(upper) else None
 
 
 def no_links(root, inside):
@@ -108,9 +129,15 @@ def version_of(site):
 
 
 def site_on_host(req, note):
-    """The host path of the container site dir that `note` names (None: not reachable now)."""
-    root = root_now(req)
-    return root + note["site_dir"] if root else None
+    """The host path of the container site dir that `note` names, to take a probe out of
+    (None: not reachable now; the next run's lock takes it out)."""
+    root = root_now(req, stopped=True)
+    if not root:
+        return None
+    try:
+        return no_links(root, note["site_dir"])
+    except probe_install.ProbeInstallError:
+        return None
 
 
 def inner_pid(pid):

@@ -172,7 +172,9 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
 def _none_ran(v, block: dict, ctx: Context) -> list:
     pids = block.get("server_pids") or block["pids"]
     who = f"pid {pids[0]} and {len(pids) - 1} children" if pids else "its processes"
-    if len(pids) == 2:
+    if len(pids) == 1:
+        who = f"pid {pids[0]}"
+    elif len(pids) == 2:
         who = f"pid {pids[0]} and 1 child"
     who += _where(block)
     lines = [f"FAIL {ctx.host}  {ctx.label} never executed",
