@@ -68,9 +68,10 @@ def root_now(req, stopped=False):
 
 
 def writable_layer(doc):
-    """The upper directory of a stopped container's overlay2 filesystem, None for another driver."""
+    """The upper directory of a stopped container's overlay filesystem (Docker's overlay2,
+    Podman's overlay), None for another driver."""
     driver = doc.get("GraphDriver") or {}
-    upper = (driver.get("Data") or {}).get("UpperDir") if driver.get("Name") == "overlay2" else None
+    upper = (driver.get("Data") or {}).get("UpperDir") if driver.get("Name") in ("overlay2", "overlay") else None
     return upper if upper and os.path.isdir(upper) else None
 
 
