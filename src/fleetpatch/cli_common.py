@@ -228,12 +228,9 @@ def check_probe_off(patch_obj, selected, no_probe: bool) -> None:
         why = "--no-probe"
     else:
         off = [h.name for h in selected if not getattr(h.engine, "probe", True)]
-        boxed = [h.name for h in selected if getattr(h.engine, "container", None) and h.name not in off]
-        if not off and not boxed:
+        if not off:
             return
-        why = "; ".join(([f"engine.probe: false (host{'s' if len(off) > 1 else ''} {', '.join(off)})"] if off else [])
-                        + ([f"the probe does not go into containers yet (container host{'s' if len(boxed) > 1 else ''} "
-                            f"{', '.join(boxed)})"] if boxed else []))
+        why = f"engine.probe: false (host{'s' if len(off) > 1 else ''} {', '.join(off)})"
     try:
         require_markers(patch_obj, engines.for_hosts(selected), why)
     except PatchError as e:

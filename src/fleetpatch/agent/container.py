@@ -179,15 +179,27 @@ def editable_targets(host_site, package):
     return out
 
 
+def package_site(req, package):
+    """(site dir, directory holding the package), both container paths, or None: the first
+    site directory of the container's python that has the package, itself or by an editable
+    install. That interpreter reads that site dir's .pth files at start (the probe goes there)."""
+    root = req["_container"]["root"]
+    for site in site_dirs(root, (req.get("container") or {}).get("python")):
+        for parent in [site] + editable_targets(root + site, package):
+            if os.path.isfile(os.path.join(root + parent, package, "__init__.py")):
+                return site, parent
+    return None
+
+
 def locate_package(req, package):
     """(host path, container path, version) of the directory holding the engine package."""
     info = req["_container"]
     root = info["root"]
     python = (req.get("container") or {}).get("python")
-    for site in site_dirs(root, python):
-        for parent in [site] + editable_targets(root + site, package):
-            if os.path.isfile(os.path.join(root + parent, package, "__init__.py")):
-                return root + parent, parent, dist_info_version(root + site, package)
+    found = package_site(req, package)
+    if found:
+        site, parent = found
+        return root + parent, parent, dist_info_version(root + site, package)
     raise AgentError("error", "container %s (%s): %s is not installed where its python (%s) finds it (%s); is "
                      "engine.container the engine's container?" % (info["name"], info["runtime"], package,
                                                                    python, ", ".join(site_dirs(root, python))

@@ -2,10 +2,11 @@
 once the verdict is in, its records read by the follow.
 
 The probe dir is ``<state dir>/probe`` (plan, runtime, records); `INSTALLED`
-beside it says which site directory holds this run's ``.pth``, so that a run
+in the state dir says which site directory holds this run's ``.pth``, so that a run
 that died with its probe in (a killed laptop, a killed agent) is cleaned up by
 the next run's probe/lock step (`remove_stale`). Records stay until the next
-restart that fleetpatch does: `verify-logs` judges by them.
+restart that fleetpatch does: `verify-logs` judges by them. On a container host
+both the site dir and the probe dir are the container's (container_probe.py).
 """
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 
+from . import container_probe
 from .base import atomic_write, ensure_dir, protocol, read_bytes, read_json, state_path
 
 if __name__.split(".")[0] == "fleetpatch":   # imported on the laptop (tests)
@@ -26,7 +28,10 @@ PROBE_DIR = "probe"
 
 def probe_dir(req):
     """This server's probe dir: `probe`, or `probe-<name>` for one of several servers on the host
-    (each keeps its own window's records until its own next restart)."""
+    (each keeps its own window's records until its own next restart); on a container host the
+    one inside the container, as a host path now (None: its root cannot be reached)."""
+    if req.get("container"):
+        return container_probe.host_dir(req)
     name = req.get("server_name") if req.get("server_names") else None
     return state_path(req, PROBE_DIR + ("-" + name if name else ""))
 INSTALLED = "probe-installed.json"
@@ -73,17 +78,30 @@ def server_env(req):
 def remove_stale(req, keep_token=None):
     """Take out every probe .pth that INSTALLED names and that is not `keep_token`'s; [] if none."""
     note = read_json(state_path(req, INSTALLED)) or {}
-    site = note.get("site_dir")
-    if not site:
+    if not note.get("site_dir"):
+        return []
+    return remove_from(req, note, lambda site: [probe_install.token_of(n)
+                                                for n in probe_install.stale_probes(site, keep_token)])
+
+
+def remove_from(req, note, tokens):
+    """Remove the probe .pth of each token that `tokens(host site dir)` names from the site dir
+    that `note` names; the paths removed, as the server sees them."""
+    site = note["site_dir"]
+    host_site = container_probe.site_on_host(req, note) if note.get("container") else site
+    if host_site is None:   # a container that is not running now: the next run's lock removes it
         return []
     removed = []
-    for name in probe_install.stale_probes(site, keep_token):
-        removed += probe_install.remove(site, probe_install.token_of(name))
+    for token in tokens(host_site):
+        removed += probe_install.remove(host_site, token)
     return [os.path.join(site, n) for n in removed]
 
 
 def clear_records(req):
     """The last restart's records and plan go: a restart starts a new window."""
+    if req.get("container"):
+        container_probe.clear_records(req)
+        return
     folder = probe_dir(req)
     if os.path.isdir(folder) and not os.path.islink(folder):
         shutil.rmtree(folder, ignore_errors=True)
@@ -100,32 +118,45 @@ def install_probe(state, req):
         return dict(out, installed=False)
     python = spec.get("python") or sys.executable
     try:
-        info = site_info(python, server_env(req))
-        site = probe_install.site_dir_from(info)
-        folder = probe_dir(req)
-        ensure_dir(os.path.dirname(folder))
+        note, site, folder, seen, version = placement(req, spec, python)
         plan = dict(spec["plan"], python=python)
         source = protocol.unpack(spec["runtime"])
-        atomic_write(state_path(req, INSTALLED), json.dumps({"site_dir": site, "token": spec["token"]}).encode())
-        done = probe_install.install(site, folder, spec["token"], plan, source=source)
+        atomic_write(state_path(req, INSTALLED), json.dumps(note).encode())
+        done = probe_install.install(site, folder, spec["token"], plan, source=source, probe_dir_seen=seen)
     except (probe_install.ProbeInstallError, OSError, KeyError, ValueError) as e:
         return dict(out, installed=False, error=str(e))
-    state.probe = {"site_dir": site, "token": spec["token"], "state_dir": req.get("state_dir")}
-    return dict(out, installed=True, site_dir=site, pth=done["pth"], python=python,
-                python_version=".".join(str(n) for n in info.get("version") or []))
+    state.probe = dict(note, state_dir=req.get("state_dir"))
+    return dict(out, installed=True, site_dir=note["site_dir"], pth=os.path.join(note["site_dir"],
+                os.path.basename(done["pth"])), python=python, python_version=version)
+
+
+def placement(req, spec, python):
+    """Where the probe goes: (the INSTALLED note, the site dir and the probe dir as this host
+    reaches them, the probe dir as the server sees it (None: the same), the interpreter's version)."""
+    if req.get("container"):
+        note, site, folder = container_probe.placement(req, spec["token"])
+        return note, site, folder, container_probe.PROBE_DIR, container_probe.version_of(note["site_dir"])
+    info = site_info(python, server_env(req))
+    site = probe_install.site_dir_from(info)
+    folder = probe_dir(req)
+    ensure_dir(os.path.dirname(folder))
+    version = ".".join(str(n) for n in info.get("version") or [])
+    return {"site_dir": site, "token": spec["token"]}, site, folder, None, version
 
 
 def op_probe_off(state, req):
     """The verdict is in: take this run's probe out (the records stay)."""
-    return {"removed": remove_own(state)}
+    return {"removed": remove_own(state, req)}
 
 
-def remove_own(state):
+def remove_own(state, req=None):
+    """This run's probe out of the site dir it went into. `req`: the request asking (else the
+    session's end): on a container host, the container's root is the one of this moment."""
     held, state.probe = state.probe, None
     if not held:
         return []
     try:
-        return [os.path.join(held["site_dir"], n) for n in probe_install.remove(held["site_dir"], held["token"])]
+        return remove_from(req if req and req.get("container") else held, held, lambda site: [held["token"]])
     except OSError:
         return []
 
@@ -155,12 +186,13 @@ class RecordReader(object):
 
     def __init__(self, req):
         self.folder = probe_dir(req)
+        self.boxed = bool(req.get("container"))
         self.sent = set()
         self.plan_sent = False
 
     def event(self, pid):
         """A `probe` event with the records not sent yet, or None when nothing is new."""
-        files = probe_install.read_records(self.folder)
+        files = probe_install.read_records(self.folder) if self.folder else {}
         new = dict((k, v.decode("utf-8", "replace")) for k, v in files.items() if k not in self.sent)
         if not new and self.plan_sent:
             return None
@@ -168,11 +200,13 @@ class RecordReader(object):
         ev = {"t": "probe", "records": new, "pid": pid}
         if not self.plan_sent:
             self.plan_sent = True
-            ev["plan"] = read_json(os.path.join(self.folder, probe_install.PLAN_NAME))
+            ev["plan"] = read_json(os.path.join(self.folder, probe_install.PLAN_NAME)) if self.folder else None
         if pid:
             ev["children"] = children_of(pid)
             try:
                 ev["exe"] = os.readlink("/proc/%d/exe" % pid)
             except OSError:
                 pass
+            if self.boxed:   # the records' pids are the container's: so are the server's here
+                ev = container_probe.inside_view(ev, ev["children"])
         return ev

@@ -20,6 +20,7 @@ takes it out.
 import json
 import os
 import re
+import stat
 
 PTH_PREFIX = "zzz-fleetpatch-probe-"
 PTH_SUFFIX = ".pth"
@@ -186,24 +187,53 @@ def remove(site_dir, token=None):
 
 
 def read_records(probe_dir, limit=4 << 20):
-    """{"<pid>-<ns>/<name>": bytes} of the records (at most `limit` bytes in all; temporary files left out)."""
+    """{"<pid>-<ns>/<name>": bytes} of the records (at most `limit` bytes in all; temporary files left out).
+
+    Only regular files in real directories are read: whoever runs the server can write
+    below records/, and a symlink there (to the host's own files, seen from a container)
+    or a FIFO (an open that never returns) must not be followed."""
     records = os.path.join(probe_dir, RECORDS_NAME)
     out = {}
     total = 0
-    for proc in sorted(os.listdir(records)) if os.path.isdir(records) else []:
+    for proc in sorted(os.listdir(records)) if real_dir(records) else []:
         folder = os.path.join(records, proc)
-        if not os.path.isdir(folder):
+        if not real_dir(folder):
             continue
         for name in sorted(os.listdir(folder)):
             if name.startswith("."):
                 continue
-            try:
-                with open(os.path.join(folder, name), "rb") as f:
-                    data = f.read(64 << 10)
-            except OSError:
+            data = read_regular(os.path.join(folder, name), 64 << 10)
+            if data is None:
                 continue
             total += len(data)
             if total > limit:
                 return out
             out[proc + "/" + name] = data
     return out
+
+
+def real_dir(path):
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def read_regular(path, size):
+    """Up to `size` bytes of a regular file, never through a symlink nor from a FIFO; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -20,15 +20,15 @@ from ..probe import verdict as probe_verdict
 
 
 def probe_wanted(job, host, patch) -> bool:
-    """The probe watches this host's restart: not --no-probe, not engine.probe: false,
-    not a container host (the probe is not put into a container's interpreter yet), and
-    not a patch with `executed: off`."""
+    """The probe watches this host's restart: not --no-probe, not engine.probe: false, and
+    not a patch with `executed: off`. (On a container host it goes into the container's
+    interpreter: agent/container_probe.py.)"""
     return bool(getattr(job, "probe", True) and probe_on_host(host)
                 and (patch is None or getattr(patch, "executed", "any") != "off"))
 
 
 def probe_on_host(host) -> bool:
-    return bool(getattr(host.engine, "probe", True) and not getattr(host.engine, "container", None))
+    return bool(getattr(host.engine, "probe", True))
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,6 +92,7 @@ class ExecutionView:
         self.pid: int | None = None
         self.children: list = []
         self.exe: str | None = None
+        self.namespace: str | None = None   # "container": the pids are those of the container's pid namespace
         self.seen_event = False
 
     def add(self, ev: dict) -> None:
@@ -103,6 +104,7 @@ class ExecutionView:
         self.pid = ev.get("pid") or self.pid
         self.children = sorted(set(self.children) | set(ev.get("children") or ()))
         self.exe = ev.get("exe") or self.exe
+        self.namespace = ev.get("pid_namespace") or self.namespace
 
     def block(self, label: str | None = None) -> dict:
         if self.installed.get("error"):
@@ -115,6 +117,8 @@ class ExecutionView:
         pids = process_pids(self.records, self.pid, self.children)
         block = probe_verdict.execution_block(self.records, self.plan, added, pids)
         block["server_pids"] = sorted(pids) if pids else []
+        if self.namespace:
+            block["pid_namespace"] = self.namespace
         return block
 
 
@@ -157,7 +161,8 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
     if ran:
         shown = "; ".join(f"{f} line{'s' if len(n) > 1 else ''} {', '.join(map(str, n[:8]))}"
                           for f, n in sorted(ran.items()))
-        v.message += f"\n  executed ({block['mode']} mode): {shown} (pids {', '.join(map(str, block['pids']))})"
+        v.message += (f"\n  executed ({block['mode']} mode): {shown} (pids {', '.join(map(str, block['pids']))}"
+                      f"{_where(block)})")
         return v
     if not done:
         return _pending(v, ctx, "a line this patch adds to run")
@@ -167,8 +172,11 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
 def _none_ran(v, block: dict, ctx: Context) -> list:
     pids = block.get("server_pids") or block["pids"]
     who = f"pid {pids[0]} and {len(pids) - 1} children" if pids else "its processes"
-    if len(pids) == 2:
+    if len(pids) == 1:
+        who = f"pid {pids[0]}"
+    elif len(pids) == 2:
         who = f"pid {pids[0]} and 1 child"
+    who += _where(block)
     lines = [f"FAIL {ctx.host}  {ctx.label} never executed",
              f"  no line this patch adds ran in the server ({who}) within {int(round(ctx.elapsed))} s of its restart"]
     for path, why in sorted(block["not_run"].items()):
@@ -183,6 +191,11 @@ def _none_ran(v, block: dict, ctx: Context) -> list:
     if paths and v.executed_path and v.executed_path not in paths:
         lines.append(f"  {ctx.label} changes code of {', '.join(paths)} only")
     return lines
+
+
+def _where(block: dict) -> str:
+    """Where the pids are numbered: nothing on a plain host, the container's namespace on a container host."""
+    return " in the container" if block.get("pid_namespace") == "container" else ""
 
 
 def _contract_reason(why: str) -> str:

@@ -283,7 +283,7 @@ class Judging:
         view = self.watch.execution
         block = execution.exe_note(view.block(label), view)
         self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
-                                                           "message")}
+                                                           "message", "pid_namespace") if k in block}
         settled = obs.since_ready_s is not None and obs.since_ready_s >= self.run.job.settle_s
         ctx = execution.Context(self.run.name, label, self.run.profile, self.run.version, settled, obs.timed_out,
                                 time.monotonic() - self.t0)
