@@ -131,6 +131,9 @@ def test_rollback_leaves_the_site_dir_as_before_the_deploy(operator, fleet):
     run = operator.run("rollback", "--hosts", "v2b", *FIX)
     assert run.code == 0, run
     assert run.host("v2b")["status"] == "rolled-back"
+    # the probe of the rollback's restart saw the restored modules loaded from the restored files
+    assert "imported the restored modules from the restored files: sglang.srt.speculative." in \
+        run.host("v2b")["message"], run.host("v2b")["message"]
     assert snapshot(site) == before
     assert probe_pths(fleet, "v2b") == []
 

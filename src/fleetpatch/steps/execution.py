@@ -141,6 +141,8 @@ def ran_on_path(block: dict, v, ctx: Context) -> dict:
 
 def fold(v, block: dict, ctx: Context, marker_seen: bool):
     """The verdict `v` of the markers (evidence.judge) with what the probe saw. Returns the verdict."""
+    if v.status == Status.ROLLED_BACK and block["mode"] != "off":
+        return _rolled_back(v, block)
     if v.status != Status.VERIFIED or block["mode"] == "off":
         return v
     wrong = {p: why for p, why in block["not_run"].items() if why.startswith("loaded from another file")}
@@ -167,6 +169,18 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
     if not done:
         return _pending(v, ctx, "a line this patch adds to run")
     return _final(v, Status.NOT_EXECUTED, _none_ran(v, block, ctx))
+
+
+def _rolled_back(v, block: dict):
+    """After a rollback the probe watched the imports only: which files the restarted server loaded.
+    The restore is judged by sha256 and the markers; this says whether those files are what runs."""
+    wrong = {p: why for p, why in block["not_run"].items() if why.startswith("loaded from another file")}
+    if wrong:
+        v.message += ("\n  note: the restarted server does not run the restored files: "
+                      + "; ".join(f"{p}: {why}" for p, why in sorted(wrong.items())))
+    elif block["imported"]:
+        v.message += "\n  the restarted server imported the restored modules from the restored files: " + ", ".join(sorted(block["imported"]))
+    return v
 
 
 def _none_ran(v, block: dict, ctx: Context) -> list:

@@ -117,8 +117,10 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: 
     result.files = restored
     if result.ok:
         result.status = Status.ROLLED_BACK
-        result.message = (f"{run.name}: {label} rolled back; {len(restored)} files restored to their "
-                          f"original sha256; server back without the patch's markers")
+        imports = [line for line in result.message.splitlines() if line.lstrip().startswith(
+            ("the restarted server", "note: the restarted server"))]   # what the probe saw it load
+        result.message = "\n".join([f"{run.name}: {label} rolled back; {len(restored)} files restored to their "
+                                     f"original sha256; server back without the patch's markers"] + imports)
     return result
 
 
