@@ -138,7 +138,8 @@ def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop:
                     take(fut, in_flight.pop(fut))
                     failures = _failed_units(results)
                     if budget is not None and failures > budget:
-                        stop.set(_over_budget(budget, failures, grouped))
+                        stop.set(_over_budget(budget, failures, grouped or any(
+                            r.details.get("node_group") for r in results.values())))
         except KeyboardInterrupt:
             drain.INTERRUPTED.set()   # a host still draining goes back into its routers untouched
             dialer.abort_first_contacts()   # a host still connecting is left untouched at once

@@ -46,3 +46,30 @@ def test_a_node_group_is_one_unit_in_the_canary_and_the_batches():
     assert names(stages) == [["b0", "b1"], ["a1", "a2", "a3"], ["a4"]]
     stages, _ = plan_stages(fleet, None, 2, None)
     assert names(stages) == [["b0", "b1", "a1"], ["a2", "a3", "a4"]]
+
+
+def test_a_failed_node_group_counts_once_against_the_failure_budget():
+    """Its two failed ranks are one failure: with --max-failures 1 the rollout goes on past it."""
+    from fleetpatch.errors import Status
+    from fleetpatch.rollout import by_unit, rollout
+    from fleetpatch.steps import HostResult
+    fleet = [H("b0", "kimi", 0), H("b1", "kimi", 1), H("a1"), H("a2"), H("a3")]
+    failing = {"b0", "b1"}
+
+    def host_step(h):
+        return HostResult(h.name, h.name not in failing, Status.VERIFIED if h.name not in failing else Status.TIMEOUT)
+
+    def group_step(unit):
+        return [host_step(h) for h in unit]
+
+    results, stop, stages = rollout(fleet, by_unit(host_step, group_step), canary_group=None, canary=0, batch=1,
+                                    parallel=1, max_failures=1)
+    assert stages == [["b0", "b1"], ["a1"], ["a2"], ["a3"]] and stop.reason is None
+    assert [results[n].details.get("node_group") for n in ("b0", "b1", "a1")] == ["kimi", "kimi", None]
+    assert all(results[n].ok for n in ("a1", "a2", "a3"))
+
+    failing.add("a1")   # a second unit fails: over the budget, the rest are not started
+    results, stop, _ = rollout(fleet, by_unit(host_step, group_step), canary_group=None, canary=0, batch=1,
+                               parallel=1, max_failures=1)
+    assert "more than --max-failures 1: 2 units (a host, or a node group counted once) had failed" in stop.reason
+    assert results["a2"].status == results["a3"].status == Status.SKIPPED
