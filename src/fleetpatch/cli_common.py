@@ -302,5 +302,5 @@ def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=
         job.progress = view.progress
         fn = (fleet.by_unit(functools.partial(step, job), functools.partial(group_step, job)) if group_step
               else fleet.each_host(functools.partial(step, job)))
-        results, stop = fleet.run_all(selected, fn, parallel_n)
+        results, stop = fleet.run_all(selected, fn, parallel_n, job.interrupt)
     finish(console, task_name, results, started, flags, stop)

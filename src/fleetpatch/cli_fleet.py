@@ -66,9 +66,8 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
 
         results, stop, stages = fleet.rollout(
             selected, fleet.by_unit(functools.partial(steps.deploy, job), functools.partial(steps.deploy_nodes, job)),
-            canary_group=canary_group, canary=canary_n,
-            batch=batch_n, parallel=parallel_n, max_failures=budget,
-            bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None)
+            stages=stages_planned, has_canary=has_canary, parallel=parallel_n, max_failures=budget,
+            bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None, interrupt=job.interrupt)
     finish(console, "rollout", results, started, Common(report=report, verbose=verbose), stop,
            extra={"stages": stages})
 

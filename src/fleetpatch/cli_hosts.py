@@ -79,7 +79,8 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     started = rep.now_iso()
     job = steps.Job(hosts_by_name=inv.hosts, patch_dirs=dirs, accept_new_host_keys=accept_new_host_keys,
                     inventory_arg=inventory)
-    results, stop = fleet.run_all(selected, fleet.each_host(functools.partial(steps.status, job)), parallel_n)
+    results, stop = fleet.run_all(selected, fleet.each_host(functools.partial(steps.status, job)), parallel_n,
+                                  job.interrupt)
     console.print(rep.status_table(results))
     ok = all(r.ok for r in results.values())
     if report:

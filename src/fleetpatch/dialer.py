@@ -2,8 +2,9 @@
 
 `dial` opens it; in a host's first contact it is made in a thread of its own,
 so Ctrl-C drops a connect that is still waiting (a host behind a firewall
-holds it for its whole connect timeout) at once. `handshaking` lets Ctrl-C cut
-the SSH handshake on it the same way.
+holds it for its whole connect timeout) at once. `Interrupt.handshaking` lets
+Ctrl-C cut the SSH handshake on it the same way. A run's Ctrl-C is one
+`Interrupt`, which the run's Job carries.
 """
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ def _connect(address: str, port: int, timeout: float | None) -> WatchedSocket:
     return WatchedSocket(socket.create_connection((address, port), timeout=timeout))
 
 
-def dial(address: str, port: int, timeout: float | None) -> WatchedSocket:
+def dial(address: str, port: int, timeout: float | None, interrupt: "Interrupt | None" = None) -> WatchedSocket:
     """Open the TCP connection paramiko will use (pass it as `sock=`); raises what
-    `socket.create_connection` raises, or HandshakeAborted on Ctrl-C in a first contact."""
-    if not _in_first():
+    `socket.create_connection` raises, or HandshakeAborted on Ctrl-C (`interrupt`) in a first contact."""
+    if interrupt is None or not interrupt.in_first_contact():
         return _connect(address, port, timeout)
-    connecting = _Connecting(address, port, timeout)
+    connecting = _Connecting(address, port, timeout, interrupt)
     return connecting.result()
 
 
@@ -50,8 +51,8 @@ class _Connecting:
     (`abort_first_contacts`) ends the wait at once; a socket that connects after
     that is closed."""
 
-    def __init__(self, address: str, port: int, timeout: float | None):
-        self.where = f"{address}:{port}"
+    def __init__(self, address: str, port: int, timeout: float | None, interrupt: "Interrupt"):
+        self.where, self.interrupt = f"{address}:{port}", interrupt
         self._sock: WatchedSocket | None = None
         self._error: BaseException | None = None
         self._abandoned = False
@@ -75,7 +76,7 @@ class _Connecting:
     def result(self) -> WatchedSocket:
         while self._thread.is_alive():
             self._thread.join(0.1)
-            if first_contact_aborted():
+            if self.interrupt.first_contact_aborted():
                 with self._lock:
                     self._abandoned = True
                     sock, self._sock = self._sock, None
@@ -87,36 +88,8 @@ class _Connecting:
         return self._sock
 
 
-# Ctrl-C while a host's first connection is still being made: nothing has been sent
-# to the host yet, so the connection is dropped at once instead of waited out (up to
-# its banner timeout). Only inside `first_contact` (the thread making a host's first
-# connection of the run): every later connection (a redial to release a lock, a via
-# host putting a worker back into its router) is always let finish.
-_in_first_contact = threading.local()
-_handshaking: set = set()
-_handshaking_lock = threading.Lock()
-_aborted = threading.Event()
-
-
 class HandshakeAborted(Exception):
     """Ctrl-C came while this host's first connection was being made."""
-
-
-@contextlib.contextmanager
-def first_contact():
-    _in_first_contact.on = True
-    try:
-        yield
-    finally:
-        _in_first_contact.on = False
-
-
-def _in_first() -> bool:
-    return getattr(_in_first_contact, "on", False)
-
-
-def first_contact_aborted() -> bool:
-    return _in_first() and _aborted.is_set()
 
 
 def _shutdown(sock) -> None:
@@ -126,30 +99,58 @@ def _shutdown(sock) -> None:
         pass
 
 
-def abort_first_contacts() -> None:
-    _aborted.set()
-    with _handshaking_lock:
-        socks = list(_handshaking)
-    for sock in socks:
-        _shutdown(sock)
+class Interrupt:
+    """One run's Ctrl-C, as the hosts at work see it (`fire` is called once it came).
 
+    A host still making its first connection has been sent nothing yet, so that
+    connection is dropped at once instead of waited out (up to its banner timeout):
+    only inside `first_contact` (the thread making a host's first connection of the
+    run), so that every later connection (a redial to release a lock, a via host
+    putting a worker back into its router) is always let finish. A host still
+    draining goes back into its routers untouched (drain.py asks `is_set`)."""
 
-def reset_first_contacts() -> None:
-    _aborted.clear()
+    def __init__(self) -> None:
+        self._fired = threading.Event()
+        self._first = threading.local()
+        self._handshaking: set = set()
+        self._lock = threading.Lock()
 
+    def fire(self) -> None:
+        self._fired.set()
+        with self._lock:
+            socks = list(self._handshaking)
+        for sock in socks:
+            _shutdown(sock)
 
-@contextlib.contextmanager
-def handshaking(sock):
-    """The SSH handshake on `sock`: dropped by `abort_first_contacts` if it is a first contact."""
-    if sock is None or not _in_first():
-        yield
-        return
-    with _handshaking_lock:
-        _handshaking.add(sock)
-    if _aborted.is_set():
-        _shutdown(sock)
-    try:
-        yield
-    finally:
-        with _handshaking_lock:
-            _handshaking.discard(sock)
+    def is_set(self) -> bool:
+        return self._fired.is_set()
+
+    @contextlib.contextmanager
+    def first_contact(self):
+        self._first.on = True
+        try:
+            yield
+        finally:
+            self._first.on = False
+
+    def in_first_contact(self) -> bool:
+        return getattr(self._first, "on", False)
+
+    def first_contact_aborted(self) -> bool:
+        return self.in_first_contact() and self._fired.is_set()
+
+    @contextlib.contextmanager
+    def handshaking(self, sock):
+        """The SSH handshake on `sock`: shut by `fire` if it is a first contact."""
+        if sock is None or not self.in_first_contact():
+            yield
+            return
+        with self._lock:
+            self._handshaking.add(sock)
+        if self._fired.is_set():
+            _shutdown(sock)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._handshaking.discard(sock)

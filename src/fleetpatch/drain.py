@@ -34,9 +34,6 @@ from .hostcalls import HostResult, base_request
 from .errors import HostFailure, Status, UsageError
 from .router import Router, RouterConf, RouterError, Routers, capacity_problem, check_smoke_answer, find_worker
 
-# Set by the fleet runner on Ctrl-C: a host still draining is put back untouched.
-INTERRUPTED = threading.Event()
-
 DRAIN_CALL_S = 2.0        # one agent `drain` call waits at most this long (Ctrl-C answered within it)
 REMOVE_TIMEOUT_S = 30.0
 ADD_TIMEOUT_S = 60.0
@@ -190,7 +187,7 @@ def _drain(job, host, remote, d: Drainer, info: dict):
     """None once the worker has nothing in flight; else (status, why) to put it back untouched."""
     t0 = time.monotonic()
     while True:
-        if INTERRUPTED.is_set():
+        if job.interrupt.is_set():
             return Status.INTERRUPTED, "interrupted (Ctrl-C) while draining"
         left = d.drain_timeout - (time.monotonic() - t0)
         req = dict(base_request(host, job), url=host.server.url, wait=max(0.0, min(DRAIN_CALL_S, left)))
@@ -202,7 +199,7 @@ def _drain(job, host, remote, d: Drainer, info: dict):
         if info["in_flight_at_removal"] is None:
             info["in_flight_at_removal"] = int(out.get("first", 0))
         elapsed = time.monotonic() - t0
-        if INTERRUPTED.is_set():   # arrived during the call: nothing was touched yet
+        if job.interrupt.is_set():   # arrived during the call: nothing was touched yet
             return Status.INTERRUPTED, "interrupted (Ctrl-C) while draining"
         if out.get("drained"):
             info["drained_s"] = round(elapsed, 3)

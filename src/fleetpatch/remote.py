@@ -28,7 +28,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol
 
-from . import protocol
+from . import dialer, protocol
 from .agent import ENTRY, HOST_PACKAGE, MODULES as AGENT_MODULES
 from .errors import HostFailure, NoAnswer, Status
 from .inventory import Host
@@ -286,18 +286,19 @@ STALL_S = 10.0
 class SSHTransport:
     """One host, one SSH connection (Fabric), for the whole command."""
 
-    def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False):
+    def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False,
+                 interrupt: "dialer.Interrupt | None" = None):
         self.host = host
         self.hosts_by_name = hosts_by_name or {}
         self.accept_new_host_keys = accept_new_host_keys
+        self.interrupt = interrupt or dialer.Interrupt()   # the run's Ctrl-C (a fresh one: never fired)
         self._conn: Connection | None = None
 
     def open(self) -> None:
         if self._conn is not None and self._conn.is_connected:
             return
         h = self.host
-        from . import dialer
-        if dialer.first_contact_aborted():
+        if self.interrupt.first_contact_aborted():
             raise HostFailure(Status.SKIPPED, self._not_contacted())
         from . import ssh_errors
         ssh_errors.silence_paramiko()
@@ -309,9 +310,9 @@ class SSHTransport:
             if conn.gateway is None:
                 # our own socket (to the address ~/.ssh/config resolved), watched, so a failed
                 # handshake can tell "not SSH" from "silent"; through a gateway Fabric dials
-                sock = ssh_errors.dial(conn.host, conn.port, h.connect_timeout)
+                sock = ssh_errors.dial(conn.host, conn.port, h.connect_timeout, self.interrupt)
                 conn.connect_kwargs["sock"] = sock
-            with dialer.handshaking(sock):
+            with self.interrupt.handshaking(sock):
                 conn.open()
         except Exception as exc:  # paramiko raises a zoo; describe it once, here
             for closing in (conn.close, getattr(sock, "close", None)):
@@ -320,7 +321,7 @@ class SSHTransport:
                         closing()
                 except Exception:
                     pass
-            if dialer.first_contact_aborted():
+            if self.interrupt.first_contact_aborted():
                 raise HostFailure(Status.SKIPPED, self._not_contacted()) from None
             attempt = ssh_errors.Attempt(
                 where=f"{h.name} ({h.target})", address=conn.host, port=conn.port, banner_timeout=banner,
@@ -380,9 +381,9 @@ class Remote:
     BYE = request_line({"op": "bye"})
 
     def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False,
-                 transport: Transport | None = None):
+                 transport: Transport | None = None, interrupt: "dialer.Interrupt | None" = None):
         self.host = host
-        self.transport = transport or SSHTransport(host, hosts_by_name, accept_new_host_keys)
+        self.transport = transport or SSHTransport(host, hosts_by_name, accept_new_host_keys, interrupt)
         self.round_trips = 0     # requests (a chained `then` rides on its request)
         self.agent_starts = 0    # remote commands
         self.bytes_sent = 0

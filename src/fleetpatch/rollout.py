@@ -11,7 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import dialer, drain
+from . import dialer
 from .errors import Status
 from .inventory import Host, units_of
 from .steps import HostResult
@@ -81,6 +81,7 @@ class Stop:
     reason: str | None = None
     interrupted: bool = False
     event: threading.Event = field(default_factory=threading.Event)
+    interrupt: dialer.Interrupt | None = None   # the run's Ctrl-C, fired for the hosts at work
 
     def set(self, reason: str, interrupted: bool = False) -> None:
         if self.reason is None:
@@ -141,8 +142,8 @@ def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop:
                         stop.set(_over_budget(budget, failures, grouped or any(
                             r.details.get("node_group") for r in results.values())))
         except KeyboardInterrupt:
-            drain.INTERRUPTED.set()   # a host still draining goes back into its routers untouched
-            dialer.abort_first_contacts()   # a host still connecting is left untouched at once
+            if stop.interrupt is not None:   # a host still connecting, or draining, is left untouched at once
+                stop.interrupt.fire()
             stop.set("interrupted (Ctrl-C): no new host was started; the hosts in flight were let finish "
                      "(or roll back)", interrupted=True)
             # Let each host in flight finish or undo its step; a second Ctrl-C is ignored here.
@@ -153,8 +154,6 @@ def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop:
                     continue
                 for fut in done:
                     take(fut, in_flight.pop(fut))
-        finally:
-            dialer.reset_first_contacts()   # the next stage, or run in this process, starts un-aborted
     for unit in pending:
         for host in unit:
             results.setdefault(host.name, _tagged(_skipped(host, stop), host))
@@ -165,10 +164,11 @@ def _skipped(host: Host, stop: Stop) -> HostResult:
     return HostResult(host.name, False, Status.SKIPPED, f"{host.name}: not started ({why}); untouched")
 
 
-def run_all(hosts: list[Host], fn: UnitFn, parallel: int | None) -> tuple[dict, Stop]:
-    """`fn` on every unit of `hosts`, at most `parallel` at once."""
+def run_all(hosts: list[Host], fn: UnitFn, parallel: int | None,
+            interrupt: dialer.Interrupt | None = None) -> tuple[dict, Stop]:
+    """`fn` on every unit of `hosts`, at most `parallel` at once; Ctrl-C fires `interrupt`."""
     results: dict = {}
-    stop = Stop()
+    stop = Stop(interrupt=interrupt)
     run_stage(hosts, fn, default_parallel(len(units_of(hosts)), parallel), results, stop)
     return {h.name: results[h.name] for h in hosts}, stop
 
@@ -178,7 +178,8 @@ def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult
     """Watch the stage's successful hosts at once; failures join the stage's results."""
     good = [h for h in stage if results[h.name].ok]
     baked: dict = {}
-    run_stage(good, each_host(lambda h: bake(h, results[h.name])), max(1, len(good)), baked, Stop())
+    run_stage(good, each_host(lambda h: bake(h, results[h.name])), max(1, len(good)), baked,
+              Stop(interrupt=stop.interrupt))
     for name, r in baked.items():
         results[name] = r
     failures = _failed_units(results)
@@ -206,14 +207,14 @@ def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int |
     return [[h for u in stage for h in u] for stage in stages], bool(first)
 
 
-def rollout(hosts: list[Host], fn: UnitFn, *, canary_group: list[str] | None, canary: int | None,
-            batch: int | None, parallel: int | None, max_failures: int,
-            bake: Callable[[Host, HostResult], HostResult] | None = None) -> tuple[dict, Stop, list[list[str]]]:
-    """`bake(host, result)`: after each stage, the result of watching each host that
-    succeeded (--bake); a host failing it counts against the budget like any failure."""
-    stages, has_canary = plan_stages(hosts, canary_group, canary, batch)
+def rollout(hosts: list[Host], fn: UnitFn, *, stages: list[list[Host]], has_canary: bool, parallel: int | None,
+            max_failures: int, bake: Callable[[Host, HostResult], HostResult] | None = None,
+            interrupt: dialer.Interrupt | None = None) -> tuple[dict, Stop, list[list[str]]]:
+    """The `stages` of plan_stages, one after the other. `bake(host, result)`: after each stage, the
+    result of watching each host that succeeded (--bake); a host failing it counts against the
+    budget like any failure. Ctrl-C fires `interrupt`."""
     results: dict = {}
-    stop = Stop()
+    stop = Stop(interrupt=interrupt)
     for i, stage in enumerate(stages):
         if stop.reason is not None:
             break

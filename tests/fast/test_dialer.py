@@ -73,27 +73,28 @@ def test_in_a_first_contact_the_same_error_comes_back():
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()
-    with dialer.first_contact(), pytest.raises(ConnectionRefusedError):
-        dialer.dial("127.0.0.1", port, 5)
+    interrupt = dialer.Interrupt()
+    with interrupt.first_contact(), pytest.raises(ConnectionRefusedError):
+        dialer.dial("127.0.0.1", port, 5, interrupt)
 
 
 def test_ctrl_c_ends_a_first_contacts_connect_that_still_waits(full_port):
     outcome = {}
+    interrupt = dialer.Interrupt()   # one run's Ctrl-C
 
     def connect():
-        with dialer.first_contact():
+        with interrupt.first_contact():
             try:
-                dialer.dial("127.0.0.1", full_port, 30)
+                dialer.dial("127.0.0.1", full_port, 30, interrupt)
             except BaseException as e:
                 outcome["raised"] = e
 
     th = threading.Thread(target=connect, daemon=True)
     th.start()
     time.sleep(0.3)
-    dialer.abort_first_contacts()
-    try:
-        th.join(10)
-        assert not th.is_alive(), "the connect still waits after Ctrl-C"
-        assert isinstance(outcome["raised"], dialer.HandshakeAborted)
-    finally:
-        dialer.reset_first_contacts()
+    interrupt.fire()
+    th.join(10)
+    assert not th.is_alive(), "the connect still waits after Ctrl-C"
+    assert isinstance(outcome["raised"], dialer.HandshakeAborted)
+    # another run's first contact is not this run's Ctrl-C
+    assert not dialer.Interrupt().is_set()

@@ -62,14 +62,15 @@ def test_a_failed_node_group_counts_once_against_the_failure_budget():
     def group_step(unit):
         return [host_step(h) for h in unit]
 
-    results, stop, stages = rollout(fleet, by_unit(host_step, group_step), canary_group=None, canary=0, batch=1,
+    planned, _ = plan_stages(fleet, None, 0, 1)
+    results, stop, stages = rollout(fleet, by_unit(host_step, group_step), stages=planned, has_canary=False,
                                     parallel=1, max_failures=1)
     assert stages == [["b0", "b1"], ["a1"], ["a2"], ["a3"]] and stop.reason is None
     assert [results[n].details.get("node_group") for n in ("b0", "b1", "a1")] == ["kimi", "kimi", None]
     assert all(results[n].ok for n in ("a1", "a2", "a3"))
 
     failing.add("a1")   # a second unit fails: over the budget, the rest are not started
-    results, stop, _ = rollout(fleet, by_unit(host_step, group_step), canary_group=None, canary=0, batch=1,
+    results, stop, _ = rollout(fleet, by_unit(host_step, group_step), stages=planned, has_canary=False,
                                parallel=1, max_failures=1)
     assert "more than --max-failures 1: 2 units (a host, or a node group counted once) had failed" in stop.reason
     assert results["a2"].status == results["a3"].status == Status.SKIPPED

@@ -60,6 +60,8 @@ class Job:
     inventory_arg: str | None = None
     bake_s: float | None = None   # --bake: how long bake watches each host
     probe: bool = True            # False: --no-probe (markers alone judge execution)
+    # the run's Ctrl-C: fired by the rollout's loop, seen by first contacts and drains
+    interrupt: dialer.Interrupt = field(default_factory=dialer.Interrupt)
 
 
 @dataclass
@@ -106,11 +108,11 @@ def host_step(fn: Callable[[HostRun], HostResult]):
     def run(job: Job, host: Host) -> HostResult:
         transport = job.transport(host) if job.transport else None
         remote = Remote(host, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys,
-                        transport=transport)
+                        transport=transport, interrupt=job.interrupt)
         hr = HostRun(job, host, remote)
         try:
             hr.progress("connect")
-            with dialer.first_contact():   # Ctrl-C drops it: nothing has been sent to the host yet
+            with job.interrupt.first_contact():   # Ctrl-C drops it: nothing has been sent to the host yet
                 remote.open()
             result = fn(hr)
         except HostFailure as f:

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from .. import dialer, drain, protocol
+from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
@@ -74,7 +74,8 @@ def group_step(fn: Callable[[NodeGroup], list[HostResult]]):
 
     def run(job: Job, hosts: list[Host]) -> list[HostResult]:
         runs = [HostRun(job, h, Remote(h, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys,
-                                       transport=job.transport(h) if job.transport else None)) for h in hosts]
+                                       transport=job.transport(h) if job.transport else None,
+                                       interrupt=job.interrupt)) for h in hosts]
         group = NodeGroup(job, runs)
         try:
             results = _opened(group) or fn(group)
@@ -103,7 +104,7 @@ def _opened(group: NodeGroup) -> list[HostResult] | None:
     def connect(run: HostRun) -> HostResult | None:
         run.progress("connect")
         try:
-            with dialer.first_contact():   # Ctrl-C drops it: nothing has been sent to any rank yet
+            with run.job.interrupt.first_contact():   # Ctrl-C drops it: nothing was sent to any rank yet
                 run.remote.open()
         except HostFailure as f:
             return run.result(False, f.status, f.message)
