@@ -48,7 +48,7 @@ def dial(address: str, port: int, timeout: float | None, interrupt: "Interrupt |
 
 class _Connecting:
     """`_connect` in a thread of its own, waited for in slices, so that Ctrl-C
-    (`abort_first_contacts`) ends the wait at once; a socket that connects after
+    (`Interrupt.fire`) ends the wait at once; a socket that connects after
     that is closed."""
 
     def __init__(self, address: str, port: int, timeout: float | None, interrupt: "Interrupt"):
