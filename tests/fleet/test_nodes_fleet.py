@@ -149,9 +149,10 @@ def test_a_rank_that_dies_after_the_restart_fails_the_group_naming_it_and_every_
     assert nfleet.healthy("b0"), "rank 0 serves on, without the patch"
 
 
-def _deploy_until(nop, line: str, sig: int) -> subprocess.CompletedProcess:
-    """deploy-patch of the group, sent `sig` once its progress shows `line`."""
-    argv = [sys.executable, "-m", "fleetpatch", "deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP]
+def _deploy_until(nop, line: str, sig: int, command=("deploy-patch", "--patch", "spec-path-beacon")
+                  ) -> subprocess.CompletedProcess:
+    """deploy-patch (or `command`) of the group, sent `sig` once its progress shows `line`."""
+    argv = [sys.executable, "-m", "fleetpatch", *command, "--group", GROUP]
     proc = subprocess.Popen(argv, cwd=nop.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**__import__("os").environ, "COLUMNS": "200"})
     seen = []
@@ -178,6 +179,22 @@ def test_a_run_killed_between_the_ranks_restarts_is_finished_by_the_next_deploy(
     assert {n: run.host(n)["status"] for n in RANKS} == {n: "verified" for n in RANKS}
     assert "restart pending from an earlier run" in run.output
     assert all(pids(nfleet).values())
+
+
+def test_a_rollback_killed_between_the_ranks_restarts_is_finished_by_the_next_rollback(nop, nfleet):
+    assert nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP).code == 0
+    cut = _deploy_until(nop, "restart stop rank 0", signal.SIGKILL, command=("rollback",))
+    assert cut.returncode == -signal.SIGKILL, cut.stdout
+    time.sleep(1)
+    assert installed(nfleet, "b0") == installed(nfleet, "b1") == PRISTINE   # both restored before any stop
+    assert nfleet.server_pid("b1") is None
+
+    run = nop.run("rollback", "--group", GROUP)
+    assert run.code == 0, run
+    assert {n: run.host(n)["status"] for n in RANKS} == {n: "rolled-back" for n in RANKS}, run.output
+    assert all(pids(nfleet).values())
+    for name in RANKS:
+        assert MARKER not in since_last_start(nfleet, name), name
 
 
 def test_ctrl_c_between_the_ranks_restarts_lets_the_group_finish(nop, nfleet):

@@ -184,8 +184,8 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
         return _apply_only(group, writes)
     if all(p.already for p in plans) and not any(reasons):
         from .deploying import _already_applied
-        return group.each(lambda run: _already_applied(run, plans[group.runs.index(run)],
-                                                       replies[group.runs.index(run)], specs[group.runs.index(run)]))
+        return _group_verdict(group, group.each(lambda run: _already_applied(
+            run, plans[group.runs.index(run)], replies[group.runs.index(run)], specs[group.runs.index(run)])))
     return _restart_group(group, writes, specs, reasons)
 
 
@@ -389,10 +389,11 @@ def _rolled_back_after(group: NodeGroup, failed: list[HostResult]) -> list[HostR
     return [fold_rollback(f, rb) for f, rb in zip(failed, rolled)]
 
 
-def _rollback_ranks(group: NodeGroup, names: list[str], patches: dict) -> list[HostResult]:
+def _rollback_ranks(group: NodeGroup, names: list[str], patches: dict, pending: tuple = ()) -> list[HostResult]:
     """Restore every rank's install, stop every rank, start every rank, and check that each
-    came back without the patches' markers."""
-    labels: list[str] = []
+    came back without the patches' markers. `pending`: the labels of patches already restored
+    whose restart an earlier rollback left pending (killed between the stops and the starts)."""
+    labels: list[str] = list(pending)
     for run in group.runs:
         problem = restore_install(run, names, labels)
         if problem is not None:
@@ -454,10 +455,22 @@ def rollback_nodes(group: NodeGroup) -> list[HostResult]:
                     if entry is not None and n not in patches:
                         names.append(n)
                         patches[n] = deployed(job, run.host, [(n, entry)])[0].patch
+            pending: dict = {}
+            if not names:   # an earlier rollback restored every rank; some rank's restart may be pending
+                for run, reply in zip(group.runs, replies):
+                    ledger = reply.get("ledger") or {}
+                    for n, e in (ledger.get("rolled_back") or {}).items() if ledger.get("restart_pending") else ():
+                        pending.setdefault(n, e)
+                        patches.setdefault(n, deployed(job, run.host, [(n, e)])[0].patch)
+            if not names and not pending:
+                results = [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll "
+                                                       "back") for run in group.runs]
+                return results
+            names = names or sorted(pending)
             rolled: list[HostResult] = []
 
             def undo() -> HostResult:
-                rolled[:] = _rollback_ranks(group, names, patches)
+                rolled[:] = _rollback_ranks(group, names, patches, tuple(e["label"] for e in pending.values()))
                 return _head(group, rolled)
             head = drain.around_restart(job, group.rank0.host, group.rank0.remote, undo)
             results = list(rolled) if rolled else group.untouched(group.rank0, head)
