@@ -55,6 +55,7 @@ def test_two_servers_are_patched_once_and_each_restarted_and_verified(lh):
         for name in ("s0", "s1"):
             s = r.details["servers"][name]
             assert s["status"] == "verified" and s["executed_path"] == "EAGLEWorker", s
+            assert 0 < s["duration_s"] < r.duration_s, s   # its own part of the host's time
             log = (lh.root / "logs" / f"{name}.log").read_text()
             assert "fleetpatch spec-path-beacon: EAGLEWorker" in log, name
         assert not lh.is_pristine()

@@ -11,6 +11,7 @@ its worst server's, with each server's result under `details["servers"]`."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from .. import drain, protocol
 from ..errors import HostFailure, Status
@@ -58,6 +59,7 @@ def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> H
     from .deploying import Restart, restart_and_verify, restart_reason   # deploying calls this module
     results: list[tuple[str, HostResult]] = []
     for srun in server_runs(run):
+        started = time.monotonic()
         reason, reply = "apply", None
         if not applied:   # this server's ledger slot and process: one read serves both uses
             reply = probe(srun.remote, srun.host, srun.job, [], content=False)
@@ -69,6 +71,7 @@ def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> H
             if probe_spec is not None:
                 request["probe"] = probe_spec
             result = restart_and_verify(srun, plan, Restart("restart", request, reason))
+        result.duration_s = time.monotonic() - started   # this server's part of the host's run
         results.append((srun.host.server_name, result))
         if not result.ok and run.job.on_failure == "rollback":
             restarted = [n for n, r in results if r.details.get("restarted", True)]
@@ -130,8 +133,11 @@ def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: lis
     for srun in server_runs(run):
         if restart is not None and srun.host.server_name not in restart:
             continue
-        results.append((srun.host.server_name, drain.around_restart(
-            srun.job, srun.host, srun.remote, lambda srun=srun: _restart_without(srun, names, patches, labels))))
+        started = time.monotonic()
+        result = drain.around_restart(srun.job, srun.host, srun.remote,
+                                      lambda srun=srun: _restart_without(srun, names, patches, labels))
+        result.duration_s = time.monotonic() - started
+        results.append((srun.host.server_name, result))
     result = combine(run, results, ", ".join(labels))
     if result.ok:
         result.status = Status.ROLLED_BACK
