@@ -60,5 +60,6 @@ def test_a_rollout_under_traffic_drains_rank_0_and_drops_nothing(fleet, tmp_path
     assert counts["in_flight"] == 0
     assert counts[FAILED] == 0 and counts[CUT] == 0, (counts, [o.detail for o in lg.bad()])
     assert counts[OK] == counts["sent"] >= 20, counts
+    print("node-group rollout under traffic:", counts)
     log = fleet.hosts["b0"].log_path.read_text(errors="replace")
     assert "Remaining number of requests 0" in log.split("SIGTERM received")[-1], "rank 0 drained before its stop"
