@@ -16,6 +16,7 @@ next deploy restarts the group, and the next rollback undoes it.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -287,9 +288,12 @@ def _group_verdict(group: NodeGroup, per_rank: list[HostResult]) -> list[HostRes
     named = ", ".join(f"{group.who(run)}: {r.status}" for run, r in bad)
     for r in per_rank:
         r.details["node_group_failed"] = named
-        if r.ok:
+        if r.ok:   # its own verdict passed: the block says first that the group did not
             r.ok, r.status = False, bad[0][1].status
-            r.message += f"\n  node group {group.name} failed: {named}"
+            head, _, rest = r.message.partition("\n")
+            own = re.match(r"^OK\s+\S+\s+(.*)$", head)
+            r.message = (f"FAIL {r.host}  node group {group.name} failed: {named}\n"
+                         f"  this rank on its own: {own.group(1) if own else head}" + (f"\n{rest}" if rest else ""))
         else:
             r.message += f"\n  node group {group.name}: {named}"
     return per_rank
@@ -298,7 +302,9 @@ def _group_verdict(group: NodeGroup, per_rank: list[HostResult]) -> list[HostRes
 def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostResult]:
     """Stop every rank, start every rank (rank 0 first), then follow every rank's log at once."""
     label = plans[0].label
-    why = next((r for r in reasons if r), "apply")
+    pending = [(run, r) for run, r, plan in zip(group.runs, reasons, plans) if r and plan.already]
+    why = "apply" if not pending or not all(p.already for p in plans) else \
+        f"{pending[0][1]} ({group.who(pending[0][0])})"
     failed = _stop_all(group, label, f"{why}: restart for {label}")
     if failed is not None:
         return failed
