@@ -28,7 +28,7 @@ from .textsafe import safe_line
 HELP = {
     "inventory": "the inventory file (default: ./hosts.yaml, or $FLEETPATCH_INVENTORY)",
     "hosts": "comma-separated host names from the inventory",
-    "group": "the hosts of this inventory group ('all' is every host)",
+    "group": "the hosts of this inventory group, or the ranks of this node group ('all' is every host)",
     "report": "also write the JSON report to this path (checked before any host is contacted)",
     "parallel": "hosts worked on at once, a whole number of 1 or more (default: all selected, capped at 32)",
     "patches": "look patches up in DIR first, then ./patches, then the shipped ones",
