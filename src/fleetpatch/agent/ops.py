@@ -185,7 +185,7 @@ def op_stop(state, req):
     """Stop the server, its restart left pending (the ranks of a multi-node server: all stop, then all start)."""
     check_lock(req)
     ledger = load_ledger(req)
-    out = {"stop": stop_server(req, ledger, req.get("reason", "stop"))}
+    out = {"stop": stop_server(req, ledger)}
     save_ledger(req, ledger)
     return out
 

@@ -280,18 +280,22 @@ def restart_systemd(restart, log):
     return extra, pos, pid
 
 
+def stop_supervised(restart, ctl):
+    """`supervisorctl stop PROGRAM`; a program that is not running is stopped already."""
+    argv = supervisor_argv(restart, "stop", ctl)
+    rc, out = run_tool(argv)
+    if parse_supervisor_result(out, restart["program"]) not in ("stopped", "not running"):
+        raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()
+                                                                          or "no output"))
+
+
 def restart_supervisor(restart, log):
     """supervisorctl stop, note where the program's log (its stdout_logfile) ends, start.
     A program that exits while starting is not an error here: the log since the offset
     shows why, and follow reports it as a server that exited."""
     program = restart["program"]
     ctl = supervisorctl_command()
-    argv = supervisor_argv(restart, "stop", ctl)
-    rc, out = run_tool(argv)
-    state = parse_supervisor_result(out, program)
-    if state not in ("stopped", "not running"):
-        raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()
-                                                                          or "no output"))
+    stop_supervised(restart, ctl)
     pos = log_position(log)
     argv = supervisor_argv(restart, "start", ctl)
     rc, out = run_tool(argv)
@@ -306,10 +310,15 @@ def restart_supervisor(restart, log):
     return extra, pos, parse_supervisor_pid(out)
 
 
+def restart_settings(req):
+    """The request's restart settings with what finds this server's processes: its state dir and name."""
+    return dict(req["restart"], state_dir=req.get("state_dir"), server=req.get("server_name"))
+
+
 def restart_server(req, ledger, reason):
     """Stop, note where the log ends, start. The offset is taken after the old
     server is gone, so nothing it wrote can count for the new one."""
-    restart = dict(req["restart"], state_dir=req.get("state_dir"), server=req.get("server_name"))
+    restart = restart_settings(req)
     log = req["log"]
     kind = restart.get("kind", "command")
     result = {"kind": kind}
@@ -345,11 +354,11 @@ def restart_server(req, ledger, reason):
     return result
 
 
-def stop_server(req, ledger, reason):
+def stop_server(req, ledger):
     """Stop the server and leave it stopped, its restart pending: a multi-node server's ranks
     are all stopped before any is started again (the restart that follows starts it). A run
     that ends between the two leaves the pending restart for the next one to do."""
-    restart = dict(req["restart"], state_dir=req.get("state_dir"), server=req.get("server_name"))
+    restart = restart_settings(req)
     kind = restart.get("kind", "command")
     if kind == "command" and restart.get("_container"):
         result = stop_command(restart)
@@ -362,15 +371,10 @@ def stop_server(req, ledger, reason):
             raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()))
         result = {"unit": restart["unit"]}
     elif kind == "supervisor":
-        argv = supervisor_argv(restart, "stop", supervisorctl_command())
-        rc, out = run_tool(argv)
-        if parse_supervisor_result(out, restart["program"]) not in ("stopped", "not running"):
-            raise AgentError("restart-failed", "`%s` failed (exit %s): %s" % (" ".join(argv), rc, out.strip()
-                                                                              or "no output"))
+        stop_supervised(restart, supervisorctl_command())
         result = {"program": restart["program"]}
     else:
         raise AgentError("error", "a server of restart kind %r is not stopped apart from its start" % kind)
     ledger["restart_pending"] = True
-    ledger["stopped"] = {"at": now_iso(), "reason": reason}
     result["kind"] = kind
     return result
