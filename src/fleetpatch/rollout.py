@@ -123,7 +123,6 @@ def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop:
     `parallel` units at once. With a `budget`, stop starting units once more than `budget`
     have failed (counted over `results`)."""
     pending = units_of(hosts)
-    grouped = any(len(u) > 1 for u in pending)
     in_flight: dict[Future, list[Host]] = {}
 
     def take(fut: Future, unit: list[Host]) -> None:
@@ -143,8 +142,8 @@ def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop:
                     take(fut, in_flight.pop(fut))
                     failures = _failed_units(results)
                     if budget is not None and failures > budget:
-                        stop.set(_over_budget(budget, failures, grouped or any(
-                            r.details.get("node_group") for r in results.values())))
+                        stop.set(_over_budget(budget, failures, any(r.details.get("node_group")
+                                                                    for r in results.values())))
         except KeyboardInterrupt:
             if stop.interrupt is not None:   # a host still connecting, or draining, is left untouched at once
                 stop.interrupt.fire()

@@ -101,30 +101,48 @@ class HostRun:
         return HostResult(self.host.name, ok, status, message, **kw)
 
 
+def new_run(job: Job, host: Host) -> HostRun:
+    """The host's run, its connection not opened yet."""
+    return HostRun(job, host, Remote(host, hosts_by_name=job.hosts_by_name,
+                                     accept_new_host_keys=job.accept_new_host_keys,
+                                     transport=job.transport(host) if job.transport else None,
+                                     interrupt=job.interrupt))
+
+
+def connect(hr: HostRun) -> None:
+    """Open the run's connection (a HostFailure if it cannot be). Ctrl-C drops a connection
+    still being made: nothing has been sent to the host yet."""
+    hr.progress("connect")
+    with hr.job.interrupt.first_contact():
+        hr.remote.open()
+
+
+def finish_run(hr: HostRun, result: HostResult) -> HostResult:
+    """The run's connection closed, its time and round trips on its result."""
+    hr.remote.close()
+    result.duration_s = time.monotonic() - hr.started
+    result.round_trips = hr.remote.round_trips
+    hr.progress("done", result.status)
+    return result
+
+
 def host_step(fn: Callable[[HostRun], HostResult]):
     """A host operation as `step(job, host)`: timed, its connection opened and
     closed, every failure turned into the host's result."""
 
     def run(job: Job, host: Host) -> HostResult:
-        transport = job.transport(host) if job.transport else None
-        remote = Remote(host, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys,
-                        transport=transport, interrupt=job.interrupt)
-        hr = HostRun(job, host, remote)
+        hr = new_run(job, host)
         try:
-            hr.progress("connect")
-            with job.interrupt.first_contact():   # Ctrl-C drops it: nothing has been sent to the host yet
-                remote.open()
+            connect(hr)
             result = fn(hr)
         except HostFailure as f:
             result = HostResult(host.name, False, f.status, f.message)
         except Exception as e:  # a bug must not take the other hosts down with it
             result = HostResult(host.name, False, Status.ERROR, f"{host.name}: {type(e).__name__}: {e}")
-        finally:
-            remote.close()
-        result.duration_s = time.monotonic() - hr.started
-        result.round_trips = remote.round_trips
-        hr.progress("done", result.status)
-        return result
+        except BaseException:
+            hr.remote.close()
+            raise
+        return finish_run(hr, result)
 
     run.__name__ = fn.__name__
     run.__qualname__ = fn.__qualname__

@@ -65,9 +65,7 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
     if plan.already:
         return _already_applied(run, plan, reply, probe)
     run.progress("apply", f"{len(plan.changes)} files")
-    apply_req = protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
-                                      rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
-                                      files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
+    apply_req = apply_request(run, plan, reply, revision)
     if probe is not None:
         apply_req["probe"] = probe
     if run.host.servers and not job.no_restart:
@@ -81,6 +79,14 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
                           f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
     return restart_and_verify(run, plan, Restart("apply", apply_req, ""))
+
+
+def apply_request(run: HostRun, plan: Plan, reply: protocol.ProbeReply, revision) -> protocol.ApplyRequest:
+    """The request that writes the revision's files on the host and records the patch there."""
+    job = run.job
+    return protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
+                                 rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
+                                 files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
 
 
 def deploy_record(job, revision, plan: Plan) -> protocol.PatchRecord:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -25,12 +24,12 @@ from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
-from ..remote import Remote
 from . import execution
-from .context import HostRun, Job, deploy_command, rollback_command
-from .follow import Watch, follow_ahead, follow_and_judge, verdict_result
+from .context import HostRun, Job, connect, deploy_command, finish_run, new_run, rollback_command
+from .follow import Watch, follow_ahead
 from .lock import HostLock
-from .servers import HeldLock, restore_install
+from .deploying import apply_request
+from .servers import HeldLock, judged_without, restore_install
 from .verify import cut_off, no_answer, verify
 
 
@@ -61,12 +60,11 @@ class NodeGroup:
                                                               f"{result.status}", patch=result.patch))
         return out
 
-    def each(self, fn: Callable[[HostRun], HostResult]) -> list[HostResult]:
-        """`fn` on every rank at once (the follows: rank 0 is ready only once every rank has joined)."""
-        if len(self.runs) == 1:
-            return [fn(self.runs[0])]
+    def each(self, fn: Callable[..., HostResult], *per_rank: list) -> list[HostResult]:
+        """`fn(run, *its items of per_rank)` on every rank at once (the follows: rank 0 is ready only
+        once every rank has joined)."""
         with ThreadPoolExecutor(max_workers=len(self.runs), thread_name_prefix="fleetpatch-rank") as pool:
-            return list(pool.map(fn, self.runs))
+            return list(pool.map(fn, self.runs, *per_rank))
 
 
 def group_step(fn: Callable[[NodeGroup], list[HostResult]]):
@@ -74,26 +72,18 @@ def group_step(fn: Callable[[NodeGroup], list[HostResult]]):
     that cannot be reached leaves the group untouched), one result per rank, every failure a result."""
 
     def run(job: Job, hosts: list[Host]) -> list[HostResult]:
-        runs = [HostRun(job, h, Remote(h, hosts_by_name=job.hosts_by_name, accept_new_host_keys=job.accept_new_host_keys,
-                                       transport=job.transport(h) if job.transport else None,
-                                       interrupt=job.interrupt)) for h in hosts]
-        group = NodeGroup(job, runs)
+        group = NodeGroup(job, [new_run(job, h) for h in hosts])
         try:
             results = _opened(group) or fn(group)
         except HostFailure as f:   # before any rank was changed: the steps catch the later ones
-            results = [run.result(False, f.status, f.message) for run in runs]
+            results = [run.result(False, f.status, f.message) for run in group.runs]
         except Exception as e:  # a bug must not take the other hosts down with it
-            results = [run.result(False, Status.ERROR, f"{run.name}: {type(e).__name__}: {e}") for run in runs]
-        finally:
-            for r in runs:
-                r.remote.close()
-        for hr, result in zip(runs, results):
-            result.duration_s = time.monotonic() - hr.started
-            result.round_trips = hr.remote.round_trips
-            result.details.setdefault("node_group", group.name)
-            result.details.setdefault("node_rank", hr.host.node_rank)
-            hr.progress("done", result.status)
-        return results
+            results = [run.result(False, Status.ERROR, f"{run.name}: {type(e).__name__}: {e}") for run in group.runs]
+        except BaseException:
+            for run in group.runs:
+                run.remote.close()
+            raise
+        return [finish_run(run, result) for run, result in zip(group.runs, results)]
 
     run.__name__ = fn.__name__
     run.__doc__ = fn.__doc__
@@ -102,15 +92,13 @@ def group_step(fn: Callable[[NodeGroup], list[HostResult]]):
 
 def _opened(group: NodeGroup) -> list[HostResult] | None:
     """Every rank connected (at once), or the results of a group left untouched."""
-    def connect(run: HostRun) -> HostResult | None:
-        run.progress("connect")
+    def opened(run: HostRun) -> HostResult | None:
         try:
-            with run.job.interrupt.first_contact():   # Ctrl-C drops it: nothing was sent to any rank yet
-                run.remote.open()
+            connect(run)
         except HostFailure as f:
             return run.result(False, f.status, f.message)
         return None
-    failed = [(run, r) for run, r in zip(group.runs, group.each(connect)) if r is not None]
+    failed = [(run, r) for run, r in zip(group.runs, group.each(opened)) if r is not None]
     return group.untouched(*failed[0]) if failed else None
 
 
@@ -185,8 +173,7 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
         return _apply_only(group, writes)
     if all(p.already for p in plans) and not any(reasons):
         from .deploying import _already_applied
-        return _group_verdict(group, group.each(lambda run: _already_applied(
-            run, plans[group.runs.index(run)], replies[group.runs.index(run)], specs[group.runs.index(run)])))
+        return _group_verdict(group, group.each(_already_applied, plans, replies, specs))
     return _restart_group(group, writes, specs, reasons)
 
 
@@ -201,15 +188,6 @@ def _mixed_versions(group: NodeGroup) -> HostResult | None:
                                                    "install the same one on each, or fix the group in the inventory")
 
 
-def _apply_request(run: HostRun, plan, reply: dict, revision) -> dict:
-    from .deploying import apply_files, deploy_record
-    job = run.job
-    request = protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
-                                    rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
-                                    files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
-    return dict(request, restart=None)   # every rank is restarted once all are written
-
-
 def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
     """Write every rank's install that needs it, its restart left pending; None when all are written.
     A rank that fails has written nothing (the agent's all-or-nothing); those written before it are
@@ -220,7 +198,8 @@ def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
             continue
         run.progress("apply", f"{len(plan.changes)} files")
         try:
-            run.remote.call("apply", _apply_request(run, plan, reply, revision))
+            # every rank is restarted once all are written
+            run.remote.call("apply", dict(apply_request(run, plan, reply, revision), restart=None))
         except HostFailure as f:
             out = group.untouched(run, run.result(False, f.status, f.message, patch=plan.label))
             for w in written:
@@ -273,12 +252,6 @@ def _restart_group(group: NodeGroup, writes: list, specs: list, reasons: list) -
     return _group_verdict(group, per_rank)
 
 
-def _head(group: NodeGroup, per_rank: list[HostResult]) -> HostResult:
-    """Rank 0's result as its drain sees it: failed if any rank failed (a group that does not
-    verify never goes back into the router)."""
-    return _group_verdict(group, per_rank)[0]
-
-
 def _group_verdict(group: NodeGroup, per_rank: list[HostResult]) -> list[HostResult]:
     """A failure on any rank fails every rank, each naming the ranks that failed (once: a verdict
     already given is kept)."""
@@ -305,7 +278,7 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
     pending = [(run, r) for run, r, plan in zip(group.runs, reasons, plans) if r and plan.already]
     why = "apply" if not pending or not all(p.already for p in plans) else \
         f"{pending[0][1]} ({group.who(pending[0][0])})"
-    failed = _stop_all(group, label, f"{why}: restart for {label}")
+    failed = _stop_all(group, label)
     if failed is not None:
         return failed
     outs: list[dict | None] = []
@@ -320,18 +293,16 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
         except HostFailure as f:
             return _start_failed(group, run, f, label)
 
-    def judge(run: HostRun) -> HostResult:
+    def judge(run: HostRun, out: dict, plan, spec: dict | None) -> HostResult:
         from .deploying import launch_after_restart
-        i = group.runs.index(run)
-        out, plan = outs[i], plans[i]
         watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [label],
                       ends_work=lambda ok: True,
-                      execution=execution.ExecutionView(out.get("probe")) if specs[i] is not None else None)
+                      execution=execution.ExecutionView(out.get("probe")) if spec is not None else None)
         try:
             return verify(run, watch)
         except HostFailure as f:
             return cut_off(run, label, f, "verification")
-    results = group.each(judge)
+    results = group.each(judge, outs, plans, specs)
     return _still_up(group, outs, results) if all(r.ok for r in results) else results
 
 
@@ -354,12 +325,12 @@ def _still_up(group: NodeGroup, outs: list, results: list[HostResult]) -> list[H
     return results
 
 
-def _stop_all(group: NodeGroup, label: str, reason: str) -> list[HostResult] | None:
+def _stop_all(group: NodeGroup, label: str) -> list[HostResult] | None:
     """Every rank stopped, its restart left pending (the ledger says so if this run ends here)."""
     for run in reversed(group.runs):   # the ranks above 0 first: rank 0 holds the rendezvous
         run.progress("restart", f"stop rank {run.host.node_rank}")
         try:
-            run.remote.call("stop", dict(run.request(), reason=reason))
+            run.remote.call("stop", run.request())
         except HostFailure as f:
             return _start_failed(group, run, f, label, phase="stop")
     return None
@@ -391,27 +362,29 @@ def _rolled_back_after(group: NodeGroup, failed: list[HostResult]) -> list[HostR
     job = group.job
     for run in group.runs:
         run.progress("rollback", "node group " + group.name)
-    rolled = _rollback_ranks(group, [job.patch.name], {job.patch.name: job.patch})
+    label = failed[0].patch or job.patch.name
+    rolled = _rollback_ranks(group, {job.patch.name: (job.patch, label)})
     return [fold_rollback(f, rb) for f, rb in zip(failed, rolled)]
 
 
-def _rollback_ranks(group: NodeGroup, names: list[str], patches: dict, pending: tuple = ()) -> list[HostResult]:
-    """Restore every rank's install, stop every rank, start every rank, and check that each
-    came back without the patches' markers. `pending`: the labels of patches already restored
-    whose restart an earlier rollback left pending (killed between the stops and the starts)."""
-    labels: list[str] = list(pending)
+def _rollback_ranks(group: NodeGroup, watched: dict, pending: bool = False) -> list[HostResult]:
+    """Restore every rank's install from the patches of `watched` ({name: (patch, label)}, newest
+    first), stop every rank, start every rank, and check that each came back without their
+    markers. `pending`: they were restored already, by a rollback killed between the stops and the
+    starts, and the restarts are what is left."""
+    restored: list[str] = []
     for run in group.runs:
-        problem = restore_install(run, names, labels)
+        problem = restore_install(run, list(watched), restored)
         if problem is not None:
             return [problem if o is run else o.result(False, Status.ERROR, f"{o.name}: node group {group.name}'s "
                                                                            f"rollback stopped at {group.who(run)}; "
                                                                            "a rerun of rollback finishes it")
                     for o in group.runs]
-    label = ", ".join(dict.fromkeys(labels))
-    if not labels:
+    if not restored and not pending:
         return [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
                 for run in group.runs]
-    failed = _stop_all(group, label, f"rollback {label}")
+    label = ", ".join(lab for _, lab in watched.values())
+    failed = _stop_all(group, label)
     if failed is not None:
         return failed
     for run in group.runs:
@@ -421,68 +394,52 @@ def _rollback_ranks(group: NodeGroup, names: list[str], patches: dict, pending: 
                             ahead=follow_ahead(run.job, run.host))
         except HostFailure as f:
             return _start_failed(group, run, f, label)
-
-    def judge(run: HostRun) -> HostResult:
-        from .context import running_launch
-        watch = Watch(protocol.AFTER_RESTART, running_launch(run.host, {}),
-                      [patches[n] for n in names if patches.get(n) is not None], [label], want_markers=False)
-        try:
-            verdicts, timings = follow_and_judge(run, watch)
-        except HostFailure as f:
-            return cut_off(run, label, f, "rollback's verification")
-        result = verdict_result(run, verdicts, [label], timings)
-        if result.ok:
-            result.status = Status.ROLLED_BACK
-            result.message = f"{run.name}: {label} rolled back on every rank of node group {group.name}; " \
-                             "restarted without the patch's markers"
-        return result
-    return group.each(judge)
+    return group.each(lambda run: judged_without(
+        run, protocol.AFTER_RESTART, list(watched.values()),
+        f"{run.name}: {label} rolled back on every rank of node group {group.name}; restarted without the "
+        "patch's markers"))
 
 
 @group_step
 def rollback_nodes(group: NodeGroup) -> list[HostResult]:
     """rollback of a node group: every rank restored, then all stopped, then all started."""
-    from .recorded import deployed, wanted_name
-    from .rolling_back import newest_first
     job = group.job
     results: list[HostResult] = []
     try:
         with _locked(group, rollback_command(job)):
             replies, refused = _locked_probes(group, [], content=False)
-            if refused:
-                results = refused
-                return results
-            names: list[str] = []
-            patches: dict = {}
-            for run, reply in zip(group.runs, replies):
-                ledger = reply.get("ledger") or {}
-                for n in ([wanted_name(job)] if wanted_name(job) else newest_first(ledger)):
-                    entry = (ledger.get("patches") or {}).get(n)
-                    if entry is not None and n not in patches:
-                        names.append(n)
-                        patches[n] = deployed(job, run.host, [(n, entry)])[0].patch
-            pending: dict = {}
-            if not names:   # an earlier rollback restored every rank; some rank's restart may be pending
-                for run, reply in zip(group.runs, replies):
-                    ledger = reply.get("ledger") or {}
-                    for n, e in (ledger.get("rolled_back") or {}).items() if ledger.get("restart_pending") else ():
-                        pending.setdefault(n, e)
-                        patches.setdefault(n, deployed(job, run.host, [(n, e)])[0].patch)
-            if not names and not pending:
-                results = [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll "
-                                                       "back") for run in group.runs]
-                return results
-            names = names or sorted(pending)
-            rolled: list[HostResult] = []
-
-            def undo() -> HostResult:
-                rolled[:] = _rollback_ranks(group, names, patches, tuple(e["label"] for e in pending.values()))
-                return _head(group, rolled)
-            head = drain.around_restart(job, group.rank0.host, group.rank0.remote, undo)
-            results = list(rolled) if rolled else group.untouched(group.rank0, head)
-            if rolled:
-                results[0] = head
-            results = _group_verdict(group, results)
+            results = refused or _rollback_locked(group, replies)
     finally:
         results = _annotated(group, results) if results else results
     return results
+
+
+def _rollback_locked(group: NodeGroup, replies: list) -> list[HostResult]:
+    """What every rank records as applied (newest first), or, when an earlier rollback restored
+    them all and was cut before the restarts, what it restored; rolled back inside rank 0's drain."""
+    from .recorded import deployed, wanted_name
+    from .rolling_back import newest_first
+    job = group.job
+    ledgers = [reply.get("ledger") or {} for reply in replies]
+    watched: dict = {}
+    for run, ledger in zip(group.runs, ledgers):
+        for n in ([wanted_name(job)] if wanted_name(job) else newest_first(ledger)):
+            entry = (ledger.get("patches") or {}).get(n)
+            if entry is not None and n not in watched:
+                watched[n] = (deployed(job, run.host, [(n, entry)])[0].patch, entry["label"])
+    pending = not watched
+    for run, ledger in zip(group.runs, ledgers if pending else ()):
+        for n, e in (ledger.get("rolled_back") or {}).items() if ledger.get("restart_pending") else ():
+            watched.setdefault(n, (deployed(job, run.host, [(n, e)])[0].patch, e["label"]))
+    if not watched:
+        return [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
+                for run in group.runs]
+    rolled: list[HostResult] = []
+
+    def undo() -> HostResult:
+        rolled[:] = _rollback_ranks(group, watched, pending)
+        return _group_verdict(group, rolled)[0]   # a group that failed stays out of the router
+    head = drain.around_restart(job, group.rank0.host, group.rank0.remote, undo)
+    if not rolled:   # not drained: every rank as it was
+        return group.untouched(group.rank0, head)
+    return _group_verdict(group, [head] + rolled[1:])

@@ -183,15 +183,28 @@ def _restart_without(srun: HostRun, names: list[str], patches: dict, labels: lis
     srun.progress("restart", f"without {label}")
     try:
         out = srun.remote.call("restart", protocol.RestartRequest(**srun.request(), reason=f"rollback {label}"))
-        watch = Watch(protocol.log_window(out["restart"]), running_launch(srun.host, {}),
-                      [patches[n] for n in names if patches.get(n) is not None], labels, want_markers=False)
-        verdicts, timings = follow.follow_and_judge(srun, watch)
     except HostFailure as f:
         if not no_answer(f):
             return srun.result(False, f.status, f.message, patch=label)
         return cut_off(srun, label, f, "rollback's restart")
-    result = follow.verdict_result(srun, verdicts, labels, timings)
+    return judged_without(srun, protocol.log_window(out["restart"]),
+                          [(patches[n], lab) for n, lab in zip(names, labels) if patches.get(n) is not None],
+                          f"{srun.name}: restarted without {label}'s markers")
+
+
+def judged_without(run: HostRun, start: dict, watched: list, said: str) -> HostResult:
+    """A server restarted after a rollback, judged from `start`: ready, and none of the markers of
+    the (patch, label) pairs `watched` in its log; `said` is its message when it passes."""
+    labels = [lab for _, lab in watched]
+    watch = Watch(start, running_launch(run.host, {}), [p for p, _ in watched], labels, want_markers=False)
+    try:
+        verdicts, timings = follow.follow_and_judge(run, watch)
+    except HostFailure as f:
+        if not no_answer(f):
+            return run.result(False, f.status, f.message, patch=", ".join(labels))
+        return cut_off(run, ", ".join(labels), f, "rollback's verification")
+    result = follow.verdict_result(run, verdicts, labels, timings)
     if result.ok:
         result.status = Status.ROLLED_BACK
-        result.message = f"{srun.name}: restarted without {label}'s markers"
+        result.message = said
     return result
