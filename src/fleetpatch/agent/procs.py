@@ -1,5 +1,6 @@
 """Processes on the host: is a pid alive, wait for it to end, how it was launched,
 run a service manager's tool. Linux /proc where it helps; stdlib only."""
+import collections
 import errno
 import os
 import select
@@ -9,13 +10,41 @@ import time
 from .base import read_bytes, expand
 
 
+class ProcStat(collections.namedtuple("ProcStat", "comm state ppid pgrp session start")):
+    """/proc/<pid>/stat as far as fleetpatch reads it: the command name (comm), the state ("R",
+    "S", "Z", ...), the parent, the process group, the session and the start time in clock ticks
+    since boot (field 22), which a reused pid does not share."""
+    __slots__ = ()
+
+
+def parse_proc_stat(data):
+    """A ProcStat of the bytes of a /proc/<pid>/stat; None when they are not one. The command
+    name is any 15 bytes, ")", " (" and blanks included: it ends at the LAST ")"."""
+    head, sep, rest = data.partition(b"(")
+    comm, sep2, rest = rest.rpartition(b")")
+    fields = rest.split()
+    if not sep or not sep2 or len(fields) < 20:
+        return None
+    try:
+        return ProcStat(comm.decode("utf-8", "replace"), fields[0].decode("ascii", "replace"),
+                        int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+    except ValueError:
+        return None
+
+
+def proc_stat(pid):
+    """The ProcStat of `pid` ("self": this process) from /proc; None when it is gone (or no /proc)."""
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            return parse_proc_stat(f.read())
+    except (IOError, OSError):
+        return None
+
+
 def own_start():
     """This process's start time in clock ticks since boot (a reused pid does not share it)."""
-    try:
-        with open("/proc/self/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (IOError, OSError, ValueError, IndexError):
-        return None
+    stat = proc_stat("self")
+    return stat.start if stat else None
 
 
 def read_pid(pidfile):
@@ -34,12 +63,8 @@ def pid_alive(pid):
     except OSError as e:
         if e.errno == errno.ESRCH:
             return False
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (IOError, OSError, IndexError):
-        return True
+    stat = proc_stat(pid)
+    return stat is None or stat.state not in ("Z", "X")
 
 
 def wait_pid_gone(pid, seconds):

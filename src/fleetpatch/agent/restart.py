@@ -9,7 +9,7 @@ import time
 from .container import command_pid, container_pid, note, restart_command, restart_container, stop_command
 from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, protocol, read_bytes
 from .package import find_spec
-from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
+from .procs import pid_alive, proc_stat, read_pid, run_tool, wait_pid_gone
 
 
 def log_position(log):
@@ -42,11 +42,10 @@ def started_servers(restart):
         if not name.isdigit() or int(name) == os.getpid():
             continue
         pid = int(name)
+        stat = proc_stat(pid)
+        if stat is None or stat.state in ("Z", "X") or stat.session != pid:
+            continue
         try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if fields[0] in ("Z", "X") or int(fields[3]) != pid:   # state, session id
-                continue
             # the same state dir path in another mount namespace is another host's (or container's)
             if mark in read_bytes("/proc/%d/environ" % pid).split(b"\0") and mount_ns(pid) == own_ns:
                 found.append(pid)
