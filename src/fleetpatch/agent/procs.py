@@ -7,7 +7,7 @@ import select
 import subprocess
 import time
 
-from .base import read_bytes, expand
+from .base import AgentError, read_bytes, expand
 
 
 class ProcStat(collections.namedtuple("ProcStat", "comm state ppid pgrp session start")):
@@ -90,14 +90,18 @@ def wait_pid_gone(pid, seconds):
             os.close(fd)
 
 
-def proc_launch(pid, env_prefixes=()):
-    """argv and the engine-relevant environment of the running server, from /proc."""
-    out = {"argv": None, "env": None}
+def proc_argv(pid):
+    """The command line of `pid`, from /proc; None when it cannot be read (or is empty: a kernel thread)."""
     try:
         raw = read_bytes("/proc/%d/cmdline" % pid)
-        out["argv"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a != b""] or None
     except (IOError, OSError):
-        pass
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a != b""] or None
+
+
+def proc_launch(pid, env_prefixes=()):
+    """argv and the engine-relevant environment of the running server, from /proc."""
+    out = {"argv": proc_argv(pid), "env": None}
     try:
         raw = read_bytes("/proc/%d/environ" % pid)
         env = {}
@@ -111,6 +115,91 @@ def proc_launch(pid, env_prefixes=()):
     except (IOError, OSError):
         pass
     return out
+
+
+# how far apart the kernel's clock of a process start and the pidfile's mtime may be for the same
+# moment: /proc/stat's btime is in whole seconds and follows steps of the wall clock
+PID_CLOCK_SLACK_S = 2.0
+
+
+def boot_epoch():
+    """When this machine booted, in seconds since the epoch (/proc/stat's btime); None without it."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return int(line.split()[1])
+    except (IOError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def started_epoch(stat):
+    """When the process of `stat` (a ProcStat) began, in seconds since the epoch; None if unknown."""
+    boot = boot_epoch()
+    if boot is None:
+        return None
+    return boot + stat.start / float(os.sysconf("SC_CLK_TCK"))
+
+
+def same_command(pid, running, argv):
+    """Is `running` (the command line of `pid`) the one `argv` starts? The same words after the
+    program, and the same program: by name, or (another spelling of it, as "python3" for
+    "/opt/venv/bin/python3") by the file it runs."""
+    if not running or not argv or running[1:] != list(argv[1:]):
+        return False
+    if os.path.basename(running[0]) == os.path.basename(argv[0]):
+        return True
+    import shutil
+    wanted = shutil.which(argv[0])
+    try:
+        return wanted is not None and os.path.realpath(wanted) == os.path.realpath("/proc/%d/exe" % pid)
+    except OSError:
+        return False
+
+
+def pidfile_mismatch(pid, argv, pidfile):
+    """Why the live process `pid`, named by `pidfile`, is not the server that `argv` starts; None
+    when it may be. It is not when it began after the pidfile was written (the server ended and
+    its pid went to another process), or when it runs another command line."""
+    stat = proc_stat(pid)
+    if stat is None:
+        return "its /proc/%d cannot be read" % pid
+    try:
+        written = os.stat(pidfile).st_mtime
+    except OSError:
+        written = None
+    began = started_epoch(stat)
+    if written is not None and began is not None and began > written + PID_CLOCK_SLACK_S:
+        when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+        return ("it started at %s, after the pidfile was written (%s): the server that wrote it ended and its pid "
+                "went to another process" % (when(began), when(written)))
+    running = proc_argv(pid)
+    if not same_command(pid, running, argv):
+        return "its command line is `%s`, not server.restart.start `%s`" % (
+            " ".join(running or ["(none)"])[:300], " ".join(argv or [])[:300])
+    return None
+
+
+def refuse_to_signal(pidfile, pid, why):
+    """The one-line refusal to stop a pidfile's process that is not the server: nothing was signalled."""
+    raise AgentError("restart-failed", "%s names pid %d, which is not the server: %s. fleetpatch signalled "
+                                       "nothing; if the server is not running, remove %s, else stop it yourself "
+                                       "(or make server.restart.start its command line), then rerun"
+                     % (pidfile, pid, why, pidfile))
+
+
+def signal_if_same(pid, start, sig):
+    """Send `sig` to `pid` unless its start time is no longer `start` (it ended, its pid reused);
+    True when sent."""
+    stat = proc_stat(pid)
+    if stat is None or stat.start != start:
+        return False
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        return False
+    return True
 
 
 def run_tool(argv, timeout=300.0):
