@@ -191,7 +191,7 @@ class _Window:
         if not self.lines:
             return ["  the log has no lines since the restart"]
         start = max(0, len(self.lines) - LAST_LINES)
-        out = [f"  last {len(self.lines) - start} log lines:"]
+        out = [f"  last {len(self.lines) - start} log lines (numbered from the restart):"]
         width = len(str(self.no(len(self.lines) - 1)))
         for i in range(start, len(self.lines)):
             line = self.lines[i].rstrip()

@@ -16,6 +16,7 @@ import shlex
 import socket
 from dataclasses import dataclass
 
+from .agent.procs import proc_stat
 from .protocol import LOCK_RENEW_S, LOCK_STALE_PERIODS
 
 HOLDER = re.compile(r"^(?P<user>[^@]+)@(?P<laptop>.+) pid (?P<pid>\d+)$")
@@ -60,11 +61,8 @@ def boot_id() -> str | None:
 
 def process_start(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc), which a reused pid does not share."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    stat = proc_stat(pid)
+    return stat.start if stat else None
 
 
 def process_runs(pid: int, start: int | None) -> bool:
@@ -75,14 +73,10 @@ def process_runs(pid: int, start: int | None) -> bool:
         return False
     except PermissionError:
         pass  # it exists, another user's
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+    stat = proc_stat(pid)
+    if stat is None:
         return True  # no /proc (macOS): the pid exists
-    if fields[0] in ("Z", "X"):
-        return False
-    return start is None or int(fields[19]) == start
+    return stat.state not in ("Z", "X") and (start is None or stat.start == start)
 
 
 def assess(lock: dict, here: str | None = None, runs=process_runs, boot: str | None = None) -> LockView:

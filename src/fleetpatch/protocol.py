@@ -291,7 +291,8 @@ class Result(TypedDict, total=False):
 
 
 # Events of `follow`, before its Result (the field `t` names the kind):
-#   lines        {file, first_line_no, lines}
+#   lines        {file, first_line_no, lines, bytes_read}  (line 1: the first since the restart; bytes_read:
+#                of the log file, all this follow has read, None for the journal or a container's output)
 #   state        {alive, healthy, elapsed}
 #   server_info  {data}
 #   launch       {pid, argv, env}

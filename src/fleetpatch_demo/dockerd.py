@@ -36,6 +36,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from fleetpatch.agent.procs import proc_stat
+
 DOCKER_CLI = "/usr/bin/docker"
 DOCKERD_CANDIDATES = ("/usr/sbin/dockerd", "/usr/bin/dockerd")
 SOCK_ENV = "FLEETPATCH_TEST_DOCKER_SOCK"
@@ -313,12 +315,8 @@ def _wait_gone(pid: int, proc: subprocess.Popen | None, timeout: float) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2:][:1] not in (b"Z", b"X", b"")
+    stat = proc_stat(pid)
+    return stat is not None and stat.state not in ("Z", "X")
 
 
 def _unmount_under(path: Path) -> None:

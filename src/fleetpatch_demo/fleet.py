@@ -69,6 +69,8 @@ from pathlib import Path
 
 import yaml
 
+from fleetpatch.agent.procs import proc_stat
+
 from . import containerhost
 from .dockerd import Dockerd, DockerError, docker_unavailable, sock_from_env
 from .wheels import sglang_tree
@@ -416,16 +418,8 @@ def _ns_ino(pid: int) -> int | None:
 
 def _alive(pid: int) -> bool:
     """pid exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    try:
-        state = data[data.rindex(b")") + 2:][:1]
-    except ValueError:
-        return False
-    return state not in (b"Z", b"X", b"")
+    stat = proc_stat(pid)
+    return stat is not None and stat.state not in ("Z", "X")
 
 
 def _pids() -> list[int]:
@@ -471,13 +465,9 @@ def _children(pid: int) -> list[int]:
     except (OSError, ValueError):
         kids = []
         for p in _pids():
-            try:
-                with open(f"/proc/{p}/stat", "rb") as f:
-                    data = f.read()
-                if int(data[data.rindex(b")") + 2:].split()[1]) == pid:
-                    kids.append(p)
-            except (OSError, ValueError, IndexError):
-                pass
+            stat = proc_stat(p)
+            if stat is not None and stat.ppid == pid:
+                kids.append(p)
     return [k for k in kids if _alive(k)]
 
 

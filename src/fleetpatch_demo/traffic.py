@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from fleetpatch.agent.procs import proc_stat
+
 from .loadgen import CUT, FAILED, OK, LoadGen
 from . import routerproc
 from .routerproc import RouterProcess
@@ -60,8 +62,8 @@ def start_router(root: Path, timeout: float = 30.0) -> Callable[[Dict[str, str]]
         try:
             rp = RouterProcess(root / LOG)
             metrics = int(rp.argv[rp.argv.index("--prometheus-port") + 1])
-            fields = _stat(rp.proc.pid) or [""] * 20
-            _write_record(root, {"pid": rp.proc.pid, "starttime": fields[19], "port": rp.port,
+            stat = proc_stat(rp.proc.pid)
+            _write_record(root, {"pid": rp.proc.pid, "starttime": str(stat.start) if stat else "", "port": rp.port,
                                  "metrics_port": metrics, "url": rp.url})
             box["rp"] = rp.wait_ready(timeout)
         except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
@@ -98,20 +100,11 @@ def read_record(root: Path) -> Optional[dict]:
         return None
 
 
-def _stat(pid: int) -> Optional[List[str]]:
-    """/proc/pid/stat's fields after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def _is_that_router(doc: dict) -> bool:
     """The recorded router is alive (not a zombie), not a reused pid: same start
     time, and a router's command line (0.3.x retitles itself "sglang::router")."""
-    fields = _stat(doc["pid"])
-    if fields is None or fields[0] == "Z" or fields[19] != str(doc.get("starttime")):
+    stat = proc_stat(doc["pid"])
+    if stat is None or stat.state == "Z" or str(stat.start) != str(doc.get("starttime")):
         return False
     try:
         with open(f"/proc/{doc['pid']}/cmdline", "rb") as f:
@@ -123,8 +116,8 @@ def _is_that_router(doc: dict) -> bool:
 def _group_members(pgid: int) -> List[int]:
     out = []
     for d in os.listdir("/proc"):
-        fields = _stat(int(d)) if d.isdigit() else None
-        if fields and fields[0] != "Z" and fields[2] == str(pgid):
+        stat = proc_stat(d) if d.isdigit() else None
+        if stat and stat.state != "Z" and stat.pgrp == pgid:
             out.append(int(d))
     return out
 

@@ -331,7 +331,7 @@ def test_forbid_line_fails_at_once():
     assert (v.status, v.final) == ("restart-failed", True)
     assert 'forbidden line at log line 303 "CUDA error: an illegal memory access was encountered" ' \
            '(forbid: "illegal memory access")' in v.message
-    assert "last 5 log lines:" in v.message and "303 | [2026-01-05 10:11:40 TP0] CUDA error" in v.message
+    assert "last 5 log lines (numbered from the restart):" in v.message and "303 | [2026-01-05 10:11:40 TP0] CUDA error" in v.message
 
 
 def test_crash_after_the_marker_is_restart_failed():
@@ -386,7 +386,7 @@ def test_timeout_before_ready():
     v = J(obs(window, healthy=None, since_ready=None, timed_out=True))
     assert (v.status, v.final) == ("timeout", True)
     assert 'no "The server is fired up and ready to roll!" in the 3 log lines since the restart' in v.message
-    assert "last 3 log lines:" in v.message
+    assert "last 3 log lines (numbered from the restart):" in v.message
     pending = J(obs(window, healthy=None, since_ready=None))
     assert (pending.status, pending.final) == ("pending", False)
     assert pending.missing[0] == "the server to be ready"

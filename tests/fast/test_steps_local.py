@@ -254,7 +254,8 @@ def test_a_clock_step_does_not_cut_the_stop_grace(tmp_path, monkeypatch):
     real, calls = time.time, itertools.count()
     monkeypatch.setattr(time, "time", lambda: real() + (3600 if next(calls) else 0))  # steps after 1 read
     try:
-        out = agent_restart.stop_command_server({"pidfile": str(pidfile), "stop_grace": 5})
+        out = agent_restart.stop_command_server({"pidfile": str(pidfile), "stop_grace": 5,
+                                                 "argv": [sys.executable, str(script)]})
     finally:
         if proc.poll() is None:
             proc.kill()

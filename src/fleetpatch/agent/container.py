@@ -38,7 +38,8 @@ import time
 
 from .base import AgentError
 from .package import dist_info_version
-from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
+from .procs import (pid_alive, pidfile_mismatch, proc_stat, read_pid, refuse_to_signal, run_tool, signal_if_same,
+                    wait_pid_gone)
 
 # ops that read or act on the container (the others touch only the state dir on the host, or HTTP)
 CONTAINER_OPS = ("probe", "apply", "rollback", "restart", "stop", "follow", "smoke", "bake")
@@ -300,10 +301,14 @@ def stop_command(restart):
     pid = command_pid(restart)
     extra = {"stopped": None}
     if pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
+        why = pidfile_mismatch(pid, restart.get("argv"), restart["_container"]["root"] + restart["pidfile"])
+        if why:
+            refuse_to_signal(restart["pidfile"] + " (in the container)", pid, why)
+        start = getattr(proc_stat(pid), "start", None)   # None: it ended just now, nothing to signal
+        signal_if_same(pid, start, signal.SIGTERM)
         extra = {"stopped": pid, "signal": "TERM"}
         if not wait_pid_gone(pid, float(restart.get("stop_grace", 10))):
-            os.kill(pid, signal.SIGKILL)
+            signal_if_same(pid, start, signal.SIGKILL)
             wait_pid_gone(pid, 5)
             extra["signal"] = "KILL"
     return extra

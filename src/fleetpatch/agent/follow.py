@@ -86,7 +86,8 @@ class Follow(object):
 
     def send_lines(self):
         for path, first, lines in self.follower.read():
-            self.state.emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines})
+            self.state.emit({"t": "lines", "file": path, "first_line_no": first, "lines": lines,
+                             "bytes_read": getattr(self.follower, "bytes_read", None)})
             self.last_emit = time.monotonic()
             if self.ready_text and not self.ready and any(self.ready_text in l for l in lines):
                 self.ready = True

@@ -7,7 +7,7 @@ import threading
 import time
 
 from .base import TMP_MARK, AgentError, LOCK, ensure_dir, now_iso, protocol, read_json, state_path
-from .procs import pid_alive
+from .procs import pid_alive, proc_stat
 
 
 LOCK_LOST = LOCK + "-lost"   # beside the lock: its holder's channel ended after it changed the host
@@ -22,12 +22,9 @@ def busy_elsewhere(req, token):
     busy = read_json(state_path(req, LOCK_BUSY))
     if not busy or busy.get("token") != token or busy.get("pid") == os.getpid() or not pid_alive(busy.get("pid")):
         return None
-    try:
-        with open("/proc/%d/stat" % busy["pid"]) as f:
-            if busy.get("start") is not None and int(f.read().rsplit(")", 1)[1].split()[19]) != busy["start"]:
-                return None
-    except (IOError, OSError, ValueError, IndexError):
-        pass
+    stat = proc_stat(busy["pid"])
+    if stat is not None and busy.get("start") is not None and stat.start != busy["start"]:
+        return None
     return busy
 
 

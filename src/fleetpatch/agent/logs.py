@@ -51,7 +51,12 @@ class LogFollower(object):
     the new file under the log's name only once that file gets lines (the writer
     moved), finishing the old one first. A log truncated in place is read from its
     start again. Reads are bounded (READ_CHUNK a batch, READ_BUDGET a call), so a
-    chatty server cannot make the agent hold its whole log."""
+    chatty server cannot make the agent hold its whole log.
+
+    Lines are numbered from where the reading starts: line 1 is the first after the recorded
+    offset (the restart's), as in the journal; a file read from its start (rotated in, or cut)
+    numbers from its own first line. Nothing before the offset is read, so the work before the
+    first line is judged does not grow with the log's size: `bytes_read` counts what was read."""
 
     READ_CHUNK = 1 << 20
     READ_BUDGET = 4 << 20
@@ -60,7 +65,8 @@ class LogFollower(object):
         self.path = expand(path)
         self.fh = None
         self.ino = None
-        self.line_no = 1       # line number (in the current file) of the next full line
+        self.line_no = 1       # line number (from where the current file's reading began) of the next full line
+        self.bytes_read = 0    # of the log, in all: what this follower cost the host's disk
         self.partial = b""
         self.files = []
         self.more = False      # the last read stopped at its budget: more is waiting
@@ -90,21 +96,10 @@ class LogFollower(object):
     def _open(self, path, offset):
         self.fh = open(path, "rb")
         self.ino = os.fstat(self.fh.fileno()).st_ino
-        self.line_no = 1 + self._count_lines(offset)
+        self.line_no = 1
         self.fh.seek(offset)
         self.partial = b""
         self.files.append(path)
-
-    def _count_lines(self, offset):
-        n, left = 0, offset
-        self.fh.seek(0)
-        while left > 0:
-            chunk = self.fh.read(min(left, self.READ_CHUNK))
-            if not chunk:
-                break
-            n += chunk.count(b"\n")
-            left -= len(chunk)
-        return n
 
     def read(self):
         """New complete lines: list of (file, first_line_no, [lines])."""
@@ -143,6 +138,7 @@ class LogFollower(object):
         while self.budget > 0:
             data = self.fh.read(min(self.READ_CHUNK, self.budget))
             self.budget -= len(data)
+            self.bytes_read += len(data)
             if not data:
                 break
             self.line_no, self.partial = add_lines(batches, self.files[-1], self.line_no, self.partial + data, False)

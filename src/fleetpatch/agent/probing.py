@@ -17,6 +17,7 @@ import tempfile
 
 from . import container_probe
 from .base import atomic_write, ensure_dir, protocol, read_bytes, read_json, state_path
+from .procs import proc_stat
 
 if __name__.split(".")[0] == "fleetpatch":   # imported on the laptop (tests)
     from ..probe import install as probe_install
@@ -165,13 +166,9 @@ def children_of(pid):
     """The live descendants of `pid`, from /proc."""
     parents = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name) as f:
-                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(name))
-        except (IOError, OSError, IndexError, ValueError):
-            continue
+        stat = proc_stat(name) if name.isdigit() else None
+        if stat is not None:
+            parents.setdefault(stat.ppid, []).append(int(name))
     found, todo = [], [pid]
     while todo:
         for child in parents.get(todo.pop(), []):

@@ -1,21 +1,50 @@
 """Processes on the host: is a pid alive, wait for it to end, how it was launched,
 run a service manager's tool. Linux /proc where it helps; stdlib only."""
+import collections
 import errno
 import os
 import select
 import subprocess
 import time
 
-from .base import read_bytes, expand
+from .base import AgentError, read_bytes, expand
+
+
+class ProcStat(collections.namedtuple("ProcStat", "comm state ppid pgrp session start")):
+    """/proc/<pid>/stat as far as fleetpatch reads it: the command name (comm), the state ("R",
+    "S", "Z", ...), the parent, the process group, the session and the start time in clock ticks
+    since boot (field 22), which a reused pid does not share."""
+    __slots__ = ()
+
+
+def parse_proc_stat(data):
+    """A ProcStat of the bytes of a /proc/<pid>/stat; None when they are not one. The command
+    name is any 15 bytes, ")", " (" and blanks included: it ends at the LAST ")"."""
+    head, sep, rest = data.partition(b"(")
+    comm, sep2, rest = rest.rpartition(b")")
+    fields = rest.split()
+    if not sep or not sep2 or len(fields) < 20:
+        return None
+    try:
+        return ProcStat(comm.decode("utf-8", "replace"), fields[0].decode("ascii", "replace"),
+                        int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+    except ValueError:
+        return None
+
+
+def proc_stat(pid):
+    """The ProcStat of `pid` ("self": this process) from /proc; None when it is gone (or no /proc)."""
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            return parse_proc_stat(f.read())
+    except (IOError, OSError):
+        return None
 
 
 def own_start():
     """This process's start time in clock ticks since boot (a reused pid does not share it)."""
-    try:
-        with open("/proc/self/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (IOError, OSError, ValueError, IndexError):
-        return None
+    stat = proc_stat("self")
+    return stat.start if stat else None
 
 
 def read_pid(pidfile):
@@ -34,12 +63,8 @@ def pid_alive(pid):
     except OSError as e:
         if e.errno == errno.ESRCH:
             return False
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (IOError, OSError, IndexError):
-        return True
+    stat = proc_stat(pid)
+    return stat is None or stat.state not in ("Z", "X")
 
 
 def wait_pid_gone(pid, seconds):
@@ -65,14 +90,18 @@ def wait_pid_gone(pid, seconds):
             os.close(fd)
 
 
-def proc_launch(pid, env_prefixes=()):
-    """argv and the engine-relevant environment of the running server, from /proc."""
-    out = {"argv": None, "env": None}
+def proc_argv(pid):
+    """The command line of `pid`, from /proc; None when it cannot be read (or is empty: a kernel thread)."""
     try:
         raw = read_bytes("/proc/%d/cmdline" % pid)
-        out["argv"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a != b""] or None
     except (IOError, OSError):
-        pass
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a != b""] or None
+
+
+def proc_launch(pid, env_prefixes=()):
+    """argv and the engine-relevant environment of the running server, from /proc."""
+    out = {"argv": proc_argv(pid), "env": None}
     try:
         raw = read_bytes("/proc/%d/environ" % pid)
         env = {}
@@ -86,6 +115,91 @@ def proc_launch(pid, env_prefixes=()):
     except (IOError, OSError):
         pass
     return out
+
+
+# how far apart the kernel's clock of a process start and the pidfile's mtime may be for the same
+# moment: /proc/stat's btime is in whole seconds and follows steps of the wall clock
+PID_CLOCK_SLACK_S = 2.0
+
+
+def boot_epoch():
+    """When this machine booted, in seconds since the epoch (/proc/stat's btime); None without it."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return int(line.split()[1])
+    except (IOError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def started_epoch(stat):
+    """When the process of `stat` (a ProcStat) began, in seconds since the epoch; None if unknown."""
+    boot = boot_epoch()
+    if boot is None:
+        return None
+    return boot + stat.start / float(os.sysconf("SC_CLK_TCK"))
+
+
+def same_command(pid, running, argv):
+    """Is `running` (the command line of `pid`) the one `argv` starts? The same words after the
+    program, and the same program: by name, or (another spelling of it, as "python3" for
+    "/opt/venv/bin/python3") by the file it runs."""
+    if not running or not argv or running[1:] != list(argv[1:]):
+        return False
+    if os.path.basename(running[0]) == os.path.basename(argv[0]):
+        return True
+    import shutil
+    wanted = shutil.which(argv[0])
+    try:
+        return wanted is not None and os.path.realpath(wanted) == os.path.realpath("/proc/%d/exe" % pid)
+    except OSError:
+        return False
+
+
+def pidfile_mismatch(pid, argv, pidfile):
+    """Why the live process `pid`, named by `pidfile`, is not the server that `argv` starts; None
+    when it may be. It is not when it began after the pidfile was written (the server ended and
+    its pid went to another process), or when it runs another command line."""
+    stat = proc_stat(pid)
+    if stat is None:
+        return "its /proc/%d cannot be read" % pid
+    try:
+        written = os.stat(pidfile).st_mtime
+    except OSError:
+        written = None
+    began = started_epoch(stat)
+    if written is not None and began is not None and began > written + PID_CLOCK_SLACK_S:
+        when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+        return ("it started at %s, after the pidfile was written (%s): the server that wrote it ended and its pid "
+                "went to another process" % (when(began), when(written)))
+    running = proc_argv(pid)
+    if not same_command(pid, running, argv):
+        return "its command line is `%s`, not server.restart.start `%s`" % (
+            " ".join(running or ["(none)"])[:300], " ".join(argv or [])[:300])
+    return None
+
+
+def refuse_to_signal(pidfile, pid, why):
+    """The one-line refusal to stop a pidfile's process that is not the server: nothing was signalled."""
+    raise AgentError("restart-failed", "%s names pid %d, which is not the server: %s. fleetpatch signalled "
+                                       "nothing; if the server is not running, remove %s, else stop it yourself "
+                                       "(or make server.restart.start its command line), then rerun"
+                     % (pidfile, pid, why, pidfile))
+
+
+def signal_if_same(pid, start, sig):
+    """Send `sig` to `pid` unless its start time is no longer `start` (it ended, its pid reused);
+    True when sent."""
+    stat = proc_stat(pid)
+    if stat is None or stat.start != start:
+        return False
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        return False
+    return True
 
 
 def run_tool(argv, timeout=300.0):

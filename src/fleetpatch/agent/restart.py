@@ -9,7 +9,8 @@ import time
 from .container import command_pid, container_pid, note, restart_command, restart_container, stop_command
 from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, protocol, read_bytes
 from .package import find_spec
-from .procs import pid_alive, read_pid, run_tool, wait_pid_gone
+from .procs import (pid_alive, pidfile_mismatch, proc_stat, read_pid, refuse_to_signal, run_tool, signal_if_same,
+                    wait_pid_gone)
 
 
 def log_position(log):
@@ -30,29 +31,32 @@ def started_value(restart):
     return value + "#" + restart["server"] if restart.get("server") else value
 
 
+def started_mark(restart):
+    """STARTED_BY=value as it stands in the environment of this server when fleetpatch started it."""
+    return ("%s=%s" % (STARTED_BY, started_value(restart))).encode() if restart.get("state_dir") else None
+
+
+def is_started_server(pid, mark, own_ns):
+    """Is `pid` a live session leader with `mark` in its environment, in this mount namespace?"""
+    stat = proc_stat(pid)
+    if stat is None or stat.state in ("Z", "X") or stat.session != pid:
+        return False
+    try:
+        # the same state dir path in another mount namespace is another host's (or container's)
+        return mark in read_bytes("/proc/%d/environ" % pid).split(b"\0") and mount_ns(pid) == own_ns
+    except (IOError, OSError):
+        return False
+
+
 def started_servers(restart):
     """Session leaders started by fleetpatch for this server, found by their environment:
     a pidfile lost with the run that wrote it (kill -9) must not leave an orphan server."""
-    if not restart.get("state_dir"):
+    mark = started_mark(restart)
+    if mark is None:
         return []
-    mark = ("%s=%s" % (STARTED_BY, started_value(restart))).encode()
-    found = []
     own_ns = mount_ns(os.getpid())
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        pid = int(name)
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if fields[0] in ("Z", "X") or int(fields[3]) != pid:   # state, session id
-                continue
-            # the same state dir path in another mount namespace is another host's (or container's)
-            if mark in read_bytes("/proc/%d/environ" % pid).split(b"\0") and mount_ns(pid) == own_ns:
-                found.append(pid)
-        except (IOError, OSError, IndexError, ValueError):
-            continue
-    return found
+    return [int(name) for name in os.listdir("/proc")
+            if name.isdigit() and int(name) != os.getpid() and is_started_server(int(name), mark, own_ns)]
 
 
 def mount_ns(pid):
@@ -62,30 +66,49 @@ def mount_ns(pid):
         return None
 
 
-def command_server_pid(restart):
-    """The pidfile's server, else the one fleetpatch started whose pidfile was lost."""
+def pidfile_server(restart):
+    """(pid, why): the pidfile's live process when it is the server, else (None, why it is not),
+    (None, None) when it names no live process. The server is the process fleetpatch started
+    (its mark in the environment: see started_servers); a pidfile of a server the operator
+    started is believed while its process runs server.restart.start and began before the
+    pidfile was written: after a crash its pid may belong to anything, and restarts run as root."""
     pid = read_pid(restart["pidfile"])
-    if pid_alive(pid):
+    if not pid_alive(pid):
+        return None, None
+    mark = started_mark(restart)
+    if mark is not None and is_started_server(pid, mark, mount_ns(os.getpid())):
+        return pid, None
+    why = pidfile_mismatch(pid, restart.get("argv"), expand(restart["pidfile"]))
+    return (pid, None) if why is None else (None, why)
+
+
+def command_server_pid(restart):
+    """The pidfile's server, else the one fleetpatch started whose pidfile was lost (else the
+    pidfile's dead pid, or None)."""
+    pid, why = pidfile_server(restart)
+    if pid is not None:
         return pid
     found = started_servers(restart)
-    return found[0] if found else pid
+    return found[0] if found else (None if why else read_pid(restart["pidfile"]))
 
 
 def stop_command_server(restart):
-    pid = command_server_pid(restart)
-    if not pid_alive(pid):
+    """TERM the server, KILL it after stop_grace; a pidfile naming a process that is not the
+    server is refused with why, nothing signalled."""
+    pid, why = pidfile_server(restart)
+    if pid is None:
+        found = started_servers(restart)
+        if not found and why:
+            refuse_to_signal(restart["pidfile"], read_pid(restart["pidfile"]), why)
+        pid = found[0] if found else None
+    stat = proc_stat(pid) if pid else None
+    if stat is None:
         return {"stopped": None}
-    grace = float(restart.get("stop_grace", 10))
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
+    if not signal_if_same(pid, stat.start, signal.SIGTERM):
         return {"stopped": pid}
-    if wait_pid_gone(pid, grace):
+    if wait_pid_gone(pid, float(restart.get("stop_grace", 10))):
         return {"stopped": pid, "signal": "TERM"}
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    signal_if_same(pid, stat.start, signal.SIGKILL)   # not to a process that took its pid meanwhile
     wait_pid_gone(pid, 5)
     return {"stopped": pid, "signal": "KILL"}
 

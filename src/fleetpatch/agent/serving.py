@@ -116,7 +116,7 @@ def op_bake(state, req):
                     lines_read += 1
                     for text in forbid:
                         if text in line:
-                            return {"ok": False, "problem": "line %d of the log holds %r: %s"
+                            return {"ok": False, "problem": "line %d of the log since the bake began holds %r: %s"
                                     % (first + i, text, line[:300]), "checks": checks}
             checks += 1
             if time.monotonic() >= deadline:

@@ -1,0 +1,86 @@
+"""A restart signals the pidfile's pid only when that process is the server: fleetpatch's own
+(its mark in the environment), or the operator's (the configured command line, begun before
+the pidfile was written). Anything else (a crash, then pid reuse) is named and left alone."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetpatch import steps
+from fleetpatch.agent import restart as agent_restart
+from fleetpatch.agent.base import AgentError
+from support.localhost import job
+
+
+@pytest.fixture
+def sleeper():
+    """A live `sleep` in a session of its own, as a stranger's process holding a reused pid."""
+    proc = subprocess.Popen(["/bin/sleep", "300"], start_new_session=True)
+    while (Path(f"/proc/{proc.pid}/cmdline").read_bytes() or b"").split(b"\0")[0] != b"/bin/sleep":
+        time.sleep(0.01)   # still the fork, not yet the sleep
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def alive(proc) -> bool:
+    return proc.poll() is None
+
+
+def settings(tmp_path, pid, **kw) -> dict:
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text(f"{pid}\n")
+    return dict({"pidfile": str(pidfile), "argv": ["/bin/sleep", "300"], "stop_grace": 5,
+                 "state_dir": str(tmp_path / "state"), "server": None}, **kw)
+
+
+def test_a_deploy_whose_pidfile_names_an_unrelated_process_signals_nothing_and_says_why(lh, sleeper):
+    """The server crashed and its pid went to another process: the restart, as root, must not TERM it."""
+    lh.pidfile.write_text(f"{sleeper.pid}\n")
+    host = lh.host()
+    r = steps.deploy(job(lh, host=host, force=True)[0], host)   # --force: past the pre-flight, to the restart
+    assert alive(sleeper), "the sleep was signalled"
+    assert r.status == "restart-failed", r.message
+    assert f"{lh.pidfile} names pid {sleeper.pid}, which is not the server" in r.message
+    assert f"its command line is `/bin/sleep 300`, not server.restart.start `{lh.python}" in r.message
+    assert "fleetpatch signalled nothing" in r.message and f"remove {lh.pidfile}" in r.message
+    assert lh.pidfile.read_text() == f"{sleeper.pid}\n", "no server was started over it"
+    assert not lh.lock.exists()
+
+
+def test_a_pid_reused_by_a_process_with_the_servers_command_line_is_not_signalled(tmp_path, sleeper):
+    """Begun after the pidfile was written: the pidfile's process ended, whatever runs now is another."""
+    restart = settings(tmp_path, sleeper.pid)
+    written = time.time() - 60
+    os.utime(restart["pidfile"], (written, written))
+    with pytest.raises(AgentError) as e:
+        agent_restart.stop_command_server(restart)
+    assert alive(sleeper)
+    assert e.value.code == "restart-failed"
+    assert f"names pid {sleeper.pid}, which is not the server: it started at " in e.value.message
+    assert "after the pidfile was written" in e.value.message
+
+
+def test_the_operators_server_by_its_command_line_is_stopped(tmp_path, sleeper):
+    restart = settings(tmp_path, sleeper.pid)
+    assert agent_restart.stop_command_server(restart) == {"stopped": sleeper.pid, "signal": "TERM"}
+    assert not alive(sleeper)
+
+
+def test_the_server_fleetpatch_started_is_known_by_its_mark_whatever_its_command_line(tmp_path):
+    restart = settings(tmp_path, 0, argv=["/bin/sleep", "299"])   # the inventory's start changed since
+    env = dict(os.environ, **{agent_restart.STARTED_BY: agent_restart.started_value(restart)})
+    proc = subprocess.Popen(["/bin/sleep", "300"], start_new_session=True, env=env)
+    try:
+        Path(restart["pidfile"]).write_text(f"{proc.pid}\n")
+        written = time.time() - 60   # even a pidfile older than it: the mark says whose it is
+        os.utime(restart["pidfile"], (written, written))
+        assert agent_restart.stop_command_server(restart) == {"stopped": proc.pid, "signal": "TERM"}
+        assert proc.wait(5) is not None
+    finally:
+        proc.kill()
+        proc.wait()
