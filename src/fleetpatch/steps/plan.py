@@ -11,7 +11,6 @@ does not override it. A superseded patch (manifest `superseded`) fails the host
 as `skipped`, saying what to use instead, with nothing written."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
@@ -32,28 +31,16 @@ if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the fir
 
 # The hosts of a fleet mostly hold the same engine files, so the same bytes arrive from
 # each (zlib is deterministic) and the same patched bytes go back: each distinct file is
-# unpacked, patched and packed once per run, not once per host.
+# unpacked and packed once, keyed by its bytes; each diff is applied to it once per run
+# (the run's `Job.applied`, a diffapply.AppliedFiles).
 _MEMO_MOST = 64
 _unpack = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.unpack)
 packed = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.pack)
-_applied: dict[tuple, tuple] = {}   # (id(diff), original) -> (diff, result): a FileDiff is no dict key
 
 
 def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
     rec = (probe_reply.get("files") or {}).get(path)
     return None if rec is None else _unpack(rec["content"])
-
-
-def apply_file(fd: diffapply.FileDiff, original: bytes | None) -> diffapply.FileResult:
-    """diffapply.apply_file, once per diff and original; each caller gets its own copy
-    (make_plan rewrites a conflict's detail). Shared by the host threads: a lost race
-    only computes the same result twice."""
-    hit = _applied.get((id(fd), original))
-    if hit is None or hit[0] is not fd:   # the diff itself is kept, so its id is not reused
-        if len(_applied) >= _MEMO_MOST:
-            _applied.clear()
-        hit = _applied[(id(fd), original)] = (fd, diffapply.apply_file(fd, original))
-    return dataclasses.replace(hit[1])
 
 
 CHANGE_STATES = ("applies", "creates", "deletes")
@@ -96,14 +83,14 @@ def revision_files(job: Job) -> list[str]:
     return paths
 
 
-def _file_states(profile, revision, reply: dict, version: str) -> tuple[dict, list]:
+def _file_states(job: Job, profile, revision, reply: dict, version: str) -> tuple[dict, list]:
     """Each file of the revision as applying it would find it; and the misfits of layout."""
     states = {}
     missing_folders = set(reply.get("absent_folders") or [])
     misfits = []
     for fd in revision.files:
         # None: the file does not exist (a diff that creates it needs exactly that)
-        state = apply_file(fd, file_bytes(reply, fd.path))
+        state = job.applied.apply(fd, file_bytes(reply, fd.path))
         if state.state == "creates" and os.path.dirname(fd.path) in missing_folders:
             state = diffapply.FileResult(fd.path, "conflict", None, state.offsets,
                                          f"the diff creates {fd.path}, but its folder {os.path.dirname(fd.path)} "
@@ -161,7 +148,7 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     except NoRevisionFits as e:
         raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
     label = f"{job.patch.name}@{revision.rev}"
-    states, misfits = _file_states(profile, revision, reply, version)
+    states, misfits = _file_states(job, profile, revision, reply, version)
     launch = running_launch(host, reply)
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
