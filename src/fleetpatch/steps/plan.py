@@ -58,6 +58,7 @@ class Plan:
     launch: LaunchConfig
     misfits: list = field(default_factory=list)   # conflicts of layout: a changed file or a created one's folder is missing
     revision: object | None = None                  # the patchset.Revision this plan applies
+    clashes: dict = field(default_factory=dict)     # path -> name@rev of another patch that holds the file (`clashes`)
 
     @property
     def changes(self):
@@ -149,16 +150,18 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
         raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
     label = f"{job.patch.name}@{revision.rev}"
     states, misfits = _file_states(job, profile, revision, reply, version)
+    clash = clashes(states, reply, job.patch.name)
     launch = running_launch(host, reply)
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
         # so the pre-flight cannot predict; the log after the restart decides.
-        return Plan(version, label, states, None, None, launch, misfits, revision=revision), revision
+        return Plan(version, label, states, None, None, launch, misfits, revision=revision, clashes=clash), revision
     prediction = profile.predict(version, launch)
     verdict = preflight_verdict(host, profile, revision, prediction, label)
     if verdict is not None:
         verdict.message += launch_note(host, profile, version, launch, prediction)
-    return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision), revision
+    return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision,
+                clashes=clash), revision
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
@@ -229,6 +232,42 @@ def describe_states(plan: Plan) -> str:
         else:
             parts.append(f"{path}: conflict: {r.detail}")
     return "\n".join("  " + p for p in parts)
+
+
+def clashes(states: dict, reply: dict, name: str) -> dict[str, str]:
+    """path -> the other patch (name@rev) of each file that `states` cannot apply to because it
+    holds what another fleetpatch patch wrote there: its bytes are the `after` sha256 that
+    patch's ledger entry records (None: a file it deleted). Pure: the probe reply judged."""
+    out: dict[str, str] = {}
+    files = reply.get("files") or {}
+    for path, state in states.items():
+        if state.state in CHANGE_STATES or state.state == "already-applied":
+            continue
+        now = (files.get(path) or {}).get("sha256")
+        for other, entry in sorted((reply.get("ledger") or {}).get("patches", {}).items(),
+                                   key=lambda kv: -int(kv[1].get("seq") or 0)):   # the latest writer first
+            rec = (entry.get("files") or {}).get(path)
+            if other != name and rec is not None and "after" in rec and rec["after"] == now:
+                out[path] = entry.get("label") or f"{other}@{entry.get('rev')}"
+                break
+    return out
+
+
+def clash_message(host: str, label: str, clash: dict[str, str], inventory: str | None, refused: str = "") -> str:
+    """check-patch's and deploy-patch's one wording for a patch whose files another patch holds
+    (`refused`: what deploy-patch did instead, said first)."""
+    import shlex
+    where = f" --inventory {shlex.quote(str(inventory))}" if inventory else ""
+    name = label.rsplit("@", 1)[0]
+    lines = [f"{host}: {refused}{label} clashes with "
+             f"{', '.join(sorted(set(clash.values())))}, which fleetpatch deployed on this host"]
+    lines += [f"  {path}: holds what {other} wrote (the sha256 its ledger records), not {label}'s pre-image"
+              for path, other in sorted(clash.items())]
+    lines.append(f"  to stack {name} on it: write {name}'s diff against the host's current files "
+                 f"(fetch them first: fleetpatch fetch --hosts {host}{where})")
+    lines += [f"  or roll {other} back first: fleetpatch rollback --patch {other.rsplit('@', 1)[0]} "
+              f"--hosts {host}{where}" for other in sorted(set(clash.values()))]
+    return "\n".join(lines)
 
 
 @dataclass
@@ -305,6 +344,10 @@ def check_patch(run: HostRun) -> HostResult:
     detail = describe_states(plan)
     base = dict(engine_version=plan.version, patch=plan.label, details={"files_state": {
         p: {"state": r.state, "offsets": r.offsets, "detail": r.detail} for p, r in plan.states.items()}})
+    if plan.clashes:
+        return HostResult(host.name, False, Status.CONFLICT,
+                          clash_message(host.name, plan.label, plan.clashes, job.inventory_arg) + "\n" + detail,
+                          **base)
     if plan.conflicts:
         note = version_note(run.profile, plan.version)
         return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}"
