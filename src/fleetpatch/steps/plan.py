@@ -22,7 +22,7 @@ from ..engines import get as get_profile
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
-from ..patchset import NoRevisionFits
+from ..patchset import NoRevisionFits, lone_siblings
 from .context import HostRun, Job, host_step, inventory_launch, probe, running_launch
 
 if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
@@ -75,13 +75,36 @@ class Plan:
 
 
 def revision_files(job: Job) -> list[str]:
-    """Every file any revision touches: one probe serves whichever revision the host's version picks."""
+    """Every file any revision touches: one probe serves whichever revision the host's version picks.
+    And the unchanged sibling of a file a revision changes alone: whether the host has it judges
+    the sibling rule on a release the profile does not know (`lone_sibling`)."""
     paths = []
+    pairs = [] if job.patch.allow_single_path else getattr(get_profile(job.patch.engine), "sibling_pairs", [])
     for rev in job.patch.revisions:
-        for fd in rev.files:
-            if fd.path not in paths:
-                paths.append(fd.path)
+        changed = [fd.path for fd in rev.files]
+        for path in changed + [miss for _, miss in lone_siblings(changed, pairs)]:
+            if path not in paths:
+                paths.append(path)
     return paths
+
+
+def lone_sibling(host: Host, profile, patch, revision, reply: dict, version: str) -> str | None:
+    """The sibling rule on a release the profile does not know, judged by the files this host
+    has: why a revision that changes one file of a pair, not the other that the host has, is
+    refused here (None: it is not). A known release was judged when the patch was loaded."""
+    if patch.allow_single_path or profile.knows(version):
+        return None
+    files = reply.get("files") or {}
+    for have, miss in lone_siblings([fd.path for fd in revision.files], getattr(profile, "sibling_pairs", [])):
+        if files.get(miss) is not None:
+            label = patch.label(revision)
+            engine = ENGINE_NAMES.get(getattr(profile, "kind", ""), profile.package)
+            return (f"{host.name}: {label} changes {have} but not its sibling {miss}, which this host has "
+                    f"({engine} {version}, a release the profile does not know, in {reply.get('package_dir')}): "
+                    "a server on the other code path would run the unpatched file and the patch would "
+                    "never execute; nothing was changed on this host. Patch both files, or, if the patch really "
+                    f'concerns one path only, set allow_single_path: "<reason>" in {patch.manifest}')
+    return None
 
 
 def _file_states(job: Job, profile, revision, reply: dict, version: str) -> tuple[dict, list]:
@@ -149,6 +172,9 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     except NoRevisionFits as e:
         raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
     label = f"{job.patch.name}@{revision.rev}"
+    sibling = lone_sibling(host, profile, job.patch, revision, reply, version)
+    if sibling:
+        raise HostFailure(Status.ERROR, sibling)
     states, misfits = _file_states(job, profile, revision, reply, version)
     clash = clashes(states, reply, job.patch.name)
     launch = running_launch(host, reply)
