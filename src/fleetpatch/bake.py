@@ -64,7 +64,7 @@ def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.H
         # a failing worker does not keep serving: out of its routers (the rollback drains it anyway)
         worker = next((v for v in host.server_views() if v.server_name == watched.details.get("server")), host)
         try:
-            for r in drain.routers_of(host.router).routers:
+            for r in drain.routers_of(host.router, job.drain.tunnels).routers:
                 r.remove(worker.server.url)
             failed.message += "\n  taken out of the router"
         except RouterError as e:

@@ -266,16 +266,18 @@ def router_settings(drain_timeout=None, max_unavailable=None, no_router=False) -
             "max_unavailable": count("max-unavailable", max_unavailable, minimum=1), "no_router": bool(no_router)}
 
 
-def make_drainer(selected, stages, router: dict | None, preflight: bool = True, require_listed: bool = True):
-    """The router-aware restart of this run (None: no router applies, or --no-router).
+def make_drainer(selected, stages, router: dict | None, tunnels, preflight: bool = True, require_listed: bool = True):
+    """The router-aware restart of this run (None: no router applies, or --no-router), reaching
+    router.via's hosts through `tunnels` (the run's router_via.Tunnels).
     With `preflight`, every router is checked and the capacity of every stage, before
     any host is touched (UsageError, exit 2)."""
     from . import drain
     if not router or router.get("no_router") or not any(h.router is not None for h in selected):
         return None
     if preflight:
-        drain.preflight(selected, stages, router.get("max_unavailable"), require_listed)
-    return drain.Drainer(drain_timeout=router["drain_timeout"], max_unavailable=router.get("max_unavailable"))
+        drain.preflight(selected, stages, router.get("max_unavailable"), require_listed, tunnels)
+    return drain.Drainer(drain_timeout=router["drain_timeout"], max_unavailable=router.get("max_unavailable"),
+                         tunnels=tunnels)
 
 
 def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=False, router: dict | None = None,
@@ -292,15 +294,22 @@ def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=
     if task_name in ("deploy-patch", "verify-logs"):
         check_probe_off(patch_obj, selected, not job_kw.get("probe", True))
     at_once = fleet.default_parallel(len(selected), parallel_n)
-    drainer = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)], router,
-                           preflight=changes_hosts, require_listed=task_name != "rollback")
-    console = rep.make_console()
-    started = rep.now_iso()
-    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, drain=drainer,
+    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs,
                     inventory_arg=flags.inventory, accept_new_host_keys=flags.accept_new_host_keys, **job_kw)
-    with rep.View(task_name, [h.name for h in selected], console=console) as view:
-        job.progress = view.progress
-        fn = (fleet.by_unit(functools.partial(step, job), functools.partial(group_step, job)) if group_step
-              else fleet.each_host(functools.partial(step, job)))
-        results, stop = fleet.run_all(selected, fn, parallel_n, job.interrupt)
+    with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
+        job.drain = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)],
+                                 router, tunnels, preflight=changes_hosts, require_listed=task_name != "rollback")
+        console = rep.make_console()
+        started = rep.now_iso()
+        with rep.View(task_name, [h.name for h in selected], console=console) as view:
+            job.progress = view.progress
+            fn = (fleet.by_unit(functools.partial(step, job), functools.partial(group_step, job)) if group_step
+                  else fleet.each_host(functools.partial(step, job)))
+            results, stop = fleet.run_all(selected, fn, parallel_n, job.interrupt)
     finish(console, task_name, results, started, flags, stop)
+
+
+def run_tunnels(job):
+    """The run's router.via connections, dialled as its hosts are (--accept-new-host-keys, its Ctrl-C)."""
+    from .router_via import Tunnels
+    return Tunnels(job.accept_new_host_keys, job.interrupt)

@@ -12,7 +12,7 @@ from . import rollout as fleet
 from . import drain, steps
 from .bake import bake_host
 from .cli_common import (COMMON, HELP, PATCH_NEEDED, ROUTER, Common, check_probe_off, choice, command, count, finish,
-                         helps, make_drainer, prepare, required, router_settings, seconds)
+                         helps, make_drainer, prepare, required, router_settings, run_tunnels, seconds)
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
@@ -45,29 +45,31 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
     job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
                     on_failure=on_failure, force=force, break_lock=break_lock,
                     accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe)
-    canary_group = inv.groups.get("canary")
-    if batch_n is None:   # under a router: as many at once as the routers can spare
-        batch_n = drain.default_batch(selected, router)
-    stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
-    # what is out at once: a stage, or `parallel` of its hosts
-    at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
-               for i in range(0, len(st), fleet.default_parallel(len(st), parallel_n))]
-    job.drain = make_drainer(selected, at_once, router)
-    console = rep.make_console()
-    started = rep.now_iso()
-    n_batches = len(stages_planned) - (1 if has_canary else 0)
-    with rep.View("rollout", [h.name for h in selected], console=console) as view:
-        job.progress = view.progress
-        for i, stage in enumerate(stages_planned):
-            canary_stage = has_canary and i == 0
-            k = i if has_canary else i + 1
-            for h in stage:
-                view.stage(h.name, "canary" if canary_stage else f"batch {k} of {n_batches}")
+    with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
+        canary_group = inv.groups.get("canary")
+        if batch_n is None:   # under a router: as many at once as the routers can spare
+            batch_n = drain.default_batch(selected, router, tunnels)
+        stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
+        # what is out at once: a stage, or `parallel` of its hosts
+        at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
+                   for i in range(0, len(st), fleet.default_parallel(len(st), parallel_n))]
+        job.drain = make_drainer(selected, at_once, router, tunnels)
+        console = rep.make_console()
+        started = rep.now_iso()
+        n_batches = len(stages_planned) - (1 if has_canary else 0)
+        with rep.View("rollout", [h.name for h in selected], console=console) as view:
+            job.progress = view.progress
+            for i, stage in enumerate(stages_planned):
+                canary_stage = has_canary and i == 0
+                k = i if has_canary else i + 1
+                for h in stage:
+                    view.stage(h.name, "canary" if canary_stage else f"batch {k} of {n_batches}")
 
-        results, stop, stages = fleet.rollout(
-            selected, fleet.by_unit(functools.partial(steps.deploy, job), functools.partial(steps.deploy_nodes, job)),
-            stages=stages_planned, has_canary=has_canary, parallel=parallel_n, max_failures=budget,
-            bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None, interrupt=job.interrupt)
+            results, stop, stages = fleet.rollout(
+                selected,
+                fleet.by_unit(functools.partial(steps.deploy, job), functools.partial(steps.deploy_nodes, job)),
+                stages=stages_planned, has_canary=has_canary, parallel=parallel_n, max_failures=budget,
+                bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None, interrupt=job.interrupt)
     finish(console, "rollout", results, started, Common(report=report, verbose=verbose), stop,
            extra={"stages": stages})
 

@@ -105,8 +105,9 @@ class Interrupt:
     A host still making its first connection has been sent nothing yet, so that
     connection is dropped at once instead of waited out (up to its banner timeout):
     only inside `first_contact` (the thread making a host's first connection of the
-    run), so that every later connection (a redial to release a lock, a via host
-    putting a worker back into its router) is always let finish. A host still
+    run, or router.via's connection for a host's first router call), so that every
+    later connection (a redial to release a lock, a via host putting a worker back
+    into its router) is always let finish. A host still
     draining goes back into its routers untouched (drain.py asks `is_set`)."""
 
     def __init__(self) -> None:
@@ -127,11 +128,12 @@ class Interrupt:
 
     @contextlib.contextmanager
     def first_contact(self):
+        outer = self.in_first_contact()   # nested (a via host dialled for a host's first call): kept
         self._first.on = True
         try:
             yield
         finally:
-            self._first.on = False
+            self._first.on = outer
 
     def in_first_contact(self) -> bool:
         return getattr(self._first, "on", False)

@@ -61,9 +61,11 @@ Rules:
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import posixpath
 import re
+import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -80,6 +82,7 @@ __all__ = [
     "Hunk",
     "FileDiff",
     "FileResult",
+    "AppliedFiles",
     "parse_diff",
     "apply_file",
     "split_lines",
@@ -674,3 +677,29 @@ def apply_file(fd: FileDiff, original: Optional[bytes]) -> FileResult:
                           detail=describe_offsets(post_offsets))
     return FileResult(path=fd.path, state="conflict", new=None, offsets=offsets,
                       detail=_conflict_detail(text, fd.hunks, failed, offsets))
+
+
+class AppliedFiles:
+    """`apply_file`, once per distinct diff and original: the hosts of a fleet mostly hold
+    the same engine files, so one run applies each diff to each distinct file once, not
+    once per host. Keyed by content (every field of the diff, the original's bytes), never
+    by an object's identity, so two diffs that differ in anything never share an entry.
+    One per run (the run's Job holds it), shared by its host threads; each caller gets its
+    own copy of the result (a caller may rewrite its detail)."""
+
+    def __init__(self, most: int = 64):
+        self.most = most    # distinct (diff, original) pairs kept; the oldest go all at once beyond it
+        self._results: Dict[Tuple[str, Optional[bytes]], FileResult] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, fd: FileDiff, original: Optional[bytes]) -> FileResult:
+        key = (repr(fd), original)   # a dataclass's repr: every field, the hunks' lines included
+        with self._lock:
+            hit = self._results.get(key)
+        if hit is None:   # a lost race only computes the same result twice
+            hit = apply_file(fd, original)
+            with self._lock:
+                if len(self._results) >= self.most:
+                    self._results.clear()
+                self._results[key] = hit
+        return dataclasses.replace(hit, offsets=list(hit.offsets))

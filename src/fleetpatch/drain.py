@@ -5,7 +5,8 @@ The laptop side of a router-aware restart. `steps` calls `around_restart` at the
 one place it restarts a server; without a router section (or with --no-router)
 that is the plain restart. The routers are spoken to from the laptop
 (fleetpatch.router), or through the SSH connection to router.via's host
-(fleetpatch.router_via, wired in by `router_of`); the worker's own load and
+(fleetpatch.router_via, wired in by `router_of`: the run's `router_via.Tunnels`,
+which the `Drainer` carries); the worker's own load and
 the smoke request are read ON the host by the agent ops `drain` and `smoke`
 (the worker's URL may be reachable only there, and the router's load figures
 count tokens, not requests).
@@ -49,6 +50,7 @@ class Drainer:
 
     drain_timeout: float = 600.0
     max_unavailable: Optional[int] = None
+    tunnels: Optional[object] = None   # the run's router_via.Tunnels (router.via connections), closed at its end
     lock: threading.Lock = field(default_factory=threading.Lock)
     out: Dict[str, set] = field(default_factory=dict)     # router (Router.label) -> worker URLs out right now
 
@@ -75,8 +77,9 @@ class Drainer:
                 self.out.get(r.label, set()).discard(host.server.url)
 
 
-def _via(conf: RouterConf) -> dict:
-    """How the routers are reached: through router.proxy, through router.via's host, or direct."""
+def _via(conf: RouterConf, tunnels) -> dict:
+    """How the routers are reached: through router.proxy, through router.via's host (a tunnel
+    of the run's `tunnels`), or direct."""
     if conf.proxy:
         return {"proxy": conf.proxy}
     if not conf.via:
@@ -84,19 +87,20 @@ def _via(conf: RouterConf) -> dict:
     if conf.via_host is None:   # a RouterConf not made by the inventory
         raise RouterError(", ".join(conf.urls), f"router.via names {conf.via!r}, which is not a resolved "
                                                  "inventory host")
-    from . import router_via  # only a router.via section pays for the tunnel's imports (http.client)
-
-    return {"via": conf.via, "tunnel": router_via.tunnel_for(conf.via_host, conf.via_hosts)}
-
-
-def router_of(url: str, conf: RouterConf) -> Router:
-    """One router of a host's router section, through its router.via host when it has one."""
-    return Router(url, **_via(conf))
+    if tunnels is None:
+        raise RouterError(", ".join(conf.urls), f"router.via ({conf.via}) needs the run's tunnels "
+                                                 "(router_via.Tunnels), and none was given")
+    return {"via": conf.via, "tunnel": tunnels.tunnel_for(conf.via_host, conf.via_hosts)}
 
 
-def routers_of(conf: RouterConf) -> Routers:
-    """Every router of a host's router section, through its router.via host when it has one."""
-    return Routers(conf.urls, **_via(conf))
+def router_of(url: str, conf: RouterConf, tunnels=None) -> Router:
+    """One router of a host's router section, through its router.via host (`tunnels`: the run's) when it has one."""
+    return Router(url, **_via(conf, tunnels))
+
+
+def routers_of(conf: RouterConf, tunnels=None) -> Routers:
+    """Every router of a host's router section, through its router.via host (`tunnels`: the run's) when it has one."""
+    return Routers(conf.urls, **_via(conf, tunnels))
 
 
 def enabled(job, host) -> bool:
@@ -127,10 +131,16 @@ def around_restart(job, host, remote, restart: Callable[[], HostResult], *,
     if not enabled(job, host):
         return restart()
     d: Drainer = job.drain
-    routers = routers_of(host.router)
+    routers = routers_of(host.router, d.tunnels)
     info = _info()
     job.progress(host.name, "drain", "out of the router")
-    d.take_out(host, routers)
+    try:
+        with job.interrupt.first_contact():   # nothing is out yet: Ctrl-C drops a via connection still being made
+            d.take_out(host, routers)
+    except HostFailure as f:
+        if job.interrupt.is_set():
+            raise HostFailure(Status.INTERRUPTED, f.message) from None
+        raise
     try:
         info["was_listed"] = _remove_all(host, routers)
         info["removed"] = True
@@ -295,7 +305,8 @@ def router_hosts(hosts) -> Dict[tuple, list]:
     return out
 
 
-def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require_listed: bool = True) -> Dict[str, str]:
+def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require_listed: bool = True,
+              tunnels=None) -> Dict[str, str]:
     """Before any host is touched: every router answers (through its router.via host when
     it has one), lists each of its selected workers (unless `require_listed` is off: a
     rollback may restore a worker fleetpatch left out), and no stage could take more out
@@ -305,7 +316,7 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require
     apis: Dict[str, str] = {}
     for (url, _), behind in router_hosts(hosts).items():
         try:
-            r = router_of(url, behind[0].router)
+            r = router_of(url, behind[0].router, tunnels)
             apis[r.label] = r.api.description
             workers = r.list_workers()
         except RouterError as e:
@@ -334,7 +345,7 @@ def preflight(hosts, stages: List[list], max_unavailable: Optional[int], require
     return apis
 
 
-def default_batch(hosts, router: Optional[dict]) -> Optional[int]:
+def default_batch(hosts, router: Optional[dict], tunnels=None) -> Optional[int]:
     """rollout's batch when --batch is not given: under a router, as many workers as every
     router can spare at once (--max-unavailable, less those already unhealthy, and never
     its last healthy worker); None without a router (all the rest). A router that cannot
@@ -345,7 +356,7 @@ def default_batch(hosts, router: Optional[dict]) -> Optional[int]:
     spare: List[int] = []
     for (url, _), behind in router_hosts(hosts).items():
         try:
-            workers = router_of(url, behind[0].router).list_workers()
+            workers = router_of(url, behind[0].router, tunnels).list_workers()
         except RouterError:
             continue
         healthy = sum(1 for w in workers if w.healthy is not False)
@@ -358,14 +369,14 @@ def default_batch(hosts, router: Optional[dict]) -> Optional[int]:
     return max(1, min(spare))
 
 
-def check_router(host) -> tuple:
+def check_router(host, tunnels=None) -> tuple:
     """check-patch's router finding for one host: (details, problem or None)."""
     details: Dict[str, dict] = {}
     problem = None
     for u in host.router.urls:
         via = {"via": host.router.via} if host.router.via else {}
         try:
-            r = router_of(u, host.router)
+            r = router_of(u, host.router, tunnels)
             api = r.api
             ws = [r.require_listed(view.server.url) for view in host.server_views()]   # each of its servers
             healthy = False if any(w.healthy is False for w in ws) else ws[0].healthy
@@ -383,7 +394,8 @@ def with_router_check(step):
         result = step(job, host)
         if host.router is None or getattr(job, "drain", None) is None:
             return result
-        details, problem = check_router(host)
+        with job.interrupt.first_contact():   # read-only: Ctrl-C drops a via connection still being made
+            details, problem = check_router(host, job.drain.tunnels)
         result.details["routers"] = details
         lines = []
         listed = ", ".join(v.server.url for v in host.server_views())   # each server of a host with several

@@ -8,7 +8,9 @@ rules that keep a patch from silently never running:
 
 - the sibling rule: a revision that changes one file of a sibling pair of the
   engine profile (for SGLang ``eagle_worker.py`` / ``eagle_worker_v2.py``) and
-  not the other is refused;
+  not the other is refused (a revision whose ``engine_versions`` admit no
+  release the profile knows: on each host whose files hold that sibling, by
+  ``check-patch`` and ``deploy-patch``);
 - the marker rule: a revision that changes or creates a file bearing a code
   path must have a marker for (at least one of) that file's paths (a deleted
   file's code runs nowhere, so it needs none) -- only where markers alone judge
@@ -481,15 +483,15 @@ def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDif
     fix = ('or, if the patch really concerns one path only, set allow_single_path: "<reason>" in '
            f"{patch_file}")
     # Only pairs that exist in the versions this revision targets: 0.5.13+ has no v1 file.
+    # A revision for releases the profile does not know has its sibling rule judged on each
+    # host, by the files that host has (steps.plan), not here.
     pairs = (profile.siblings_for(spec) if spec is not None and hasattr(profile, "siblings_for")
              else getattr(profile, "sibling_pairs", []))
-    for a, b in pairs or []:
-        if (a in changed) != (b in changed):
-            have, miss = (a, b) if a in changed else (b, a)
-            raise PatchError(
-                f"{diff_shown}: revision {rev} changes {have} but not its sibling {miss}: a server on the "
-                f"other code path would run the unpatched file and the patch would never execute. "
-                f"Patch both files, {fix}", file=diff_shown)
+    for have, miss in lone_siblings(changed, pairs)[:1]:
+        raise PatchError(
+            f"{diff_shown}: revision {rev} changes {have} but not its sibling {miss}: a server on the "
+            f"other code path would run the unpatched file and the patch would never execute. "
+            f"Patch both files, {fix}", file=diff_shown)
     if markers is None:
         return   # the probe proves which lines ran: markers are optional
     gap = _marker_gap(files, markers, profile)
@@ -500,6 +502,11 @@ def _check_rules(patch_file: str, diff_shown: str, rev: int, files: List[FileDif
             f"{diff_shown}: revision {rev} {verb} {path} (code path {want}) but {patch_file} has no marker "
             f"for {want}: nothing would prove the patched code ran. Add markers: {{{paths[0]}: "
             f'"<a line only the patched code logs>"}}, {fix}', file=diff_shown)
+
+
+def lone_siblings(changed: Sequence[str], pairs) -> List[Tuple[str, str]]:
+    """(the changed file, its unchanged sibling) of each sibling pair that `changed` holds one file of."""
+    return [((a, b) if a in changed else (b, a)) for a, b in pairs or [] if (a in changed) != (b in changed)]
 
 
 def _marker_gap(files: List[FileDiff], markers, profile) -> Optional[Tuple[str, List[str], str]]:

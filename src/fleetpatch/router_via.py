@@ -9,22 +9,24 @@ with no local listening port and no ssh process. The via host's sshd makes
 the TCP connection to the router, so ``router.urls`` is the address as the
 via host reaches it.
 
-The connections are closed at the end of the run and on Ctrl-C: fleetpatch
-leaves through ``sys.exit`` in both cases, which runs `close_all` (atexit);
-the run's code may call it earlier.
+The run owns its connections: one `Tunnels` per run (the run's `drain.Drainer`
+carries it), which dials each via host under the run's host-key policy
+(--accept-new-host-keys) and its Ctrl-C (`dialer.Interrupt`: a connect made
+inside `Interrupt.first_contact` is dropped at once), and closes them all when
+the run ends (`close`, or the end of its ``with`` block).
 """
 from __future__ import annotations
 
-import atexit
 import http.client
 import socket
 import threading
 import time
 from typing import Dict, Optional, Tuple
 
+from . import dialer
 from .router import TunnelError
 
-__all__ = ["Tunnel", "tunnel_for", "close_all", "TunnelError"]
+__all__ = ["Tunnel", "Tunnels", "TunnelError"]
 
 # A failed connect is reported again, not retried, for this long: N hosts checked at once
 # against an unreachable via host wait for one connect timeout, not N; a long rollout
@@ -35,10 +37,12 @@ RETRY_AFTER_S = 10.0
 class Tunnel:
     """The SSH connection to one via host, shared (thread-safe) by every router call."""
 
-    def __init__(self, host, peers: Dict[str, object], accept_new_host_keys: bool = False):
+    def __init__(self, host, peers: Dict[str, object], accept_new_host_keys: bool = False,
+                 interrupt: Optional[dialer.Interrupt] = None):
         self.host = host                   # the via host's inventory record
         self.peers = peers                 # it and its gateway host, by name (for the gateway's key)
         self.accept_new_host_keys = accept_new_host_keys
+        self.interrupt = interrupt or dialer.Interrupt()   # the run's Ctrl-C (a fresh one: never fired)
         self.channels_opened = 0
         self._ssh = None                   # remote.SSHTransport once connected
         self._failed: Optional[Tuple[str, float]] = None   # (why, when) of the last failed connect
@@ -57,10 +61,13 @@ class Tunnel:
                 return t
             self._ssh.close()              # dropped: dial again, once per call
             self._ssh = None
-        ssh = SSHTransport(self.host, self.peers, self.accept_new_host_keys)
+        ssh = SSHTransport(self.host, self.peers, self.accept_new_host_keys, self.interrupt)
         try:
             ssh.open()
         except HostFailure as f:
+            if self.interrupt.first_contact_aborted():   # not a failure of the via host: the next call dials again
+                raise TunnelError(f"interrupted (Ctrl-C) while the SSH connection to the via host {self.host.name} "
+                                  "(router.via) was being made") from None
             why = f"cannot open the SSH connection to the via host {self.host.name} (router.via): {f.message}"
             self._failed = (why, time.monotonic())
             raise TunnelError(why) from None
@@ -115,31 +122,40 @@ class Tunnel:
                     self._ssh = None
 
 
-_TUNNELS: Dict[str, Tunnel] = {}
-_LOCK = threading.Lock()
+class Tunnels:
+    """The router.via connections of one run: a `Tunnel` per via host (whichever router or
+    host asks), all dialled with the run's host-key policy and Ctrl-C, all closed by `close`."""
 
+    def __init__(self, accept_new_host_keys: bool = False, interrupt: Optional[dialer.Interrupt] = None):
+        self.accept_new_host_keys = accept_new_host_keys
+        self.interrupt = interrupt or dialer.Interrupt()
+        self._tunnels: Dict[str, Tunnel] = {}
+        self._lock = threading.Lock()
 
-def tunnel_for(via_host, peers: Dict[str, object]) -> Tunnel:
-    """The run's tunnel to `via_host` (one per via host, whichever router or host asks)."""
-    with _LOCK:
-        t = _TUNNELS.get(via_host.name)
-        if t is None:
-            if not _TUNNELS:
-                atexit.register(close_all)
-            t = _TUNNELS[via_host.name] = Tunnel(via_host, peers)
-        return t
+    def tunnel_for(self, via_host, peers: Dict[str, object]) -> Tunnel:
+        """The run's tunnel to `via_host`, made on first use."""
+        with self._lock:
+            t = self._tunnels.get(via_host.name)
+            if t is None:
+                t = self._tunnels[via_host.name] = Tunnel(via_host, peers, self.accept_new_host_keys, self.interrupt)
+            return t
 
+    def close(self) -> None:
+        """Close every via connection of the run (idempotent)."""
+        with self._lock:
+            tunnels = list(self._tunnels.values())
+            self._tunnels.clear()
+        for t in tunnels:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - the run is over: nothing left to tell
+                pass
 
-def close_all() -> None:
-    """Close every via connection of the run (idempotent)."""
-    with _LOCK:
-        tunnels = list(_TUNNELS.values())
-        _TUNNELS.clear()
-    for t in tunnels:
-        try:
-            t.close()
-        except Exception:  # noqa: BLE001 - closing at exit: nothing left to tell
-            pass
+    def __enter__(self) -> "Tunnels":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class _ChannelHTTPConnection(http.client.HTTPConnection):

@@ -113,3 +113,27 @@ def test_an_unreachable_via_host_is_refused_before_any_host_is_changed(op, fleet
 
     check = op.run("check-patch", "--patch", "dynamic-spec-disable", "--hosts", "v0")
     assert check.code == 1 and "via host ghost" in check.output and op.private_url in check.output, check
+
+
+def test_the_via_connection_honours_accept_new_host_keys(op, fleet, router, tmp_path):
+    """The via host (v0) is not a selected host: only router.via's own connection meets its key."""
+    path = via_inventory(op, fleet, via="v0")
+    doc = op.inventory()
+    known = tmp_path / "known_hosts_empty"
+    known.write_text("")
+    doc["defaults"]["known_hosts"] = str(known)
+    op.write_inventory(doc, path.name)
+    v0_key = f"[127.0.0.1]:{fleet.hosts['v0'].ssh_port}"
+
+    refused = op.run("check-patch", "--patch", "dynamic-spec-disable", "--hosts", "v1")
+    assert refused.code == 1, refused
+    assert refused.host("v1")["status"] == "host-key-rejected", refused
+
+    check = op.run("check-patch", "--patch", "dynamic-spec-disable", "--hosts", "v1", "--accept-new-host-keys")
+    assert check.code == 0, check
+    assert (f"router {op.private_url} (reached via v0, over its SSH connection): sglang-router 0.3.x API"
+            in check.output), check
+    assert v0_key in known.read_text(), "the via host's key was recorded"
+    # recorded: the next run trusts it without the flag
+    again = op.run("check-patch", "--patch", "dynamic-spec-disable", "--hosts", "v1")
+    assert again.code == 0, again

@@ -4,12 +4,16 @@ These memos only save time, so what is checked is that they never change an answ
 a host with other bytes or another launch gets its own."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import gc
+import weakref
 
 import pytest
 
+from support.localhost import job
 from fleetpatch import protocol, steps
-from fleetpatch.diffapply import parse_diff
+from fleetpatch.diffapply import AppliedFiles, parse_diff
 from fleetpatch.engines import LaunchConfig
 from fleetpatch.engines import get as get_profile
 from fleetpatch_demo.wheels import sglang_tree
@@ -31,19 +35,54 @@ def diff_for(original: bytes) -> str:
 
 def test_the_same_original_gives_equal_results_that_callers_own(original):
     fd = parse_diff(diff_for(original), "memo.diff")[0]
-    first = steps.apply_file(fd, original)
+    applied = AppliedFiles()
+    first = applied.apply(fd, original)
     first.detail = "rewritten by a caller"          # make_plan rewrites a conflict's detail
-    second = steps.apply_file(fd, original)
-    assert second.state == "applies" and second.detail != "rewritten by a caller"
+    first.offsets.append(99)
+    second = applied.apply(fd, original)
+    assert second.state == "applies" and second.detail != "rewritten by a caller" and 99 not in second.offsets
     assert second.new == first.new and b"FLEETPATCH_MEMO_TEST" in second.new
 
 
 def test_other_bytes_get_their_own_result(original):
     fd = parse_diff(diff_for(original), "memo.diff")[0]
-    assert steps.apply_file(fd, original).state == "applies"
-    patched = steps.apply_file(fd, original).new
-    assert steps.apply_file(fd, patched).state == "already-applied"
-    assert steps.apply_file(fd, b"something else\n").state == "conflict"
+    applied = AppliedFiles()
+    assert applied.apply(fd, original).state == "applies"
+    patched = applied.apply(fd, original).new
+    assert applied.apply(fd, patched).state == "already-applied"
+    assert applied.apply(fd, b"something else\n").state == "conflict"
+
+
+def test_two_distinct_diffs_never_share_an_entry(original):
+    """Diffs that differ in one added line, or only in the file they name, each get their own
+    result, whichever comes first, also when the first is freed and its memory reused."""
+    applied = AppliedFiles()
+    fd = parse_diff(diff_for(original), "memo.diff")[0]
+    other_line = dataclasses.replace(fd, hunks=[dataclasses.replace(
+        h, target_lines=[ln.replace("FLEETPATCH_MEMO_TEST", "FLEETPATCH_OTHER") for ln in h.target_lines])
+        for h in fd.hunks])
+    other_file = dataclasses.replace(fd, path="sglang/srt/speculative/other.py")
+    assert b"FLEETPATCH_MEMO_TEST" in applied.apply(fd, original).new
+    assert b"FLEETPATCH_OTHER" in applied.apply(other_line, original).new
+    assert applied.apply(other_file, original).path == "sglang/srt/speculative/other.py"
+    for _ in range(50):   # diffs made and freed in turn: a freed one's id is soon another's
+        a = parse_diff(diff_for(original), "memo.diff")[0]
+        assert b"FLEETPATCH_MEMO_TEST" in applied.apply(a, original).new
+        del a
+        b = dataclasses.replace(other_line, hunks=list(other_line.hunks))
+        assert b"FLEETPATCH_OTHER" in applied.apply(b, original).new
+        del b
+
+
+def test_a_runs_patch_is_not_kept_once_the_run_is_over(lh):
+    """Two runs in one process share no memo: what one run planned with (its patch's diffs)
+    is freed with it, not held for the next run."""
+    j, host = job(lh, "spec-path-beacon")
+    assert steps.check_patch(j, host).ok
+    diffs = [weakref.ref(fd) for rev in j.patch.revisions for fd in rev.files]
+    del j
+    gc.collect()
+    assert diffs and all(ref() is None for ref in diffs), "a finished run's diffs are still held"
 
 
 def test_unpacked_and_packed_bytes_round_trip(original):

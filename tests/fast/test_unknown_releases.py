@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from support.localhost import LocalHost, job, speculative_tree
+from support.localhost import EAGLE, EAGLE_V2, LocalHost, job, speculative_tree
 from fleetpatch import steps
 from fleetpatch.engines.sglang import PROFILE
 
@@ -116,3 +116,47 @@ def test_a_superseded_patch_on_the_real_release_files_is_not_a_conflict(lh):
     assert r.status == "skipped" and "conflict" not in r.message, r.message
     assert "superseded on SGLang 0.5.23 by --speculative-adaptive: use that instead" in r.message
     assert speculative_tree(lh.file("sglang/srt/speculative")) == before
+
+
+# Issue 33 (14): a revision for releases newer than the profile, changing only eagle_worker_v2.py,
+# has its sibling rule judged by the files each host has, not refused at load.
+NEWER = "newer-v2-only"
+
+
+def test_a_revision_for_releases_the_profile_does_not_know_loads_without_its_sibling(lh):
+    j, _ = job(lh, NEWER)
+    assert [fd.path for fd in j.patch.revisions[0].files] == [EAGLE_V2]
+    assert j.patch.allow_single_path is None
+
+
+def test_on_a_host_without_the_sibling_it_applies_and_the_probe_proves_the_path(tmp_path, template):
+    host_v2 = LocalHost(tmp_path / "h1", template, spec_v2=True)
+    try:
+        say_version(host_v2, "0.5.24")
+        host_v2.file(EAGLE).unlink()   # as in the newest releases: no v1 worker at all
+        j, host = job(host_v2, NEWER)
+        check = steps.check_patch(j, host)
+        assert check.ok and check.status == "applies", check.message
+        assert "SGLang 0.5.24 is newer than the profile" in check.message
+        assert "deploy-patch will prove it by the probe" in check.message, check.message
+        j, host = job(host_v2, NEWER)
+        r = steps.deploy(j, host)
+        assert (r.status, r.executed_path) == ("verified", "EAGLEWorkerV2"), r.message
+        assert "fleetpatch fixture newer-v2-only" in host_v2.file(EAGLE_V2).read_text()
+    finally:
+        host_v2.stop()
+
+
+def test_on_a_host_that_has_both_files_check_and_deploy_refuse_it_by_the_sibling_rule(lh):
+    say_version(lh, "0.5.24")
+    before = speculative_tree(lh.file("sglang/srt/speculative"))
+    for step in (steps.check_patch, steps.deploy):
+        j, host = job(lh, NEWER)
+        r = step(j, host)
+        assert not r.ok and r.status == "error", r.message
+        assert (f"h1: {NEWER}@1 changes {EAGLE_V2} but not its sibling {EAGLE}, which this host has"
+                in r.message), r.message
+        assert "SGLang 0.5.24, a release the profile does not know" in r.message, r.message
+        assert "a server on the other code path would run the unpatched file" in r.message
+        assert 'allow_single_path: "<reason>"' in r.message and "nothing was changed on this host" in r.message
+        untouched(lh, before)

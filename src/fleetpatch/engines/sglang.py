@@ -354,10 +354,11 @@ class SGLangProfile(EngineProfile):
 
     def siblings_for(self, specifier) -> List[Tuple[str, str]]:
         """The sibling pairs present in any known version a PEP 440 specifier
-        admits; every pair when it admits none we know (never guess leniently)."""
+        admits; none when it admits no version we know: whether a host of such a
+        release has both files of a pair is read from its own files (steps.plan)."""
         admitted = [v for rng in RANGES for v in rng.verified if specifier.contains(v, prereleases=True)]
         if not admitted:
-            return list(self.sibling_pairs)
+            return []
         out: List[Tuple[str, str]] = []
         for v in admitted:
             for pair in self.siblings(v):

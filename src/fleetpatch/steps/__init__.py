@@ -26,6 +26,6 @@ from .follow import Watch, follow_ahead, follow_and_judge  # noqa: F401
 from .hoststatus import status  # noqa: F401
 from .lock import HostLock  # noqa: F401
 from .nodes import deploy_nodes, rollback_nodes  # noqa: F401
-from .plan import apply_file, check_patch, file_bytes, make_plan, packed, revision_files  # noqa: F401
+from .plan import check_patch, file_bytes, make_plan, packed, revision_files  # noqa: F401
 from .rolling_back import fold_rollback, rollback  # noqa: F401
 from .verify import no_answer, verify_logs  # noqa: F401

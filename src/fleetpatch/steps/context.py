@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from .. import dialer, lockview, protocol
+from .. import dialer, diffapply, lockview, protocol
 from ..engines import LaunchConfig
 from ..engines import for_node_rank
 from ..engines import get as get_profile
@@ -62,6 +62,8 @@ class Job:
     probe: bool = True            # False: --no-probe (markers alone judge execution)
     # the run's Ctrl-C: fired by the rollout's loop, seen by first contacts and drains
     interrupt: dialer.Interrupt = field(default_factory=dialer.Interrupt)
+    # each distinct (diff, host file) applied once per run, not once per host
+    applied: diffapply.AppliedFiles = field(default_factory=diffapply.AppliedFiles)
 
 
 @dataclass

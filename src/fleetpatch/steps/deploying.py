@@ -11,7 +11,8 @@ from . import execution, servers
 from .context import HostRun, deploy_command, host_step, inventory_launch, sha256
 from .follow import Watch, follow_ahead
 from .lock import HostLock
-from .plan import Plan, can_prove, describe_states, file_bytes, make_plan, packed, revision_files, unprovable_message
+from .plan import (Plan, can_prove, clash_message, describe_states, file_bytes, make_plan, packed, revision_files,
+                   unprovable_message)
 from .rolling_back import rollback_after_failure
 from .verify import cut_off, verify
 
@@ -29,6 +30,11 @@ def deploy(run: HostRun) -> HostResult:
 def _refusal(run: HostRun, plan: Plan) -> HostResult | None:
     """Why this host's files are left untouched, if they are."""
     name, label = run.name, plan.label
+    if plan.clashes:   # not a hand edit: another fleetpatch patch holds the files
+        return run.result(False, Status.CONFLICT,
+                          clash_message(name, label, plan.clashes, run.job.inventory_arg,
+                                        "refused, left untouched and not restarted: ")
+                          + f"\n{describe_states(plan)}", patch=label)
     if plan.misfits:   # not a hand edit: the patch was made for another layout of the package
         return run.result(False, Status.CONFLICT,
                           f"{name}: refused, left untouched and not restarted: {label} does not fit this "

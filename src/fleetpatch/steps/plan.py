@@ -11,7 +11,6 @@ does not override it. A superseded patch (manifest `superseded`) fails the host
 as `skipped`, saying what to use instead, with nothing written."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from ..engines import get as get_profile
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
-from ..patchset import NoRevisionFits
+from ..patchset import NoRevisionFits, lone_siblings
 from .context import HostRun, Job, host_step, inventory_launch, probe, running_launch
 
 if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
@@ -32,28 +31,16 @@ if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the fir
 
 # The hosts of a fleet mostly hold the same engine files, so the same bytes arrive from
 # each (zlib is deterministic) and the same patched bytes go back: each distinct file is
-# unpacked, patched and packed once per run, not once per host.
+# unpacked and packed once, keyed by its bytes; each diff is applied to it once per run
+# (the run's `Job.applied`, a diffapply.AppliedFiles).
 _MEMO_MOST = 64
 _unpack = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.unpack)
 packed = functools.lru_cache(maxsize=_MEMO_MOST)(protocol.pack)
-_applied: dict[tuple, tuple] = {}   # (id(diff), original) -> (diff, result): a FileDiff is no dict key
 
 
 def file_bytes(probe_reply: protocol.ProbeReply, path: str) -> bytes | None:
     rec = (probe_reply.get("files") or {}).get(path)
     return None if rec is None else _unpack(rec["content"])
-
-
-def apply_file(fd: diffapply.FileDiff, original: bytes | None) -> diffapply.FileResult:
-    """diffapply.apply_file, once per diff and original; each caller gets its own copy
-    (make_plan rewrites a conflict's detail). Shared by the host threads: a lost race
-    only computes the same result twice."""
-    hit = _applied.get((id(fd), original))
-    if hit is None or hit[0] is not fd:   # the diff itself is kept, so its id is not reused
-        if len(_applied) >= _MEMO_MOST:
-            _applied.clear()
-        hit = _applied[(id(fd), original)] = (fd, diffapply.apply_file(fd, original))
-    return dataclasses.replace(hit[1])
 
 
 CHANGE_STATES = ("applies", "creates", "deletes")
@@ -71,6 +58,7 @@ class Plan:
     launch: LaunchConfig
     misfits: list = field(default_factory=list)   # conflicts of layout: a changed file or a created one's folder is missing
     revision: object | None = None                  # the patchset.Revision this plan applies
+    clashes: dict = field(default_factory=dict)     # path -> name@rev of another patch that holds the file (`clashes`)
 
     @property
     def changes(self):
@@ -87,23 +75,46 @@ class Plan:
 
 
 def revision_files(job: Job) -> list[str]:
-    """Every file any revision touches: one probe serves whichever revision the host's version picks."""
+    """Every file any revision touches: one probe serves whichever revision the host's version picks.
+    And the unchanged sibling of a file a revision changes alone: whether the host has it judges
+    the sibling rule on a release the profile does not know (`lone_sibling`)."""
     paths = []
+    pairs = [] if job.patch.allow_single_path else getattr(get_profile(job.patch.engine), "sibling_pairs", [])
     for rev in job.patch.revisions:
-        for fd in rev.files:
-            if fd.path not in paths:
-                paths.append(fd.path)
+        changed = [fd.path for fd in rev.files]
+        for path in changed + [miss for _, miss in lone_siblings(changed, pairs)]:
+            if path not in paths:
+                paths.append(path)
     return paths
 
 
-def _file_states(profile, revision, reply: dict, version: str) -> tuple[dict, list]:
+def lone_sibling(host: Host, profile, patch, revision, reply: dict, version: str) -> str | None:
+    """The sibling rule on a release the profile does not know, judged by the files this host
+    has: why a revision that changes one file of a pair, not the other that the host has, is
+    refused here (None: it is not). A known release was judged when the patch was loaded."""
+    if patch.allow_single_path or profile.knows(version):
+        return None
+    files = reply.get("files") or {}
+    for have, miss in lone_siblings([fd.path for fd in revision.files], getattr(profile, "sibling_pairs", [])):
+        if files.get(miss) is not None:
+            label = patch.label(revision)
+            engine = ENGINE_NAMES.get(getattr(profile, "kind", ""), profile.package)
+            return (f"{host.name}: {label} changes {have} but not its sibling {miss}, which this host has "
+                    f"({engine} {version}, a release the profile does not know, in {reply.get('package_dir')}): "
+                    "a server on the other code path would run the unpatched file and the patch would "
+                    "never execute; nothing was changed on this host. Patch both files, or, if the patch really "
+                    f'concerns one path only, set allow_single_path: "<reason>" in {patch.manifest}')
+    return None
+
+
+def _file_states(job: Job, profile, revision, reply: dict, version: str) -> tuple[dict, list]:
     """Each file of the revision as applying it would find it; and the misfits of layout."""
     states = {}
     missing_folders = set(reply.get("absent_folders") or [])
     misfits = []
     for fd in revision.files:
         # None: the file does not exist (a diff that creates it needs exactly that)
-        state = apply_file(fd, file_bytes(reply, fd.path))
+        state = job.applied.apply(fd, file_bytes(reply, fd.path))
         if state.state == "creates" and os.path.dirname(fd.path) in missing_folders:
             state = diffapply.FileResult(fd.path, "conflict", None, state.offsets,
                                          f"the diff creates {fd.path}, but its folder {os.path.dirname(fd.path)} "
@@ -161,17 +172,22 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     except NoRevisionFits as e:
         raise HostFailure(Status.ERROR, f"{host.name}: {e}") from None
     label = f"{job.patch.name}@{revision.rev}"
-    states, misfits = _file_states(profile, revision, reply, version)
+    sibling = lone_sibling(host, profile, job.patch, revision, reply, version)
+    if sibling:
+        raise HostFailure(Status.ERROR, sibling)
+    states, misfits = _file_states(job, profile, revision, reply, version)
+    clash = clashes(states, reply, job.patch.name)
     launch = running_launch(host, reply)
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
         # so the pre-flight cannot predict; the log after the restart decides.
-        return Plan(version, label, states, None, None, launch, misfits, revision=revision), revision
+        return Plan(version, label, states, None, None, launch, misfits, revision=revision, clashes=clash), revision
     prediction = profile.predict(version, launch)
     verdict = preflight_verdict(host, profile, revision, prediction, label)
     if verdict is not None:
         verdict.message += launch_note(host, profile, version, launch, prediction)
-    return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision), revision
+    return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision,
+                clashes=clash), revision
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
@@ -242,6 +258,42 @@ def describe_states(plan: Plan) -> str:
         else:
             parts.append(f"{path}: conflict: {r.detail}")
     return "\n".join("  " + p for p in parts)
+
+
+def clashes(states: dict, reply: dict, name: str) -> dict[str, str]:
+    """path -> the other patch (name@rev) of each file that `states` cannot apply to because it
+    holds what another fleetpatch patch wrote there: its bytes are the `after` sha256 that
+    patch's ledger entry records (None: a file it deleted). Pure: the probe reply judged."""
+    out: dict[str, str] = {}
+    files = reply.get("files") or {}
+    for path, state in states.items():
+        if state.state in CHANGE_STATES or state.state == "already-applied":
+            continue
+        now = (files.get(path) or {}).get("sha256")
+        for other, entry in sorted((reply.get("ledger") or {}).get("patches", {}).items(),
+                                   key=lambda kv: -int(kv[1].get("seq") or 0)):   # the latest writer first
+            rec = (entry.get("files") or {}).get(path)
+            if other != name and rec is not None and "after" in rec and rec["after"] == now:
+                out[path] = entry.get("label") or f"{other}@{entry.get('rev')}"
+                break
+    return out
+
+
+def clash_message(host: str, label: str, clash: dict[str, str], inventory: str | None, refused: str = "") -> str:
+    """check-patch's and deploy-patch's one wording for a patch whose files another patch holds
+    (`refused`: what deploy-patch did instead, said first)."""
+    import shlex
+    where = f" --inventory {shlex.quote(str(inventory))}" if inventory else ""
+    name = label.rsplit("@", 1)[0]
+    lines = [f"{host}: {refused}{label} clashes with "
+             f"{', '.join(sorted(set(clash.values())))}, which fleetpatch deployed on this host"]
+    lines += [f"  {path}: holds what {other} wrote (the sha256 its ledger records), not {label}'s pre-image"
+              for path, other in sorted(clash.items())]
+    lines.append(f"  to stack {name} on it: write {name}'s diff against the host's current files "
+                 f"(fetch them first: fleetpatch fetch --hosts {host}{where})")
+    lines += [f"  or roll {other} back first: fleetpatch rollback --patch {other.rsplit('@', 1)[0]} "
+              f"--hosts {host}{where}" for other in sorted(set(clash.values()))]
+    return "\n".join(lines)
 
 
 @dataclass
@@ -318,6 +370,10 @@ def check_patch(run: HostRun) -> HostResult:
     detail = describe_states(plan)
     base = dict(engine_version=plan.version, patch=plan.label, details={"files_state": {
         p: {"state": r.state, "offsets": r.offsets, "detail": r.detail} for p, r in plan.states.items()}})
+    if plan.clashes:
+        return HostResult(host.name, False, Status.CONFLICT,
+                          clash_message(host.name, plan.label, plan.clashes, job.inventory_arg) + "\n" + detail,
+                          **base)
     if plan.conflicts:
         note = version_note(run.profile, plan.version)
         return HostResult(host.name, False, Status.CONFLICT, f"{host.name}: {plan.label} does not apply\n{detail}"
