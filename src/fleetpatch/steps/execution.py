@@ -91,7 +91,7 @@ class ExecutionView:
         self.plan: dict | None = None
         self.pid: int | None = None
         self.children: list = []
-        self.exe: str | None = None
+        self.interpreter: dict = {}   # what the server was started with: argv0, python, venv
         self.namespace: str | None = None   # "container": the pids are those of the container's pid namespace
         self.seen_event = False
 
@@ -103,7 +103,7 @@ class ExecutionView:
             self.plan = ev["plan"]
         self.pid = ev.get("pid") or self.pid
         self.children = sorted(set(self.children) | set(ev.get("children") or ()))
-        self.exe = ev.get("exe") or self.exe
+        self.interpreter = ev.get("interpreter") or self.interpreter
         self.namespace = ev.get("pid_namespace") or self.namespace
 
     def block(self, label: str | None = None) -> dict:
@@ -217,11 +217,21 @@ def _contract_reason(why: str) -> str:
 
 
 def _never_loaded(v, block: dict, ctx: Context) -> list:
-    return [f"FAIL {ctx.host}  {ctx.label} not verified: the probe never loaded in the server",
-            f"  {block['message']}",
-            f"  the server (pid {block.get('server_pid') or '?'}) runs {block.get('exe') or 'an interpreter that /proc does not name'}, "
-            f"not {block.get('python') or 'engine.python'} (where the probe went in)",
-            "  set engine.python to the interpreter the server runs, or add markers to the patch"] + _runs(v, ctx)
+    lines = [f"FAIL {ctx.host}  {ctx.label} not verified: the probe never loaded in the server",
+             f"  {block['message']}"]
+    started = block.get("interpreter") or {}
+    python = started.get("python")
+    where = block.get("python") or "engine.python"
+    if python and python.startswith("/"):
+        venv = f" (venv {started['venv']})" if started.get("venv") else ""
+        lines += [f"  the server (pid {block.get('server_pid') or '?'}) was started with {python}{venv}, "
+                  f"not {where} (where the probe went in)",
+                  f"  set engine.python to {python}, or add markers to the patch"]
+    else:   # argv[0] not a path the agent could follow: no advice it cannot stand behind
+        lines += [f"  the server (pid {block.get('server_pid') or '?'}) was started with "
+                  f"{python or 'an interpreter that /proc does not name'}, not {where} (where the probe went in)",
+                  "  set engine.python to the interpreter the server was started with, or add markers to the patch"]
+    return lines + _runs(v, ctx)
 
 
 def _runs(v, ctx: Context) -> list:
@@ -266,7 +276,7 @@ def exe_note(block: dict, view: ExecutionView) -> dict:
     """The block with what /proc said of the server, for the never-loaded message."""
     block = dict(block)
     block["server_pid"] = view.pid
-    block["exe"] = view.exe
+    block["interpreter"] = view.interpreter
     block["python"] = (view.plan or {}).get("python") or view.installed.get("python")
     block["changed_files"] = sorted(m["path"] for m in ((view.plan or {}).get("modules") or {}).values()
                                     if m.get("lines"))
