@@ -53,10 +53,36 @@ def siblings(profile, paths) -> list[str]:
     return out
 
 
-def probe_request(host, profile, label: str, package_dir: str, added: dict, token: str) -> dict:
-    """The `probe` field of a request that restarts: the agent installs this just before."""
-    plan = probe_install.make_plan(added, package_dir, watch=siblings(profile, set(added)))
+def stacked_added(ledger: dict, name: str, revision=None, states: dict | None = None) -> dict:
+    """{label: {path: [lines]}} of every other patch applied on the host, numbered as the files
+    will be once `revision` is written on top (None: as they are now). The newest patch's record
+    keeps the lines of those below it in its own numbering (`stacked`); each record its own."""
+    entries = sorted(((n, e) for n, e in (ledger.get("patches") or {}).items() if n != name),
+                     key=lambda item: (item[1].get("seq", 0), item[1].get("applied_at", ""), item[0]))
+    now = {}
+    for n, entry in entries:
+        record = entry.get("record") or {}
+        label = entry.get("label") or f"{n}@{entry.get('rev', '?')}"
+        now.update({k: v for k, v in (record.get("stacked") or {}).items() if k in now})
+        now[label] = record.get("added") or {}
+    if revision is None:
+        return now
+    offsets = {p: list(r.offsets or []) for p, r in (states or {}).items() if getattr(r, "offsets", None)}
+    return {label: probe_verdict.carry_lines(lines, revision.diff_text, offsets) for label, lines in now.items()}
+
+
+def probe_request(host, profile, label: str, package_dir: str, added: dict, token: str,
+                  stacked: dict | None = None) -> dict:
+    """The `probe` field of a request that restarts: the agent installs this just before. It watches
+    the lines of every patch applied (`stacked`: the others'), each patch judged by its own."""
+    per_patch = {**(stacked or {}), label: added}
+    union: dict = {}
+    for lines in per_patch.values():
+        for path, numbers in lines.items():
+            union[path] = sorted(set(union.get(path, ())) | set(numbers))
+    plan = probe_install.make_plan(union, package_dir, watch=siblings(profile, set(union)))
     plan["label"] = label
+    plan["patches"] = per_patch
     return {"token": token, "python": host.engine.python, "plan": plan, "runtime": runtime_packed()}
 
 
@@ -111,10 +137,17 @@ class ExecutionView:
             return probe_verdict.execution_off("unavailable", "the probe could not go in: " + self.installed["error"])
         if not self.plan:
             return probe_verdict.execution_off("unavailable", "no probe watched this restart")
-        if label and self.plan.get("label") and self.plan["label"] != label:
-            return probe_verdict.execution_off("unavailable", f"the probe watched {self.plan['label']}, not {label}")
-        added = {spec["path"]: spec.get("lines") or [] for spec in (self.plan.get("modules") or {}).values()}
         pids = process_pids(self.records, self.pid, self.children)
+        per_patch = self.plan.get("patches") or {}
+        if label and self.plan.get("label") and self.plan["label"] != label and label not in per_patch:
+            watched = ", ".join(sorted(per_patch) or [self.plan["label"]])
+            block = probe_verdict.execution_off("unavailable", f"the probe watched {watched}, not {label}")
+            block["loaded"] = bool(probe_verdict.execution_block(self.records, self.plan, {}, pids)["pids"])
+            return block
+        if label in per_patch:
+            added = per_patch[label]
+        else:
+            added = {spec["path"]: spec.get("lines") or [] for spec in (self.plan.get("modules") or {}).values()}
         block = probe_verdict.execution_block(self.records, self.plan, added, pids)
         block["server_pids"] = sorted(pids) if pids else []
         if self.namespace:
@@ -158,6 +191,10 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
         if marker_seen:
             v.message += f"\n  note: the probe did not watch this server ({block['message']}); verified by its markers"
             return v
+        if block.get("loaded"):   # it ran in the server, but this restart's plan did not hold the patch
+            return _final(v, Status.NOT_EXECUTED, [
+                f"FAIL {ctx.host}  {ctx.label} not verified: {block['message']} in this restart",
+                f"  deploy-patch {ctx.label.split('@')[0]} again to restart with the probe watching it"] + _runs(v, ctx))
         return _final(v, Status.NOT_EXECUTED, _never_loaded(v, block, ctx))
     ran = ran_on_path(block, v, ctx)
     if ran:
