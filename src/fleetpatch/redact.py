@@ -25,6 +25,8 @@ _EMPTY = frozenset({"", "None", "null", "''", '""', "false", "False"})
 
 
 def is_secret_name(name: str) -> bool:
+    if "/" in name or name.endswith(".py"):   # a file (sglang/srt/token_utils.py) is no setting
+        return False
     words = [w.lower() for w in _WORD.findall(name)]
     if any(w in _SECRET_WORDS for w in words):
         return True
@@ -83,12 +85,12 @@ def _mask_value(value):
 # so `env: HF_TOKEN=x` is not read as the name env with the value HF_TOKEN=x.
 _CANDIDATE = r"[\w.-]*(?i:token|secret|passw|credential|authorization|api[\w.-]?key)[\w.-]*"
 # A flag and its value as words: `--api-key sk-1`, `--hf-token=hf_1`.
-_FLAG = re.compile(r"(?<![\w.-])(?P<name>--?(?=[A-Za-z])" + _CANDIDATE + r")(?P<sep>=|[ \t]+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",]+)")
+_FLAG = re.compile(r"(?<![\w./-])(?P<name>--?(?=[A-Za-z])" + _CANDIDATE + r")(?P<sep>=|[ \t]+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",]+)")
 # A name and its value as Python, JSON, an environment or a header write it:
 # `api_key='sk-1'` (the ServerArgs dump), `"api_key": "sk-1"`, `HF_TOKEN=hf_1`,
 # `Authorization: Bearer sk-1`.
 _PAIR = re.compile(
-    r"(?<![\w.-])(?P<q>[\"']?)(?P<name>(?=[A-Za-z_])" + _CANDIDATE + r")(?P=q)(?P<sep>[ \t]*[=:][ \t]*)"
+    r"(?<![\w./-])(?P<q>[\"']?)(?P<name>(?=[A-Za-z_])" + _CANDIDATE + r")(?P=q)(?P<sep>[ \t]*[=:][ \t]*)"
     r"(?P<value>'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|(?:(?:Bearer|Basic|Token)[ \t]+)?[^\s,)'\"}\]]+)")
 
 

@@ -20,7 +20,8 @@ def test_secret_names(name):
 
 
 @pytest.mark.parametrize("name", ["--port", "max_total_tokens", "tokenizer_path", "--tokenizer-mode",
-                                  "skip_tokenizer_init", "num_reserved_decode_tokens", "ssl_keyfile", "key"])
+                                  "skip_tokenizer_init", "num_reserved_decode_tokens", "ssl_keyfile", "key",
+                                  "sglang/srt/auth/token_utils.py", "token_utils.py"])
 def test_names_that_are_not_secrets(name):
     assert not redact.is_secret_name(name)
 
@@ -60,6 +61,7 @@ def test_a_host_or_patch_named_like_a_secret_is_walked_not_hidden():
     ("env: HF_TOKEN=hf_SECRET SGLANG_X=1", "env: HF_TOKEN=*** SGLANG_X=1"),
     ("Authorization: Bearer sk-SECRET", "Authorization: ***"),
     ("max_total_tokens=4096 tokenizer_path=/m", "max_total_tokens=4096 tokenizer_path=/m"),
+    ("    sglang/srt/auth/token_utils.py: never imported", "    sglang/srt/auth/token_utils.py: never imported"),
 ])
 def test_text_hides_secret_values_in_log_lines_and_command_lines(line, shown):
     assert redact.text(line) == shown
