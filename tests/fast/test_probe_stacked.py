@@ -28,6 +28,12 @@ def test_two_stacked_quiet_patches_are_each_proven_by_their_own_lines(lh):
         assert "both-quiet@1 verified" in text and "module-flag-quiet@1 verified" in text, text
         shifted = [n + 1 for n in line_before]
         assert f"{EAGLE} line {shifted[0]} " in text, text   # both-quiet judged by its line where it is now
+
+        # the top patch rolled back: the restart's probe still watches both-quiet, at its line of before
+        back = steps.rollback(job(lh, "module-flag-quiet")[0], lh.host())
+        assert back.ok and back.status == Status.ROLLED_BACK, back.message
+        again = steps.verify_logs(job(lh, None)[0], lh.host())
+        assert again.ok and f"{EAGLE} line {line_before[0]} " in again.message, again.message
     finally:
         lh.stop()
 
