@@ -64,7 +64,8 @@ def stacked_added(ledger: dict, name: str, revision=None, states: dict | None = 
         record = entry.get("record") or {}
         label = entry.get("label") or f"{n}@{entry.get('rev', '?')}"
         now.update({k: v for k, v in (record.get("stacked") or {}).items() if k in now})
-        now[label] = record.get("added") or {}
+        if record.get("added"):   # an entry of an older fleetpatch keeps no lines: its markers judge it
+            now[label] = record["added"]
     if revision is None:
         return now
     offsets = {p: list(r.offsets or []) for p, r in (states or {}).items() if getattr(r, "offsets", None)}
