@@ -31,3 +31,18 @@ def test_a_server_run_by_another_venv_is_named_by_that_venv_and_the_advice_works
     finally:
         lh.stop()
         other.stop()
+
+
+def test_a_server_of_engine_python_itself_is_not_told_to_set_engine_python(lh):
+    """The server runs engine.python, but with -S (its site-packages on PYTHONPATH only): the
+    probe's .pth never runs. The advice must not be to set engine.python to what it already is."""
+    start = lh.inventory()["hosts"]["h1"]["server"]["restart"]["start"].replace("{python}", "{python} -S")
+    env = dict(lh.inventory()["hosts"]["h1"]["server"]["restart"]["env"], PYTHONPATH=str(lh.site))
+    host = lh.host(start=start, env=env)
+    try:
+        r = steps.deploy(job(lh, "both-quiet", host=host)[0], host)
+        assert r.status == Status.NOT_EXECUTED and "the probe never loaded" in r.message, r.message
+        assert f"was started with {lh.python} (venv {lh.env}), engine.python itself" in r.message, r.message
+        assert "set engine.python" not in r.message and os.path.realpath(lh.python) not in r.message, r.message
+    finally:
+        lh.stop()

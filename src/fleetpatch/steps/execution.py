@@ -12,6 +12,7 @@ health are judged as before (evidence.py); this only adds to that verdict.
 from __future__ import annotations
 
 import functools
+import os
 
 from .. import protocol
 from ..errors import Status
@@ -260,16 +261,31 @@ def _never_loaded(v, block: dict, ctx: Context) -> list:
     started = block.get("interpreter") or {}
     python = started.get("python")
     where = block.get("python") or "engine.python"
+    who = f"the server (pid {block.get('server_pid') or '?'})"
     if python and python.startswith("/"):
         venv = f" (venv {started['venv']})" if started.get("venv") else ""
-        lines += [f"  the server (pid {block.get('server_pid') or '?'}) was started with {python}{venv}, "
-                  f"not {where} (where the probe went in)",
-                  f"  set engine.python to {python}, or add markers to the patch"]
+        if _same_interpreter(python, started.get("venv"), block.get("python")):
+            lines += [f"  {who} was started with {python}{venv}, engine.python itself: its site step did not run "
+                      f"the probe's .pth{' in ' + block['site_dir'] if block.get('site_dir') else ''} (python -S, "
+                      "or site-packages reached through PYTHONPATH only)",
+                      "  start the server so that it reads its site-packages, or add markers to the patch"]
+        else:
+            lines += [f"  {who} was started with {python}{venv}, not {where} (where the probe went in)",
+                      f"  set engine.python to {python}, or add markers to the patch"]
     else:   # argv[0] not a path the agent could follow: no advice it cannot stand behind
-        lines += [f"  the server (pid {block.get('server_pid') or '?'}) was started with "
-                  f"{python or 'an interpreter that /proc does not name'}, not {where} (where the probe went in)",
+        lines += [f"  {who} was started with {python or 'an interpreter that /proc does not name'}, "
+                  f"not {where} (where the probe went in)",
                   "  set engine.python to the interpreter the server was started with, or add markers to the patch"]
     return lines + _runs(v, ctx)
+
+
+def _same_interpreter(python: str, venv: str | None, engine_python: str | None) -> bool:
+    """The server's interpreter is engine.python: the same path, or a python of the same venv."""
+    if not engine_python:
+        return False
+    if os.path.normpath(python) == os.path.normpath(engine_python):
+        return True
+    return bool(venv) and os.path.dirname(os.path.dirname(os.path.normpath(engine_python))) == os.path.normpath(venv)
 
 
 def _runs(v, ctx: Context) -> list:
@@ -316,6 +332,7 @@ def exe_note(block: dict, view: ExecutionView) -> dict:
     block["server_pid"] = view.pid
     block["interpreter"] = view.interpreter
     block["python"] = (view.plan or {}).get("python") or view.installed.get("python")
+    block["site_dir"] = view.installed.get("site_dir")
     block["changed_files"] = sorted(m["path"] for m in ((view.plan or {}).get("modules") or {}).values()
                                     if m.get("lines"))
     return block
