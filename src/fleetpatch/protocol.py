@@ -333,6 +333,7 @@ class PatchRecord(TypedDict, total=False):
     manifest: Dict[str, Any]    # patch.yaml as data: name, engine, markers, expect, forbid, smoke_expect, executed, ...
     revision: Dict[str, Any]    # the revision deployed: rev, engine_versions, diff (its name), diff_sha256, files
     added: Dict[str, List[int]]  # the lines it adds, as numbered in the files written on this host
+    stacked: Dict[str, Dict[str, List[int]]]  # label -> the lines of each patch below it, as its files number them
 
 
 class LedgerEntry(TypedDict, total=False):

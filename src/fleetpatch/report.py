@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import Status, UsageError
+from . import redact
 from .textsafe import cell, safe, safe_line
 
 if TYPE_CHECKING:
@@ -413,9 +414,9 @@ def check_report_path(path: str | Path | None, flag: str = "--report", directory
 
 def write_report(path: str | Path, task: str, ok: bool, started: str, results: dict, extra: dict | None = None) -> None:
     doc = {"task": task, "ok": ok, "started": started, "finished": now_iso(), "counts": counts(results),
-           "hosts": {name: r.to_json() for name, r in results.items()}}
+           "hosts": {name: redact.data(r.to_json()) for name, r in results.items()}}
     if extra:
-        doc.update(extra)
+        doc.update(redact.data(dict(extra)))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
@@ -485,7 +486,7 @@ def evidence_lines(r) -> list[str]:
     for m in r.markers or []:
         where = f"log line {m['line_no']}" if m.get("line_no") else "log"
         out.append(f"  marker {m.get('path', '')} at {where}: {m.get('text', '')}")
-    facts = d.get("server_facts") or {}
+    facts = redact.data(d.get("server_facts") or {})   # whole, before a long one is cut short
     if facts.get("launch"):
         out.append(f"  launch: {_launch_text(facts['launch'])}")
     if facts.get("server_info") is not None:

@@ -1,4 +1,4 @@
-"""Host data made safe to show: control bytes escaped, never rich markup.
+"""Host data made safe to show: secrets masked, control bytes escaped, never rich markup.
 
 Anything that came from a host (a log line quoted in a failure, a package's
 `Version:`, a ledger value) can carry terminal escapes: OSC 0 retitles the
@@ -6,11 +6,15 @@ window, OSC 52 writes the clipboard, OSC 8 makes links, CSI 2J clears the
 screen. Printed raw they act on the operator's terminal, piped or not. Here
 every such byte becomes a visible escape (`\\x1b`), and `cell` wraps text in a
 `rich.text.Text` so `[/]` or `[link=...]` is shown as written, not parsed.
+Every value named like a secret (`--api-key X`, `HF_TOKEN=X`) is shown as
+`***` (`redact.text`): whatever reaches the terminal passes through here.
 """
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
+
+from . import redact
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -34,12 +38,12 @@ def _escape(m: re.Match) -> str:
 def safe(text: object) -> str:
     """`text` with every control byte shown as an escape; newlines and tabs kept
     (a message is several lines on purpose)."""
-    return _UNSAFE.sub(_escape, "" if text is None else str(text))
+    return _UNSAFE.sub(_escape, redact.text("" if text is None else str(text)))
 
 
 def safe_line(text: object) -> str:
     """Like `safe`, and newlines and tabs escaped too: for one table cell or one line."""
-    return _UNSAFE_LINE.sub(_escape, "" if text is None else str(text))
+    return _UNSAFE_LINE.sub(_escape, redact.text("" if text is None else str(text)))
 
 
 def cell(text: object, style: str = "") -> Text:

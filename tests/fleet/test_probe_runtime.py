@@ -437,3 +437,98 @@ def test_taken_monitoring_tool_ids_make_the_probe_fall_back_to_functions(interp,
     assert block["mode"] == "functions" and LINE_OF["return i * 2"] in block["ran"]["toypkg/hot.py"]
     notes = {json.loads(v)["note"] for k, v in files.items() if k.endswith("/process.json")}
     assert notes == {"no free sys.monitoring tool id (4, 3 taken)"}
+
+
+# ----------------------------------------------------------------- forked children (issue 31, 6)
+
+FORK_SERVER = '''import json, os, sys
+import toypkg.hot as hot
+
+
+def main():
+    total = hot.loop(20000)          # the parent runs the added lines first: lines mode disables them
+    pid = os.fork()                  # a scheduler forked as vLLM forks its workers
+    if pid == 0:
+        code = 0 if hot.loop(10) == sum(i * 2 if i % 2 else i for i in range(10)) else 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"total": total, "child": pid, "child_status": status}))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def local_python(minimum=(3, 12)):
+    """A Python of at least `minimum` on this machine (python3.13, python3.12 on PATH or built by
+    pyenv), or None."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))) / "versions"
+    candidates = [shutil.which(name) for name in ("python3.13", "python3.12")]
+    candidates += [str(p) for p in sorted(pyenv.glob("3.1[2-9]*/bin/python3"), reverse=True)]
+    for found in candidates:
+        if found:
+            done = subprocess.run([found, "-c", "import sys; print(sys.version_info >= %r)" % (minimum,)],
+                                  capture_output=True, text=True)
+            if done.returncode == 0 and done.stdout.strip() == "True":
+                return found
+    return None
+
+
+@pytest.fixture(params=["py3.11-functions", "py3.12+-lines"])
+def fork_interp(request, tmp_path):
+    """functions mode on this machine's 3.11; lines mode on the trixie root's 3.13, else a local 3.12+."""
+    if request.param.startswith("py3.11"):
+        if sys.version_info[:2] != (3, 11):
+            pytest.skip("this machine's Python is not 3.11")
+        python = sys.executable
+    elif (TRIXIE / "usr/bin/python3").exists() and os.geteuid() == 0 and shutil.which("chroot"):
+        yield Interp(["/usr/bin/python3"], TRIXIE, request.param, None)
+        return
+    else:
+        python = local_python()
+        if python is None:
+            pytest.skip("lines mode needs Python 3.12+: no trixie root and no python3.12/3.13 here")
+    subprocess.run([python, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    yield Interp([str(tmp_path / "venv/bin/python")], None, request.param, None)
+
+
+def test_a_forked_child_records_the_lines_its_parent_already_ran_under_its_own_pid(fork_interp, tmp_path):
+    """The parent runs the added lines (lines mode then disables them for the whole process), then
+    forks; the child runs the same lines. A fork-safe probe records them under both pids."""
+    interp = fork_interp
+    inner = f"/tmp/fptest-{uuid.uuid4().hex[:10]}"
+    host = interp.host(inner)
+    pkg = host / "inst" / "toypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "hot.py").write_text(HOT)
+    (host / "server.py").write_text(FORK_SERVER)
+    try:
+        site_inner, token, plan, added = deploy(interp, inner, host)
+        try:
+            done = interp.run([f"{inner}/server.py"], env={"PYTHONPATH": f"{inner}/inst"})
+        finally:
+            probe_install.remove(str(interp.host(site_inner)), token)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert result["total"] == EXPECTED_TOTAL and result["child_status"] == 0, (result, done.stderr)
+        files = probe_install.read_records(str(host / "probe"))
+        assert not any(name.endswith("/disabled") for name in files), files
+        block = execution_block(files, plan, added)
+        assert block["mode"] == ("functions" if interp.name.endswith("functions") else "lines"), block
+
+        lines_by_pid = {}
+        for entry in parse_records(files).values():
+            proc = entry["process"] or {}
+            ran = {o["line"] for n, o in entry["records"] if n.startswith("L-")}
+            ran |= {line for n, o in entry["records"] if n.startswith("F-") for line in o["lines"]}
+            lines_by_pid.setdefault(proc.get("pid"), set()).update(ran)
+            if proc.get("pid") == result["child"]:
+                assert proc.get("forked_from", "").startswith(f"{proc['ppid']}-"), proc
+        parent = next(pid for pid in lines_by_pid if pid != result["child"])
+        for key in ("total += step", "return i * 2"):
+            assert LINE_OF[key] in lines_by_pid[parent], (key, lines_by_pid)
+            assert LINE_OF[key] in lines_by_pid[result["child"]], (key, lines_by_pid)
+        assert {parent, result["child"]} <= set(block["pids"])
+    finally:
+        shutil.rmtree(host, ignore_errors=True)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import container_probe
+from . import container_probe, procs
 from .base import atomic_write, ensure_dir, protocol, read_bytes, read_json, state_path
 from .procs import proc_stat
 
@@ -200,10 +200,7 @@ class RecordReader(object):
             ev["plan"] = read_json(os.path.join(self.folder, probe_install.PLAN_NAME)) if self.folder else None
         if pid:
             ev["children"] = children_of(pid)
-            try:
-                ev["exe"] = os.readlink("/proc/%d/exe" % pid)
-            except OSError:
-                pass
+            ev["interpreter"] = procs.started_interpreter(pid, "/proc/%d/root" % pid if self.boxed else "")
             if self.boxed:   # the records' pids are the container's: so are the server's here
                 ev = container_probe.inside_view(ev, ev["children"])
         return ev

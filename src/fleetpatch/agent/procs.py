@@ -202,6 +202,52 @@ def signal_if_same(pid, start, sig):
     return True
 
 
+def started_interpreter(pid, root=""):
+    """The interpreter the process was started with, as CPython itself finds its
+    sys.executable and sys.prefix: argv[0] (a bare name looked up in the process's
+    PATH, a relative one from its cwd) and the venv whose pyvenv.cfg sits next to it
+    or one folder up. Never /proc/PID/exe: that is the binary behind a venv's
+    python link, and engine.python set to it runs outside the venv. `root`: where
+    the process's paths are on this host (a container's /proc/PID/root). {} when unknown."""
+    try:
+        argv0 = read_bytes("/proc/%d/cmdline" % pid).split(b"\0")[0].decode("utf-8", "surrogateescape")
+    except (IOError, OSError):
+        return {}
+    if not argv0:
+        return {}
+    path = argv0
+    if "/" not in argv0:
+        path = _on_path(pid, argv0, root)
+    elif not argv0.startswith("/"):
+        try:
+            path = os.path.normpath(os.path.join(os.readlink("/proc/%d/cwd" % pid), argv0))
+        except OSError:
+            pass
+    out = {"argv0": argv0, "python": path}
+    if path.startswith("/"):
+        folder = os.path.dirname(path)
+        for prefix in (folder, os.path.dirname(folder)):
+            if os.path.isfile(root + os.path.join(prefix, "pyvenv.cfg")):
+                out["venv"] = prefix
+                break
+    return out
+
+
+def _on_path(pid, name, root):
+    """`name` as the process's PATH finds it (the bare name when it cannot be read)."""
+    try:
+        env = read_bytes("/proc/%d/environ" % pid).split(b"\0")
+    except (IOError, OSError):
+        return name
+    for item in env:
+        if item.startswith(b"PATH="):
+            for folder in item[5:].decode("utf-8", "surrogateescape").split(":"):
+                candidate = os.path.join(folder or ".", name)
+                if candidate.startswith("/") and os.access(root + candidate, os.X_OK):
+                    return candidate
+    return name
+
+
 def run_tool(argv, timeout=300.0):
     """(exit status, stdout+stderr) of a service manager's tool; 127 when it cannot be run."""
     try:

@@ -81,6 +81,73 @@ def added_lines(diff_text, offsets=None):
     return {p: sorted(set(v)) for p, v in out.items()}
 
 
+def hunk_maps(diff_text, offsets=None):
+    """{path: [(first old line, old length, new length, {old line: new line} of its context)]}
+    of a unified diff, each hunk where it really applied (`offsets` as in `added_lines`)."""
+    out = {}
+    lines = diff_text.split("\n")
+    path = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("+++ ") and i > 0 and lines[i - 1].startswith("--- "):
+            path = diff_path(lines[i - 1]) or diff_path(line)
+            out.setdefault(path, [])
+            hunk = 0
+        elif line.startswith("@@") and path is not None and HUNK_RE.match(line):
+            m = HUNK_RE.match(line)
+            old_len = int(m.group(2)) if m.group(2) is not None else 1
+            new_len = int(m.group(4)) if m.group(4) is not None else 1
+            shift = (offsets or {}).get(path, [])
+            drift = shift[hunk] if hunk < len(shift) else 0
+            hunk += 1
+            o, n = int(m.group(1)) + drift, int(m.group(3)) + drift
+            kept, old_left, new_left = {}, old_len, new_len
+            while (old_left > 0 or new_left > 0) and i + 1 < len(lines):
+                i += 1
+                kind = lines[i][:1]
+                if kind in (" ", ""):
+                    kept[o] = n
+                if kind in (" ", "", "-"):
+                    o, old_left = o + 1, old_left - 1
+                if kind in (" ", "", "+"):
+                    n, new_left = n + 1, new_left - 1
+            first = int(m.group(1)) + drift if old_len else int(m.group(1)) + drift + 1
+            out[path].append((first, old_len, new_len, kept))
+        i += 1
+    return out
+
+
+def carry_lines(lines_by_path, diff_text, offsets=None):
+    """{path: [lines]} of a patch already on the files, numbered as they are once the diff
+    `diff_text` is applied on top: shifted past its hunks; a line that the diff removes or
+    changes is gone (it no longer holds that patch's code)."""
+    maps = hunk_maps(diff_text, offsets)
+    out = {}
+    for path, lines in lines_by_path.items():
+        hunks = maps.get(path)
+        if hunks is None:
+            out[path] = sorted(lines)
+            continue
+        moved = set()
+        for line in lines:
+            delta, new = 0, None
+            for first, old_len, new_len, kept in hunks:
+                if line < first:
+                    new = line + delta
+                    break
+                if line < first + old_len:
+                    new = kept.get(line)
+                    break
+                delta += new_len - old_len
+            else:
+                new = line + delta
+            if new is not None:
+                moved.add(new)
+        out[path] = sorted(moved)
+    return out
+
+
 def parse_records(files):
     """{process dir: {"process": {...}, "records": [(name, obj)]}} from {"<dir>/<name>": bytes}."""
     procs = {}

@@ -92,16 +92,21 @@ def apply_request(run: HostRun, plan: Plan, reply: protocol.ProbeReply, revision
     job = run.job
     return protocol.ApplyRequest(**run.request(), package_dir=reply["package_dir"], name=job.patch.name,
                                  rev=revision.rev, label=plan.label, diff_sha256=revision.diff_sha256,
-                                 files=apply_files(reply, plan), record=deploy_record(job, revision, plan))
+                                 files=apply_files(reply, plan), record=deploy_record(job, revision, plan, reply))
 
 
-def deploy_record(job, revision, plan: Plan) -> protocol.PatchRecord:
+def deploy_record(job, revision, plan: Plan, reply: protocol.ProbeReply | None = None) -> protocol.PatchRecord:
     """What the host keeps of the patch, so verify-logs and rollback work from any laptop:
-    the manifest, the revision, and its added lines where this host's files put them."""
+    the manifest, the revision, and its added lines where this host's files put them; with
+    the lines of the patches below it as this one's files number them (`stacked`)."""
     from ..patchrecord import record_of
     from ..probe.verdict import added_lines
     offsets = {r.path: list(r.offsets or []) for r in plan.changes}
-    return record_of(job.patch, revision, added_lines(revision.diff_text, offsets))
+    record = record_of(job.patch, revision, added_lines(revision.diff_text, offsets))
+    stacked = execution.stacked_added((reply or {}).get("ledger") or {}, job.patch.name, revision, plan.states)
+    if stacked:
+        record["stacked"] = stacked
+    return record
 
 
 def _probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) -> dict | None:
@@ -109,7 +114,10 @@ def _probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) 
     if not execution.probe_wanted(run.job, run.host, run.job.patch):
         return None
     added = execution.added_of(revision, plan.states)
-    return execution.probe_request(run.host, run.profile, plan.label, reply["package_dir"], added, run.job.token)
+    stacked = execution.stacked_added(reply.get("ledger") or {}, run.job.patch.name,
+                                      None if plan.already else revision, plan.states)
+    return execution.probe_request(run.host, run.profile, plan.label, reply["package_dir"], added, run.job.token,
+                                   stacked)
 
 
 def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:

@@ -12,6 +12,7 @@ health are judged as before (evidence.py); this only adds to that verdict.
 from __future__ import annotations
 
 import functools
+import os
 
 from .. import protocol
 from ..errors import Status
@@ -53,10 +54,37 @@ def siblings(profile, paths) -> list[str]:
     return out
 
 
-def probe_request(host, profile, label: str, package_dir: str, added: dict, token: str) -> dict:
-    """The `probe` field of a request that restarts: the agent installs this just before."""
-    plan = probe_install.make_plan(added, package_dir, watch=siblings(profile, set(added)))
+def stacked_added(ledger: dict, name: str, revision=None, states: dict | None = None) -> dict:
+    """{label: {path: [lines]}} of every other patch applied on the host, numbered as the files
+    will be once `revision` is written on top (None: as they are now). The newest patch's record
+    keeps the lines of those below it in its own numbering (`stacked`); each record its own."""
+    entries = sorted(((n, e) for n, e in (ledger.get("patches") or {}).items() if n != name),
+                     key=lambda item: (item[1].get("seq", 0), item[1].get("applied_at", ""), item[0]))
+    now = {}
+    for n, entry in entries:
+        record = entry.get("record") or {}
+        label = entry.get("label") or f"{n}@{entry.get('rev', '?')}"
+        now.update({k: v for k, v in (record.get("stacked") or {}).items() if k in now})
+        if record.get("added"):   # an entry of an older fleetpatch keeps no lines: its markers judge it
+            now[label] = record["added"]
+    if revision is None:
+        return now
+    offsets = {p: list(r.offsets or []) for p, r in (states or {}).items() if getattr(r, "offsets", None)}
+    return {label: probe_verdict.carry_lines(lines, revision.diff_text, offsets) for label, lines in now.items()}
+
+
+def probe_request(host, profile, label: str, package_dir: str, added: dict, token: str,
+                  stacked: dict | None = None) -> dict:
+    """The `probe` field of a request that restarts: the agent installs this just before. It watches
+    the lines of every patch applied (`stacked`: the others'), each patch judged by its own."""
+    per_patch = {**(stacked or {}), label: added}
+    union: dict = {}
+    for lines in per_patch.values():
+        for path, numbers in lines.items():
+            union[path] = sorted(set(union.get(path, ())) | set(numbers))
+    plan = probe_install.make_plan(union, package_dir, watch=siblings(profile, set(union)))
     plan["label"] = label
+    plan["patches"] = per_patch
     return {"token": token, "python": host.engine.python, "plan": plan, "runtime": runtime_packed()}
 
 
@@ -91,7 +119,7 @@ class ExecutionView:
         self.plan: dict | None = None
         self.pid: int | None = None
         self.children: list = []
-        self.exe: str | None = None
+        self.interpreter: dict = {}   # what the server was started with: argv0, python, venv
         self.namespace: str | None = None   # "container": the pids are those of the container's pid namespace
         self.seen_event = False
 
@@ -103,7 +131,7 @@ class ExecutionView:
             self.plan = ev["plan"]
         self.pid = ev.get("pid") or self.pid
         self.children = sorted(set(self.children) | set(ev.get("children") or ()))
-        self.exe = ev.get("exe") or self.exe
+        self.interpreter = ev.get("interpreter") or self.interpreter
         self.namespace = ev.get("pid_namespace") or self.namespace
 
     def block(self, label: str | None = None) -> dict:
@@ -111,10 +139,17 @@ class ExecutionView:
             return probe_verdict.execution_off("unavailable", "the probe could not go in: " + self.installed["error"])
         if not self.plan:
             return probe_verdict.execution_off("unavailable", "no probe watched this restart")
-        if label and self.plan.get("label") and self.plan["label"] != label:
-            return probe_verdict.execution_off("unavailable", f"the probe watched {self.plan['label']}, not {label}")
-        added = {spec["path"]: spec.get("lines") or [] for spec in (self.plan.get("modules") or {}).values()}
         pids = process_pids(self.records, self.pid, self.children)
+        per_patch = self.plan.get("patches") or {}
+        if label and self.plan.get("label") and self.plan["label"] != label and label not in per_patch:
+            watched = ", ".join(sorted(per_patch) or [self.plan["label"]])
+            block = probe_verdict.execution_off("unavailable", f"the probe watched {watched}, not {label}")
+            block["loaded"] = bool(probe_verdict.execution_block(self.records, self.plan, {}, pids)["pids"])
+            return block
+        if label in per_patch:
+            added = per_patch[label]
+        else:
+            added = {spec["path"]: spec.get("lines") or [] for spec in (self.plan.get("modules") or {}).values()}
         block = probe_verdict.execution_block(self.records, self.plan, added, pids)
         block["server_pids"] = sorted(pids) if pids else []
         if self.namespace:
@@ -158,6 +193,10 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
         if marker_seen:
             v.message += f"\n  note: the probe did not watch this server ({block['message']}); verified by its markers"
             return v
+        if block.get("loaded"):   # it ran in the server, but this restart's plan did not hold the patch
+            return _final(v, Status.NOT_EXECUTED, [
+                f"FAIL {ctx.host}  {ctx.label} not verified: {block['message']} in this restart",
+                f"  deploy-patch {ctx.label.split('@')[0]} again to restart with the probe watching it"] + _runs(v, ctx))
         return _final(v, Status.NOT_EXECUTED, _never_loaded(v, block, ctx))
     ran = ran_on_path(block, v, ctx)
     if ran:
@@ -217,11 +256,36 @@ def _contract_reason(why: str) -> str:
 
 
 def _never_loaded(v, block: dict, ctx: Context) -> list:
-    return [f"FAIL {ctx.host}  {ctx.label} not verified: the probe never loaded in the server",
-            f"  {block['message']}",
-            f"  the server (pid {block.get('server_pid') or '?'}) runs {block.get('exe') or 'an interpreter that /proc does not name'}, "
-            f"not {block.get('python') or 'engine.python'} (where the probe went in)",
-            "  set engine.python to the interpreter the server runs, or add markers to the patch"] + _runs(v, ctx)
+    lines = [f"FAIL {ctx.host}  {ctx.label} not verified: the probe never loaded in the server",
+             f"  {block['message']}"]
+    started = block.get("interpreter") or {}
+    python = started.get("python")
+    where = block.get("python") or "engine.python"
+    who = f"the server (pid {block.get('server_pid') or '?'})"
+    if python and python.startswith("/"):
+        venv = f" (venv {started['venv']})" if started.get("venv") else ""
+        if _same_interpreter(python, started.get("venv"), block.get("python")):
+            lines += [f"  {who} was started with {python}{venv}, engine.python itself: its site step did not run "
+                      f"the probe's .pth{' in ' + block['site_dir'] if block.get('site_dir') else ''} (python -S, "
+                      "or site-packages reached through PYTHONPATH only)",
+                      "  start the server so that it reads its site-packages, or add markers to the patch"]
+        else:
+            lines += [f"  {who} was started with {python}{venv}, not {where} (where the probe went in)",
+                      f"  set engine.python to {python}, or add markers to the patch"]
+    else:   # argv[0] not a path the agent could follow: no advice it cannot stand behind
+        lines += [f"  {who} was started with {python or 'an interpreter that /proc does not name'}, "
+                  f"not {where} (where the probe went in)",
+                  "  set engine.python to the interpreter the server was started with, or add markers to the patch"]
+    return lines + _runs(v, ctx)
+
+
+def _same_interpreter(python: str, venv: str | None, engine_python: str | None) -> bool:
+    """The server's interpreter is engine.python: the same path, or a python of the same venv."""
+    if not engine_python:
+        return False
+    if os.path.normpath(python) == os.path.normpath(engine_python):
+        return True
+    return bool(venv) and os.path.dirname(os.path.dirname(os.path.normpath(engine_python))) == os.path.normpath(venv)
 
 
 def _runs(v, ctx: Context) -> list:
@@ -266,8 +330,9 @@ def exe_note(block: dict, view: ExecutionView) -> dict:
     """The block with what /proc said of the server, for the never-loaded message."""
     block = dict(block)
     block["server_pid"] = view.pid
-    block["exe"] = view.exe
+    block["interpreter"] = view.interpreter
     block["python"] = (view.plan or {}).get("python") or view.installed.get("python")
+    block["site_dir"] = view.installed.get("site_dir")
     block["changed_files"] = sorted(m["path"] for m in ((view.plan or {}).get("modules") or {}).values()
                                     if m.get("lines"))
     return block

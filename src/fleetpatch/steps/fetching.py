@@ -5,6 +5,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import redact
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from .context import HostRun, host_step, probe, sha256
@@ -44,7 +45,7 @@ def fetch(run: HostRun) -> HostResult:
             "package_dir": reply.get("package_dir"), "python": host.engine.python, "files": files,
             "patches": patches, "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "fetch.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    (dest / "fetch.json").write_text(json.dumps(redact.data(meta), indent=2, sort_keys=True) + "\n")
     msg = f"{len(files)} files to {dest}"
     if missing:
         msg += f" ({len(missing)} not present on the host: {', '.join(missing)})"

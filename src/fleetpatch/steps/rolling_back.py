@@ -87,9 +87,10 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: 
     request = protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"], name=name,
                                        force=run.job.force)
     probing = execution.probe_wanted(run.job, run.host, None)
-    if probing:   # it watches the imports only: what files the restored server loads
+    if probing:   # it watches the imports only: what files the restored server loads (and the patches left)
         request["probe"] = execution.probe_request(run.host, run.profile, label, reply["package_dir"],
-                                                   {p: [] for p in entry["files"]}, run.job.token)
+                                                   {p: [] for p in entry["files"]}, run.job.token,
+                                                   execution.stacked_added(reply.get("ledger") or {}, name))
     try:
         out = run.remote.call("rollback", request, ahead=follow.follow_ahead(run.job, run.host, probing))
     except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
