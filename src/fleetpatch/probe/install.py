@@ -114,7 +114,9 @@ def runtime_source():
 
 def write_atomic(path, data, mode):
     tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    if os.path.lexists(tmp):   # a dead run's, or planted: created anew, never written through
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)
         os.write(fd, data)
