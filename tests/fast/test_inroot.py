@@ -117,3 +117,18 @@ def test_whatever_the_links_the_path_stays_inside_the_root(tmp_path_factory, lin
         return
     assert got == str(root) or got.startswith(str(root) + "/")
     assert os.path.realpath(got).startswith(str(root.resolve())), got   # no link left on it leads out
+
+
+def test_a_probe_records_folder_that_links_out_is_not_opened_up(tmp_path):
+    from fleetpatch.probe import install as probe_install
+    host_dir = tmp_path / "host-etc"
+    host_dir.mkdir(mode=0o755)
+    host_dir.chmod(0o755)
+    site, probe_dir = tmp_path / "site", tmp_path / "var-tmp" / "fleetpatch-probe"
+    site.mkdir()
+    probe_dir.mkdir(parents=True)
+    (probe_dir / "records").symlink_to(host_dir)            # left in the image, or by the server's side
+    with pytest.raises(probe_install.ProbeInstallError, match="records is a symlink"):
+        probe_install.install(str(site), str(probe_dir), "a" * 16, {"modules": []})
+    assert host_dir.stat().st_mode & 0o7777 == 0o755
+    assert not list(site.iterdir()), "no .pth: nothing half-done"
