@@ -306,3 +306,21 @@ def test_an_absolute_symlink_in_the_container_never_reaches_the_hosts_file(conta
     assert WORKER in run.host("c1")["message"], run.host("c1")["message"]
     assert victim.read_bytes() == secret
     assert not copies and "not present on the host" in fetched.output and WORKER in fetched.output, fetched
+
+
+def test_a_checkout_that_links_to_a_host_path_is_never_written_through(container_operator, tmp_path):
+    """The image's editable checkout is an absolute symlink whose target exists only on the
+    host: seen from the host it is a whole sglang tree there. The patch must not land in it."""
+    import shutil
+    op, f = container_operator, container_operator.fleet
+    host_tree = tmp_path / "sgl-workspace"
+    shutil.copytree(sglang_tree("0.5.9"), host_tree / "sglang" / "python")
+    before = (host_tree / "sglang" / "python" / WORKER).read_bytes()
+    name = f.hosts["c1"].container_name
+    f.docker_cli("exec", name, "sh", "-c", f"rm -rf /sgl-workspace && ln -s {host_tree} /sgl-workspace")
+    run = op.run("deploy-patch", "--patch", BEACON, "--hosts", "c1")
+    assert (host_tree / "sglang" / "python" / WORKER).read_bytes() == before, "the host's file was written"
+    assert run.code != 0 and run.host("c1")["status"] == "error", run
+    msg = run.host("c1")["message"]
+    assert "sglang is not installed" in msg and "\n" not in msg, msg
+    assert f"names {CHECKOUT}, which the container resolves to {host_tree}/sglang/python, where it is not" in msg

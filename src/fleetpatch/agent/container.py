@@ -203,10 +203,26 @@ def locate_package(req, package):
         site, parent = found
         return (inroot.host_path(root, parent), parent,
                 dist_info_version(root + site, package, read=lambda path: inroot.read(root, path[len(root):])))
-    raise AgentError("error", "container %s (%s): %s is not installed where its python (%s) finds it (%s); is "
+    raise AgentError("error", "container %s (%s): %s is not installed where its python (%s) finds it (%s)%s; is "
                      "engine.container the engine's container?" % (info["name"], info["runtime"], package,
                                                                    python, ", ".join(site_dirs(root, python))
-                                                                   or "no site directory"))
+                                                                   or "no site directory", dangling(root, python,
+                                                                                                    package)))
+
+
+def dangling(root, python, package):
+    """What the message adds when an editable install names a folder that, resolved inside the
+    container, is not there (an absolute symlink of the image leading to a path of the host's)."""
+    for site in site_dirs(root, python):
+        for target in editable_targets(root, site, package):
+            try:
+                inside = inroot.resolve(root, target)
+            except (AgentError, OSError):
+                continue
+            if inside != target:
+                return ("; the editable install in %s names %s, which the container resolves to %s, where it is "
+                        "not: fleetpatch reads and writes only what the container reaches" % (site, target, inside))
+    return ""
 
 
 # ------------------------------------------------------------------ ledger: the container's id
