@@ -101,16 +101,46 @@ def _block(data: bytes) -> bytes:
     return b"%08d" % len(data) + data
 
 
+def cache_key_path() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "fleetpatch" / "agent-cache.key"
+
+
+@functools.lru_cache(maxsize=None)
+def cache_key() -> str | None:
+    """The laptop's secret that seals the hosts' compile-cache entries (agentboot: an entry
+    runs only when its HMAC under this key checks out, so one planted on a host never does).
+    Made once, 0600; None where it can be neither read nor made: the hosts then compile."""
+    path = cache_key_path()
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    key = os.urandom(32).hex()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        return key
+    except FileExistsError:   # another fleetpatch made it first
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def boot_stream(state_dir: str | None) -> bytes:
     """Everything the agent reads before its first request: stage two, the header,
     the protocol then the agent's modules (each with the sha256 the host checks it
     against), their sources as one zlib stream. The compile cache lives in the
-    host's state dir."""
+    host's state dir, sealed with the laptop's `cache_key`."""
     modules = [{"name": module, "filename": filename, "size": len(_source(path)),
                 "sha256": hashlib.sha256(_source(path)).hexdigest()} for path, module, filename in sent_modules()]
     blob = _sources_blob()
     header = {"modules": modules, "run": AGENT_MODULE, "compressed": len(blob),
-              "cache_dir": os.path.join(state_dir, "agent-cache") if state_dir else None}
+              "cache_dir": os.path.join(state_dir, "agent-cache") if state_dir else None, "cache_key": cache_key()}
     return _block(_compressed("agentboot.py")) + _block(zlib.compress(json.dumps(header).encode(), 6)) + blob
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import hmac
 import json
 import marshal
 import os
@@ -124,14 +125,16 @@ def test_the_agent_is_compiled_once_then_loaded_from_the_cache(lh):
 
 
 def plant(entry, code, source_sha=None):
-    """Rewrite a cache entry around `code`, with a valid header for `source_sha` (default: its own)."""
+    """Rewrite a cache entry around `code`, sealed with the laptop's key for `source_sha`
+    (default: its own). test_agent_trust: what is not sealed so never runs."""
     data = entry.read_bytes()
     head = data.split(b"\n\n", 1)[0].decode().splitlines()
     fields = dict(line.split(" ", 1) for line in head[1:])
     body = marshal.dumps(code)
-    fields["code"] = hashlib.sha256(body).hexdigest()
     if source_sha:
         fields["source"] = source_sha
+    msg = f"{fields['source']}\0{fields['python']}\0".encode() + body
+    fields["seal"] = hmac.new(bytes.fromhex(remote.cache_key()), msg, hashlib.sha256).hexdigest()
     entry.write_bytes((head[0] + "\n" + "".join(f"{k} {v}\n" for k, v in fields.items()) + "\n").encode() + body)
 
 
@@ -145,10 +148,10 @@ def doctored_agent():
 def test_a_cache_entry_is_run_only_when_it_proves_it_is_the_sent_source(lh):
     probe_agent(lh)
     entry = agent_entry(lh)
-    # An entry whose header names this source is what runs (the cache is really used) ...
+    # An entry sealed for this source is what runs (the cache is really used) ...
     plant(entry, doctored_agent())
     assert probe_agent(lh)["agent"].get("doctored") is True
-    # ... one that names another source never runs: the sent source is compiled and the entry rewritten.
+    # ... one sealed for another source never runs: the sent source is compiled and the entry rewritten.
     plant(entry, doctored_agent(), source_sha="0" * 64)
     reply = probe_agent(lh)
     assert "doctored" not in reply["agent"] and reply["agent"][remote.AGENT_MODULE] == "compiled"

@@ -286,3 +286,41 @@ def test_a_rollback_after_a_re_creation_finds_the_originals_there_and_clears_the
     assert inside(f, "c1", WORKER) == wheel(WORKER)
     status = op.run("status", "--hosts", "c1")
     assert status.code == 0 and status.host("c1")["applied"] == [], status
+
+
+def test_an_absolute_symlink_in_the_container_never_reaches_the_hosts_file(container_operator, tmp_path):
+    """A hostile image: the engine file is an absolute symlink to a path that, resolved from
+    the host (as /proc/PID/root + path would be), is a host file. The agent runs as root: it
+    must read and write only what the container itself reaches, where the link leads nowhere."""
+    op, f = container_operator, container_operator.fleet
+    victim = tmp_path / "host-file.py"
+    secret = wheel(WORKER) + b"# the host's own bytes\n"   # the patch would apply to them
+    victim.write_bytes(secret)
+    name = f.hosts["c1"].container_name
+    f.docker_cli("exec", name, "ln", "-sf", str(victim), f"{CHECKOUT}/{WORKER}")
+    fetched = op.run("fetch", "--dest", "src", "--hosts", "c1")
+    copies = [p.read_bytes() for p in (op.workdir / "src").rglob("eagle_worker.py")]
+    assert secret not in copies, "the host's file was read as the container's"
+    run = op.run("deploy-patch", "--patch", BEACON, "--hosts", "c1")
+    assert run.code != 0 and run.host("c1")["status"] != "verified", run
+    assert WORKER in run.host("c1")["message"], run.host("c1")["message"]
+    assert victim.read_bytes() == secret
+    assert not copies and "not present on the host" in fetched.output and WORKER in fetched.output, fetched
+
+
+def test_a_checkout_that_links_to_a_host_path_is_never_written_through(container_operator, tmp_path):
+    """The image's editable checkout is an absolute symlink whose target exists only on the
+    host: seen from the host it is a whole sglang tree there. The patch must not land in it."""
+    import shutil
+    op, f = container_operator, container_operator.fleet
+    host_tree = tmp_path / "sgl-workspace"
+    shutil.copytree(sglang_tree("0.5.9"), host_tree / "sglang" / "python")
+    before = (host_tree / "sglang" / "python" / WORKER).read_bytes()
+    name = f.hosts["c1"].container_name
+    f.docker_cli("exec", name, "sh", "-c", f"rm -rf /sgl-workspace && ln -s {host_tree} /sgl-workspace")
+    run = op.run("deploy-patch", "--patch", BEACON, "--hosts", "c1")
+    assert (host_tree / "sglang" / "python" / WORKER).read_bytes() == before, "the host's file was written"
+    assert run.code != 0 and run.host("c1")["status"] == "error", run
+    msg = run.host("c1")["message"]
+    assert "sglang is not installed" in msg and "\n" not in msg, msg
+    assert f"names {CHECKOUT}, which the container resolves to {host_tree}/sglang/python, where it is not" in msg

@@ -12,12 +12,13 @@ from support.localhost import LocalHost, job
 class Agent:
     """The laptop's end of one agent session, driven by hand (what Remote does)."""
 
-    def __init__(self, lh: LocalHost):
+    def __init__(self, lh: LocalHost, boot: bool = True):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         self.proc = subprocess.Popen([str(lh.python), "-c", remote.BOOTSTRAP], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                      start_new_session=True)
-        self.send(remote.boot_stream(str(lh.state)))
+        if boot:   # else the test sends the boot stream itself
+            self.send(remote.boot_stream(str(lh.state)))
 
     def send(self, data: bytes) -> None:
         self.proc.stdin.write(data)

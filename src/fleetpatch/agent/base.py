@@ -6,6 +6,7 @@ sent with the agent's modules. On a host agentboot loads it as
 AGENT_MODULE_NAME beside this package (fleetpatch itself is not installed
 there); on the laptop (tests) it is the package's own.
 """
+import errno
 import hashlib
 import json
 import os
@@ -83,13 +84,41 @@ def ensure_dir(path, mode=0o700):
         os.makedirs(path, mode)
 
 
+def ensure_state_dir(path):
+    """The state dir, made 0700, or tightened when it exists: the agent runs as root and
+    trusts what is in it (ledger, journal, backups, lock), so nobody else may write there.
+    Read and search bits stay (a server run as another user reaches its probe dir below)."""
+    ensure_dir(path)
+    st = os.lstat(path)
+    if st.st_mode & 0o022:
+        os.chmod(path, st.st_mode & 0o7755)
+
+
+def open_log(path, flags):
+    """The server's log file (an fd), opened as root without following a symlink at its name:
+    followed, the server's output would be written into, or read out of, whatever file the
+    link names."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        raise AgentError("error", "the server log %s is a symlink (to %s); fleetpatch opens the log as root and "
+                         "follows no link there, so nothing was read or written through it; set `log` to the file "
+                         "itself (%s)" % (path, target, target))
+
+
 def atomic_write(path, data, like=None, meta=None):
     """Write beside the target and rename over it. The file gets the mode and owner of
     `like` (a path), else `meta` ({mode, uid, gid}: a file created, or one put back after
     it was deleted), else those of the file it replaces, else mode 0644."""
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, ".%s%s%d.tmp" % (os.path.basename(path), TMP_MARK, os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -6,7 +6,9 @@ the container's own state dir. It reaches the engine's files through the contain
 root as the host sees it, `/proc/<pid of the container's main process>/root`: every
 read, backup, atomic write (a rename inside the container's own filesystem) and
 rollback of files.py works there unchanged, and all-or-nothing, the journal and
-byte-exact rollback hold as on a plain host.
+byte-exact rollback hold as on a plain host. Every container path is first resolved
+inside that root (inroot.py), as the container resolves it: from the host, an
+absolute symlink in the image would lead into the host's own files.
 
 Why not `docker exec` or `docker cp`: measured on the test daemon (Docker 20.10,
 overlay2), `docker inspect` takes 57 ms, `docker exec true` 115 ms, `docker exec -i
@@ -29,13 +31,13 @@ stop and the start, so nothing the old process printed counts, and a re-created
 container has a log of its own.
 """
 import ast
-import glob
 import os
 import re
 import signal
 import subprocess
 import time
 
+from . import inroot
 from .base import AgentError
 from .package import dist_info_version
 from .procs import (pid_alive, pidfile_mismatch, proc_stat, read_pid, refuse_to_signal, run_tool, signal_if_same,
@@ -127,10 +129,12 @@ def attach(req):
     req = dict(req, _container=info)
     if req.get("restart"):
         req["restart"] = dict(req["restart"], _container=info, _log=req.get("log"))
+    # every container path is resolved in the container's root (inroot): an absolute
+    # symlink in the image must not lead the agent, as root, into the host's own files
     if req.get("package_dir"):
-        req["package_dir"] = info["root"] + req["package_dir"]
+        req["package_dir"] = inroot.host_path(info["root"], req["package_dir"])
     if req.get("log") and req["log"].startswith("/"):   # kind command: a log file inside the container
-        req["log"] = info["root"] + req["log"]
+        req["log"] = inroot.host_path(info["root"], req["log"], follow_last=False)
     return req
 
 
@@ -144,39 +148,37 @@ def site_dirs(root, python):
         patterns.insert(0, prefix + "/lib/python3*/site-packages")
     found = []
     for pattern in patterns:
-        for host_path in sorted(glob.glob(root + pattern), reverse=True):
-            inside = host_path[len(root):]
-            if os.path.isdir(host_path) and inside not in found:
+        for inside in sorted(inroot.glob(root, pattern), reverse=True):
+            if os.path.isdir(root + inside) and inside not in found:
                 found.append(inside)
     return found
 
 
-def editable_targets(host_site, package):
-    """Where the site dir's editable installs put `package` (container paths): the
-    __editable__ finders' MAPPING, then the path lines of .pth files."""
+def editable_targets(root, site, package):
+    """Where the container site dir `site`'s editable installs put `package` (container
+    paths): the __editable__ finders' MAPPING, then the path lines of .pth files."""
     try:
-        names = sorted(os.listdir(host_site))
-    except OSError:
+        names = sorted(os.listdir(inroot.host_path(root, site)))
+    except (OSError, AgentError):
         return []
     out = []
     for n in names:
-        path = os.path.join(host_site, n)
-        if n.startswith("__editable__") and n.endswith("_finder.py"):
-            try:
-                with open(path) as f:
-                    m = re.search(FINDER_MAPPING, f.read(), re.M | re.S)
-                mapping = ast.literal_eval(m.group(1)) if m else {}
-            except (IOError, OSError, ValueError, SyntaxError):
-                continue
-            if isinstance(mapping, dict) and isinstance(mapping.get(package), str):
-                out.append(os.path.dirname(mapping[package].rstrip("/")))
-        elif n.endswith(".pth"):
-            try:
-                with open(path) as f:
-                    lines = [l.strip() for l in f]
-            except (IOError, OSError):
-                continue
-            out.extend(l for l in lines if l.startswith("/"))
+        if not (n.startswith("__editable__") and n.endswith("_finder.py")) and not n.endswith(".pth"):
+            continue
+        try:
+            text = inroot.read(root, site + "/" + n).decode("utf-8", "replace")
+        except (OSError, AgentError):
+            continue
+        if n.endswith(".pth"):
+            out.extend(l.strip() for l in text.splitlines() if l.strip().startswith("/"))
+            continue
+        try:
+            m = re.search(FINDER_MAPPING, text, re.M | re.S)
+            mapping = ast.literal_eval(m.group(1)) if m else {}
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(mapping, dict) and isinstance(mapping.get(package), str):
+            out.append(os.path.dirname(mapping[package].rstrip("/")))
     return out
 
 
@@ -186,9 +188,9 @@ def package_site(req, package):
     install. That interpreter reads that site dir's .pth files at start (the probe goes there)."""
     root = req["_container"]["root"]
     for site in site_dirs(root, (req.get("container") or {}).get("python")):
-        for parent in [site] + editable_targets(root + site, package):
-            if os.path.isfile(os.path.join(root + parent, package, "__init__.py")):
-                return site, parent
+        for parent in [site] + editable_targets(root, site, package):
+            if inroot.is_file(root, "%s/%s/__init__.py" % (parent, package)):
+                return site, inroot.resolve(root, parent)
     return None
 
 
@@ -200,11 +202,28 @@ def locate_package(req, package):
     found = package_site(req, package)
     if found:
         site, parent = found
-        return root + parent, parent, dist_info_version(root + site, package)
-    raise AgentError("error", "container %s (%s): %s is not installed where its python (%s) finds it (%s); is "
+        return (inroot.host_path(root, parent), parent,
+                dist_info_version(root + site, package, read=lambda path: inroot.read(root, path[len(root):])))
+    raise AgentError("error", "container %s (%s): %s is not installed where its python (%s) finds it (%s)%s; is "
                      "engine.container the engine's container?" % (info["name"], info["runtime"], package,
                                                                    python, ", ".join(site_dirs(root, python))
-                                                                   or "no site directory"))
+                                                                   or "no site directory", dangling(root, python,
+                                                                                                    package)))
+
+
+def dangling(root, python, package):
+    """What the message adds when an editable install names a folder that, resolved inside the
+    container, is not there (an absolute symlink of the image leading to a path of the host's)."""
+    for site in site_dirs(root, python):
+        for target in editable_targets(root, site, package):
+            try:
+                inside = inroot.resolve(root, target)
+            except (AgentError, OSError):
+                continue
+            if inside != target:
+                return ("; the editable install in %s names %s, which the container resolves to %s, where it is "
+                        "not: fleetpatch reads and writes only what the container reaches" % (site, target, inside))
+    return ""
 
 
 # ------------------------------------------------------------------ ledger: the container's id
@@ -292,7 +311,7 @@ def host_pid(info, inner):
 def command_pid(restart):
     """The server started in the container, by its pidfile there (a pid of the container's)."""
     info = restart["_container"]
-    inner = read_pid(info["root"] + restart["pidfile"]) if restart.get("pidfile") else None
+    inner = read_pid(inroot.host_path(info["root"], restart["pidfile"])) if restart.get("pidfile") else None
     return host_pid(info, inner) if inner else None
 
 
@@ -320,8 +339,8 @@ def restart_command(restart, log):
     info = restart["_container"]
     extra = stop_command(restart)
     pos = log_position(log)
-    pidfile = info["root"] + restart["pidfile"]
-    if os.path.exists(pidfile):
+    pidfile = inroot.host_path(info["root"], restart["pidfile"], follow_last=False)
+    if os.path.lexists(pidfile):
         os.unlink(pidfile)
     argv = [info["runtime"], "exec", "-d"]
     for k, v in sorted((restart.get("env") or {}).items()):
@@ -334,7 +353,7 @@ def restart_command(restart, log):
         raise AgentError("restart-failed", "`%s exec -d %s ...` failed (exit %s): %s"
                          % (info["runtime"], info["name"], rc, out.strip() or "no output"))
     deadline = time.monotonic() + 10
-    while read_pid(pidfile) is None and time.monotonic() < deadline:
+    while read_pid(inroot.host_path(info["root"], restart["pidfile"])) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     if pos["inode"] is None:
         pos = {"inode": log_position(log)["inode"], "offset": 0}
@@ -343,7 +362,7 @@ def restart_command(restart, log):
 
 def log_position(log):
     try:
-        st = os.stat(log)
+        st = os.lstat(log)
         return {"inode": st.st_ino, "offset": st.st_size}
     except OSError:
         return {"inode": None, "offset": 0}

@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 
+from . import inroot
 from .base import AgentError, protocol
 from .container import describe, inspect, package_site, site_dirs, spec_of
 
@@ -76,20 +77,24 @@ def writable_layer(doc):
 
 
 def no_links(root, inside):
-    """root + inside, with no symlink on the way below root (the last component may be absent)."""
-    cur = root
-    for part in [p for p in inside.split("/") if p]:
-        cur = os.path.join(cur, part)
-        if os.path.islink(cur):
-            raise probe_install.ProbeInstallError("%s in the container is a symlink (to %s): the probe is not put "
-                                                  "through it" % (cur[len(root):], os.readlink(cur)))
-    return cur
+    """root + inside, resolved in the container's root (inroot) with no symlink on the way
+    (the last component may be absent)."""
+    try:
+        return inroot.host_path(root, inside, refuse_links=True)
+    except AgentError as e:
+        raise probe_install.ProbeInstallError("the probe is not put through it: %s" % e.message)
 
 
 def host_dir(req):
-    """PROBE_DIR as a host path now (None: the container's root cannot be reached)."""
+    """PROBE_DIR as a host path now (None: the container's root cannot be reached, or a
+    symlink is on the way to it)."""
     root = root_now(req)
-    return root + PROBE_DIR if root else None
+    if not root:
+        return None
+    try:
+        return no_links(root, PROBE_DIR)
+    except (probe_install.ProbeInstallError, OSError):
+        return None
 
 
 def clear_records(req):
@@ -99,7 +104,7 @@ def clear_records(req):
         return
     try:
         path = no_links(root, os.path.dirname(PROBE_DIR)) + "/" + os.path.basename(PROBE_DIR)
-    except probe_install.ProbeInstallError:
+    except (probe_install.ProbeInstallError, OSError):
         return
     if os.path.islink(path):
         os.unlink(path)
@@ -137,7 +142,7 @@ def site_on_host(req, note):
         return None
     try:
         return no_links(root, note["site_dir"])
-    except probe_install.ProbeInstallError:
+    except (probe_install.ProbeInstallError, OSError):
         return None
 
 

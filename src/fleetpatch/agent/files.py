@@ -6,6 +6,7 @@ import os
 import stat
 import types
 
+from . import inroot
 from .base import (TMP_MARK, AgentError, LEDGER, atomic_write, expand, pack, read_bytes, refuse_links, sha256_bytes,
                    state_path)
 from .ledger import save_ledger
@@ -26,15 +27,20 @@ def writable_join(root, rel):
     return full
 
 
-def describe_file(root, rel, content):
+def describe_file(root, rel, content, jail=None):
+    """sha256, size, mode (and the bytes) of the package file `rel`, or None when absent.
+    `jail`: a container's root (the host path): the file is read as the container resolves it."""
     path = safe_join(root, rel)
     try:
-        data = read_bytes(path)
+        if jail:
+            data, st = inroot.read_stat(jail, path[len(jail):])
+        else:
+            data = read_bytes(path)
+            st = os.stat(path)
     except (IOError, OSError) as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR):   # ENOTDIR: a file where its folder would be
             return None
         raise
-    st = os.stat(path)
     out = {"sha256": sha256_bytes(data), "size": len(data), "mode": st.st_mode & 0o7777}
     if content:
         out["content"] = pack(data)
@@ -47,8 +53,8 @@ def remove_bytecode(path):
     stem = os.path.splitext(name)[0]
     cache = os.path.join(directory, "__pycache__")
     removed = []
-    try:
-        entries = os.listdir(cache)
+    try:   # a __pycache__ that is a symlink is not fleetpatch's to empty: it may lead anywhere
+        entries = [] if os.path.islink(cache) else os.listdir(cache)
     except OSError:
         entries = []
     for entry in entries:
@@ -235,7 +241,7 @@ def recover(req):
         root = journal["root"]
         if req.get("_container") and root.startswith("/proc/"):
             # written through the container's root under its pid then: a restart since gave it another
-            root = req["_container"]["root"] + "/" + root.split("/", 4)[4]
+            root = inroot.host_path(req["_container"]["root"], "/" + root.split("/", 4)[4])
         restored, left = [], []
         for f in journal["files"]:
             full = writable_join(root, f["path"])

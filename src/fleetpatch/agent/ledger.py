@@ -8,7 +8,7 @@ and writes the ledger as on a one-server host. The top-level `restart_pending` i
 import errno
 import json
 
-from .base import AgentError, LEDGER, atomic_write, ensure_dir, protocol, state_path
+from .base import AgentError, LEDGER, atomic_write, ensure_state_dir, protocol, state_path
 
 SERVER_KEYS = ("last_restart", "restart_pending", "last_verification")
 
@@ -49,5 +49,5 @@ def save_ledger(req, ledger):
                 slot = slots.setdefault(n, {})
                 slot["restart_pending"] = bool(slot.get("restart_pending")) or n in pending
         out["restart_pending"] = any(s.get("restart_pending") for s in slots.values())
-    ensure_dir(state_path(req))
+    ensure_state_dir(state_path(req))
     atomic_write(state_path(req, LEDGER), (json.dumps(out, indent=1, sort_keys=True) + "\n").encode())

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 
-from .base import TMP_MARK, AgentError, LOCK, ensure_dir, now_iso, protocol, read_json, state_path
+from .base import TMP_MARK, AgentError, LOCK, ensure_state_dir, now_iso, protocol, read_json, state_path
 from .procs import pid_alive, proc_stat
 
 
@@ -106,7 +106,7 @@ LOCK_FIELDS = ("holder", "command", "laptop", "boot_id", "pid", "pid_start", "re
 def take_lock(state, req, lock):
     """True when this run holds the lock now (taken, or already its own); False when
     another run's lock is there (the laptop judges it from `read_lock` and says why)."""
-    ensure_dir(state_path(req))
+    ensure_state_dir(state_path(req))
     path = state_path(req, LOCK)
     if lock.get("force"):
         refuse_if_busy(req, (read_json(path) or {}).get("token"), "taking the lock over")

@@ -5,7 +5,7 @@ import os
 import subprocess
 import time
 
-from .base import AgentError, expand
+from .base import AgentError, expand, open_log
 from .ledger import load_ledger
 from .container import open_container_log, uses_container_log
 from .restart import journal_argv, uses_journal
@@ -94,7 +94,7 @@ class LogFollower(object):
         return find_inode(self.path, inode)
 
     def _open(self, path, offset):
-        self.fh = open(path, "rb")
+        self.fh = os.fdopen(open_log(path, os.O_RDONLY), "rb")
         self.ino = os.fstat(self.fh.fileno()).st_ino
         self.line_no = 1
         self.fh.seek(offset)

@@ -47,7 +47,8 @@ def op_probe(state, req):
     if req.get("ledger_files"):  # status: every file fleetpatch wrote, to spot drift in this same trip
         for entry in ledger.get("patches", {}).values():
             files.extend(p for p in entry.get("files", {}) if p not in files)
-    out["files"] = dict((rel, describe_file(root, rel, req.get("content", False))) for rel in files)
+    jail = (req.get("_container") or {}).get("root")
+    out["files"] = dict((rel, describe_file(root, rel, req.get("content", False), jail)) for rel in files)
     # an absent file that a diff creates needs its folder: say which folders are missing
     out["absent_folders"] = sorted(set(os.path.dirname(rel) for rel in files if out["files"][rel] is None
                                        and not os.path.isdir(os.path.dirname(safe_join(root, rel)))))
@@ -274,7 +275,8 @@ def op_rollback(state, req):
         save_ledger(req, ledger)
     out = {"restored": [c["path"] for c in changes if c["op"] == "restore"],
            "removed": [c["path"] for c in changes if c["op"] == "remove"],
-           "files": dict((rel, describe_file(root, rel, False)) for rel in entry["files"])}
+           "files": dict((rel, describe_file(root, rel, False, (req.get("_container") or {}).get("root")))
+                         for rel in entry["files"])}
     if req.get("restart") and (changes or previous.get("restart_pending")):
         out["probe"] = install_probe(state, req)
         out["restart"] = restart_server(req, ledger, "rollback " + entry["label"])

@@ -3,7 +3,7 @@ engine's own interpreter sees it (its site step run only when needed)."""
 import os
 import sys
 
-from .base import AgentError
+from .base import AgentError, read_bytes
 
 
 def site_pending():
@@ -55,11 +55,12 @@ def package_dir(package):
     return os.path.dirname(pkg)
 
 
-def dist_info_version(root, package):
+def dist_info_version(root, package, read=None):
     """The version in the one `<package>-*.dist-info/METADATA` beside the package, or
     None (none, several, unreadable). The distribution installed with the package
     that imports is the one that counts, and reading it costs no importlib.metadata
-    (tens of ms of imports at every agent start)."""
+    (tens of ms of imports at every agent start). `read(path)`: the file's bytes (a
+    container's: resolved in its root)."""
     prefix = package.replace("-", "_").lower() + "-"
     try:
         found = [n for n in os.listdir(root) if n.lower().startswith(prefix) and n.endswith(".dist-info")]
@@ -68,15 +69,15 @@ def dist_info_version(root, package):
     if len(found) != 1:
         return None
     try:
-        with open(os.path.join(root, found[0], "METADATA"), "rb") as f:
-            for raw in f:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if not line:
-                    break  # the end of the headers
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip() or None
-    except (IOError, OSError):
+        data = (read or read_bytes)(os.path.join(root, found[0], "METADATA"))
+    except (IOError, OSError, AgentError):
         return None
+    for raw in data.split(b"\n"):
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if not line:
+            break  # the end of the headers
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip() or None
     return None
 
 

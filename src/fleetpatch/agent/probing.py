@@ -187,6 +187,15 @@ class RecordReader(object):
         self.sent = set()
         self.plan_sent = False
 
+    def plan(self):
+        """The plan this run wrote, read as records are (no link followed: the server's side may write here)."""
+        data = probe_install.read_regular(os.path.join(self.folder, probe_install.PLAN_NAME), 4 << 20) \
+            if self.folder else None
+        try:
+            return json.loads(data.decode("utf-8")) if data is not None else None
+        except ValueError:
+            return None
+
     def event(self, pid):
         """A `probe` event with the records not sent yet, or None when nothing is new."""
         files = probe_install.read_records(self.folder) if self.folder else {}
@@ -197,7 +206,7 @@ class RecordReader(object):
         ev = {"t": "probe", "records": new, "pid": pid}
         if not self.plan_sent:
             self.plan_sent = True
-            ev["plan"] = read_json(os.path.join(self.folder, probe_install.PLAN_NAME)) if self.folder else None
+            ev["plan"] = self.plan()
         if pid:
             ev["children"] = children_of(pid)
             ev["interpreter"] = procs.started_interpreter(pid, "/proc/%d/root" % pid if self.boxed else "")

@@ -7,7 +7,7 @@ import sys
 import time
 
 from .container import command_pid, container_pid, note, restart_command, restart_container, stop_command
-from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, protocol, read_bytes
+from .base import AgentError, atomic_write, ensure_dir, expand, now_iso, open_log, protocol, read_bytes
 from .package import find_spec
 from .procs import (pid_alive, pidfile_mismatch, proc_stat, read_pid, refuse_to_signal, run_tool, signal_if_same,
                     wait_pid_gone)
@@ -120,7 +120,7 @@ def start_command_server(restart, log):
         env[STARTED_BY] = started_value(restart)
     logpath = expand(log)
     ensure_dir(os.path.dirname(logpath) or ".", 0o755)
-    out = open(logpath, "ab")
+    out = os.fdopen(open_log(logpath, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
     try:
         proc = subprocess.Popen(
             restart["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

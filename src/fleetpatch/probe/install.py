@@ -114,7 +114,9 @@ def runtime_source():
 
 def write_atomic(path, data, mode):
     tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    if os.path.lexists(tmp):   # a dead run's, or planted: created anew, never written through
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)
         os.write(fd, data)
@@ -134,11 +136,13 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None):
         raise ProbeInstallError("bad probe token %r" % token)
     if not os.path.isdir(site_dir):
         raise ProbeInstallError("site directory %s does not exist" % site_dir)
-    os.makedirs(probe_dir, exist_ok=True)
-    os.chmod(probe_dir, 0o755)
     records = os.path.join(probe_dir, RECORDS_NAME)
-    os.makedirs(records, exist_ok=True)
-    os.chmod(records, 0o1777)
+    for folder, mode in ((probe_dir, 0o755), (records, 0o1777)):
+        os.makedirs(folder, exist_ok=True)
+        if os.path.islink(folder):   # chmod follows links: it would open up wherever this one leads
+            raise ProbeInstallError("%s is a symlink (to %s): the probe is not put through it"
+                                    % (folder, os.readlink(folder)))
+        os.chmod(folder, mode)
     runtime_path = os.path.join(probe_dir, RUNTIME_NAME)
     write_atomic(runtime_path, source if source is not None else runtime_source(), 0o644)
     write_atomic(os.path.join(probe_dir, PLAN_NAME), json.dumps(plan, sort_keys=True).encode("utf-8"), 0o644)
