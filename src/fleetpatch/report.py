@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -383,7 +384,8 @@ def check_report_path(path: str | Path | None, flag: str = "--report", directory
     `os.access` says yes and the kernel says no, as under /proc): a file is made
     and removed in the deepest folder of the path that exists. No folder is
     made here, so runs started together in one folder cannot remove each
-    other's (the folders are made when the run writes)."""
+    other's (a --dest folder is made when the run writes). A report's folder
+    must exist: a typo in it would otherwise make folders where none belong."""
     if not path:
         return
     p = Path(path)
@@ -392,6 +394,9 @@ def check_report_path(path: str | Path | None, flag: str = "--report", directory
     if p.exists() and directory and not p.is_dir():
         raise UsageError(f"{flag} {path}: is a file, not a directory")
     base = p if directory else p.parent
+    if not directory and not base.exists() and not any(d.is_file() for d in base.parents):
+        raise UsageError(f"{flag} {path}: the folder {base} does not exist; make it first "
+                         f"(mkdir -p {shlex.quote(str(base))}) or give a path in a folder that exists")
     while not base.exists() and base != base.parent:
         base = base.parent
     for d in [base, *base.parents]:
@@ -416,7 +421,6 @@ def write_report(path: str | Path, task: str, ok: bool, started: str, results: d
            "hosts": {name: r.to_json() for name, r in results.items()}}
     if extra:
         doc.update(extra)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 

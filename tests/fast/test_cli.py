@@ -170,6 +170,28 @@ def test_an_unwritable_report_is_refused_before_any_host(workdir, listener):
     assert listener.accepted == before
 
 
+def test_a_report_in_a_folder_that_does_not_exist_is_refused_and_no_folder_is_made(workdir, listener):
+    before = listener.accepted
+    path = workdir / "nonexistent" / "deeper" / "x.json"
+    for cmd in (["status"], ["deploy-patch", "--patch", "spec-path-beacon", "--hosts", "a01"]):
+        r = fleetpatch(*cmd, "--report", str(path), cwd=workdir)
+        assert r.returncode == 2, r
+        assert r.stderr == (f"fleetpatch: error: --report {path}: the folder {path.parent} does not exist; "
+                            f"make it first (mkdir -p {path.parent}) or give a path in a folder that exists\n")
+        assert not (workdir / "nonexistent").exists()
+    assert listener.accepted == before
+
+
+def test_an_empty_host_name_is_refused_before_any_host(workdir, listener):
+    before = listener.accepted
+    for hosts in ("a01,,a02", "a01,"):
+        r = fleetpatch("deploy-patch", "--patch", "spec-path-beacon", "--hosts", hosts, cwd=workdir)
+        assert r.returncode == 2, r
+        assert r.stderr.startswith(f"fleetpatch: error: --hosts {hosts!r}: host name 2 of "), r.stderr
+        assert len(r.stderr.splitlines()) == 1
+    assert listener.accepted == before
+
+
 # ------------------------------------------------------------------ 3. unknown and short flags
 
 def test_an_unknown_flag_is_named_with_a_suggestion(workdir):
