@@ -30,12 +30,33 @@ class UsageProblem(Exception):
     pass
 
 
+def edits(a: str, b: str) -> int:
+    """Letters to add, drop, change or swap to turn `a` into `b` (optimal string alignment)."""
+    prev2, prev = [], list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
 def _suggest(word: str, choices) -> str:
-    import difflib   # only for a mistake: not at every start
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    if not close:
-        close = [c for c in choices if c.startswith(word) or word.startswith(c)][:1]
-    return f" (did you mean {close[0]}?)" if close else ""
+    """Every choice nearest to a typo, when one is a slip of a letter or two (`--patchs`: --patch
+    and --patches, one letter each: the user may mean either); else difflib's nearest, or a prefix."""
+    choices = list(choices)
+    distance = {c: edits(word, c) for c in choices}
+    nearest = min(distance.values(), default=0)
+    if choices and 0 < nearest <= len(word.lstrip("-")) // 3:
+        close = sorted((c for c in choices if distance[c] == nearest), key=lambda c: (len(c), c))[:3]
+    else:
+        import difflib   # only for a mistake: not at every start
+        close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+        if not close:
+            close = [c for c in choices if c.startswith(word) or word.startswith(c)][:1]
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def task_flags(name: str) -> dict[str, bool]:

@@ -201,7 +201,11 @@ def test_an_unknown_flag_is_named_with_a_suggestion(workdir):
                                 "see fleetpatch status --help")
     r = fleetpatch("check-patch", "--patchs", "X", cwd=workdir)
     assert r.returncode == 2
-    assert "unknown option --patchs" in r.stderr and "'X'" not in r.stderr
+    # one letter from --patch and one from --patches: both are named, the flag the user needs first
+    assert r.stderr.strip() == ("fleetpatch: error: check-patch: unknown option --patchs (did you mean --patch or "
+                                "--patches?); see fleetpatch check-patch --help")
+    r = fleetpatch("deploy-patch", "-p", "X", cwd=workdir)
+    assert r.returncode == 2 and "did you mean" not in r.stderr, r.stderr   # -v is no near miss of -p
     r = fleetpatch("stauts", cwd=workdir)
     assert r.returncode == 2 and "unknown command 'stauts' (did you mean status?)" in r.stderr
 
