@@ -426,15 +426,17 @@ def write_report(path: str | Path, task: str, ok: bool, started: str, results: d
 
 # ----------------------------------------------------------------- status
 
-def last_verification(last: dict) -> str:
+def last_verification(last: dict, restart_pending: bool = False) -> str:
     """The last verdict and what it was of: which check (after a deploy the markers must
-    be seen, after a rollback they must be gone; or a verify-logs), of which patches."""
+    be seen, after a rollback they must be gone; or a verify-logs), of which patches.
+    With a restart pending the files changed after it: it is not a verdict on them."""
     if not last:
-        return "-"
+        return "none since the change (restart pending)" if restart_pending else "-"
     labels = ", ".join(str(l) for l in last.get("labels") or []) or "?"
     check = last.get("check")
     what = f"{check} check of {labels}" if check else f"check of {labels}"
-    return f"{last.get('status', '?')}: {what}, {last.get('at', '?')}"
+    said = f"{last.get('status', '?')}: {what}, {last.get('at', '?')}"
+    return f"none since the change (restart pending); before it: {said}" if restart_pending else said
 
 
 def status_table(results: dict) -> "FittedTable":
@@ -456,14 +458,16 @@ def status_table(results: dict) -> "FittedTable":
             cell(", ".join(str(a) for a in d.get("applied") or []) or "-"),
             cell(", ".join(str(p).rsplit("/", 1)[-1] for p in d.get("drift") or []) or "no"),
             cell(("yes" if d.get("server_up") else "NO") + (" (restart pending)" if d.get("restart_pending") else "")),
-            cell(last_verification(d.get("last_verification") or {}) if not d.get("servers") else "per server:"),
+            cell(last_verification(d.get("last_verification") or {}, bool(d.get("restart_pending")))
+                 if not d.get("servers") else "per server:"),
             cell((d.get("lock_state") or {}).get("cell") or "-"),
             style="" if r.ok else "bold red")
         for server, s in (d.get("servers") or {}).items():   # several servers on the host: one row each
             table.add_row(cell(f"  {name} [{server}]"), "", "", "", "",
                           cell(("yes" if s.get("server_up") else "NO")
                                + (" (restart pending)" if s.get("restart_pending") else "")),
-                          cell(last_verification(s.get("last_verification") or {})), "")
+                          cell(last_verification(s.get("last_verification") or {},
+                                                 bool(s.get("restart_pending")))), "")
     return keep_whole(table)
 
 
