@@ -245,14 +245,15 @@ def finish(console, task_name, results, started, flags: Common, stop=None, extra
     stopped = stop.describe(results) if stop is not None else None
     rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
                       interrupted=bool(stop is not None and stop.interrupted))
-    ok = all(r.ok for r in results.values())
+    interrupted = bool(stop is not None and stop.interrupted)
+    ok = all(r.ok for r in results.values()) and not interrupted
     if report_path:
         doc_extra = dict(extra or {})
         if stop is not None and stop.reason:
             doc_extra["stopped"] = stopped
             doc_extra["interrupted"] = stop.interrupted
         rep.write_report(report_path, task_name, ok, started, results, doc_extra)
-    if stop is not None and stop.interrupted:
+    if interrupted:
         raise KeyboardInterrupt
     if not ok:
         if all((r.details or {}).get("refused") == "unprovable" for r in results.values()):

@@ -82,9 +82,10 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     results, stop = fleet.run_all(selected, fleet.each_host(functools.partial(steps.status, job)), parallel_n,
                                   job.interrupt)
     console.print(rep.status_table(results))
-    ok = all(r.ok for r in results.values())
+    ok = all(r.ok for r in results.values()) and not stop.interrupted
     if report:
-        rep.write_report(report, "status", ok, started, results)
+        rep.write_report(report, "status", ok, started, results,
+                         {"stopped": stop.describe(results), "interrupted": True} if stop.interrupted else None)
     if verbose:
         rep.print_evidence(console, results)
     for r in results.values():

@@ -346,12 +346,12 @@ def last_line(task: str, results: dict, interrupted: bool = False) -> tuple[str,
     n = len(results)
     tally = counts_line(results)
     bad = {h: r for h, r in results.items() if category(r) in ("failed", "unreachable", "interrupted")}
+    names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in bad.items())
+    if interrupted:   # even when every host in flight went on to succeed: the run did not do what was asked
+        return f"INTERRUPTED: {task} on {plural(n, 'host')}: {tally}" + (f"; not ok: {names}" if names else ""), False
     if all(r.ok for r in results.values()):
         where = f"all {n} hosts" if n != 1 else "its one host"
         return f"OK: {task} succeeded on {where}: {tally}", True
-    names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in bad.items())
-    if interrupted:
-        return f"INTERRUPTED: {task} on {plural(n, 'host')}: {tally}" + (f"; not ok: {names}" if names else ""), False
     return (f"FAILED on {len(bad)} of {plural(n, 'host')}: {names} — {tally}; "
             "see the details above for each host's cause and what to do"), False
 
