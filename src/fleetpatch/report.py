@@ -300,15 +300,17 @@ class FittedTable:
         if self.needed_width() <= options.max_width:
             yield self.table
             return
-        yield from self.blocks()
+        yield from self.blocks(console, options.max_width)
 
     def __rich_measure__(self, console, options):
         from rich.measure import Measurement
 
         return Measurement.get(console, options, self.table)
 
-    def blocks(self):
-        from rich.padding import Padding
+    def blocks(self, console, width: int):
+        """The rows as blocks `width` wide. The lines below a row's first are wrapped here, not
+        left to the console: the operator's console prints with soft_wrap (nothing of a log line
+        is ever cut), under which a padded paragraph would keep only its first line."""
         from rich.text import Text
 
         table = self.table
@@ -322,7 +324,9 @@ class FittedTable:
                     if header not in WHOLE_COLUMNS and str(cells[i]) not in ("", "-")]
             yield Text("  ".join(whole), style=row.style or "", overflow="fold")
             if rest:
-                yield Padding(Text("; ".join(rest), overflow="fold"), (0, 0, 0, 2), expand=False)
+                for line in Text("; ".join(rest)).wrap(console, max(20, width - 2), overflow="fold"):
+                    line.rstrip()
+                    yield Text("  ") + line
 
 
 # ----------------------------------------------------------------- outcome
