@@ -15,7 +15,7 @@ from invoke import Collection, Program
 from invoke.exceptions import ParseError
 
 from . import __version__, cli_fleet, cli_hosts
-from .cli_common import METAVAR, err_line
+from .cli_common import METAVAR, column_lines, err_line, help_width, usage_line, wrapped
 from .errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 ns = Collection(*cli_hosts.TASKS, *cli_fleet.TASKS)
@@ -152,7 +152,9 @@ class FleetpatchProgram(Program):
             sys.exit(EXIT_USAGE)
 
     def print_help(self) -> None:
-        print(f"Usage: {self.binary} [--help] [--version] [--list] <command> [--options]")
+        head = f"Usage: {self.binary} "
+        lines = wrapped("[--help] [--version] [--list] <command> [--options]", help_width(), " " * len(head))
+        print("\n".join([head + lines[0][len(head):], *lines[1:]]))
         print(f"       {self.binary} <command> --help")
         print("")
         print("Options:")
@@ -173,21 +175,17 @@ class FleetpatchProgram(Program):
             if meta:
                 spec = spec.replace("=STRING", f"={meta}").replace("=INT", f"={meta}")
             tuples.append((spec, text))
-        print(f"Usage: {self.binary} {name} [--options]")
+        print(usage_line(self.binary, name))
         print("")
         for line in (inspect.getdoc(self.collection[name]) or "").splitlines():
-            print(self.leading_indent + line if line.strip() else "")
+            print("\n".join(wrapped(line, help_width(), self.leading_indent)) if line.strip() else "")
         print("")
         print("Options:")
         self.print_columns(tuples)
 
     def print_columns(self, tuples) -> None:
-        # Off a terminal nothing is wrapped: a CI log or `| grep` keeps each flag's help on its line.
-        if sys.stdout.isatty():
-            return super().print_columns(tuples)
-        width = max(len(t[0]) for t in tuples)
-        for spec, text in tuples:
-            print(f"{self.leading_indent}{spec:<{width}}{' ' * self.col_padding}{text or ''}".rstrip())
+        # Wrapped to the terminal, or to 80 columns piped (a pager, a CI log): never a 200-column line.
+        print("\n".join(column_lines(tuples, help_width(), self.leading_indent, self.col_padding)))
         print("")
 
 
