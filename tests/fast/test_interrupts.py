@@ -118,3 +118,29 @@ def test_a_second_ctrl_c_says_what_the_run_still_waits_for_and_how_to_quit_anywa
                     "its step, so that none is left half-done and locked; to quit now anyway: "
                     f"kill -9 {pid} (then `fleetpatch status` shows what each host was left in)")
     assert outcome == "[('a01', 'verified'), ('a02', 'verified')] True"
+
+
+
+# The console script's start, with the terminal's Ctrl-C arriving while the CLI's modules load
+# (as it does in the first half second on a slow laptop): sent when Invoke starts to import.
+LOADING = textwrap.dedent("""
+    import os, signal, sys
+
+    class CtrlC:
+        def find_spec(self, name, path=None, target=None):
+            if name == "invoke":
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    sys.meta_path.insert(0, CtrlC())
+    sys.argv = ["fleetpatch", "status", "--inventory", sys.argv[1]]
+    from fleetpatch.__main__ import entry
+    entry()
+""")
+
+
+def test_a_ctrl_c_while_the_program_still_loads_is_one_line_and_exit_130():
+    p = subprocess.run([sys.executable, "-c", LOADING, str(REPO / "hosts.yaml")], capture_output=True, text=True,
+                       timeout=60, cwd=REPO, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    assert (p.returncode, p.stdout, p.stderr) == (130, "", "fleetpatch: interrupted while starting; nothing was done\n")
