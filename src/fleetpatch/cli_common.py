@@ -71,8 +71,9 @@ def usage_line(program: str, command: str) -> str:
     """`Usage: fleetpatch CMD` with the options it needs, wrapped to the help's width."""
     import textwrap
     head = f"Usage: {program} {command} "
-    return textwrap.fill(" ".join(filter(None, [REQUIRED.get(command), "[--options]"])), max(len(head) + 20, help_width()),
-                         initial_indent=head, subsequent_indent=" " * len(head), break_on_hyphens=False)
+    needs = " ".join(filter(None, [REQUIRED.get(command), "[--options]"]))
+    return textwrap.fill(needs, max(len(head) + 20, help_width()), initial_indent=head,
+                         subsequent_indent=" " * len(head), break_on_hyphens=False)
 
 
 def help_width() -> int:
@@ -103,6 +104,8 @@ def column_lines(rows, width: int, indent: str = "  ", padding: int = 3) -> list
             out.append(indent + flag)
             out += [ln for ln in wrapped(text or "", width, indent + "    ") if ln.strip()]
     return out
+
+
 SHORT_FLAGS = {"verbose": "v"}   # the only short flags of a command (no automatic ones)
 
 

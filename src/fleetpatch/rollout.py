@@ -172,7 +172,7 @@ def still_waiting(hosts: list[str], pid: int | None = None) -> str:
     pid = os.getpid() if pid is None else pid
     shown = ", ".join(hosts[:8]) + (f", … ({len(hosts) - 8} more)" if len(hosts) > 8 else "")
     return (f"fleetpatch: interrupted; still waiting for {_plural(len(hosts), 'host')} in flight ({shown}) to finish "
-            "or roll back its step, so that none is left half-done and locked; to quit now anyway: "
+            "(or roll back) the step each is in, so that none is left half-done and locked; to quit now anyway: "
             f"kill -9 {pid} (then `fleetpatch status` shows what each host was left in)")
 
 

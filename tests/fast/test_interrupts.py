@@ -114,8 +114,8 @@ def test_a_second_ctrl_c_says_what_the_run_still_waits_for_and_how_to_quit_anywa
     assert p.returncode == 0, p.stderr
     said, outcome = p.stdout.splitlines()
     pid = said.rsplit("kill -9 ", 1)[1].split()[0]
-    assert said == (f"fleetpatch: interrupted; still waiting for 2 hosts in flight (a01, a02) to finish or roll back "
-                    "its step, so that none is left half-done and locked; to quit now anyway: "
+    assert said == (f"fleetpatch: interrupted; still waiting for 2 hosts in flight (a01, a02) to finish (or roll "
+                    "back) the step each is in, so that none is left half-done and locked; to quit now anyway: "
                     f"kill -9 {pid} (then `fleetpatch status` shows what each host was left in)")
     assert outcome == "[('a01', 'verified'), ('a02', 'verified')] True"
 
