@@ -15,7 +15,7 @@ from invoke import Collection, Program
 from invoke.exceptions import ParseError
 
 from . import __version__, cli_fleet, cli_hosts
-from .cli_common import METAVAR, err_line
+from .cli_common import METAVAR, column_lines, err_line, help_width, usage_line, wrapped
 from .errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 ns = Collection(*cli_hosts.TASKS, *cli_fleet.TASKS)
@@ -30,12 +30,33 @@ class UsageProblem(Exception):
     pass
 
 
+def edits(a: str, b: str) -> int:
+    """Letters to add, drop, change or swap to turn `a` into `b` (optimal string alignment)."""
+    prev2, prev = [], list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
 def _suggest(word: str, choices) -> str:
-    import difflib   # only for a mistake: not at every start
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    if not close:
-        close = [c for c in choices if c.startswith(word) or word.startswith(c)][:1]
-    return f" (did you mean {close[0]}?)" if close else ""
+    """Every choice nearest to a typo, when one is a slip of a letter or two (`--patchs`: --patch
+    and --patches, one letter each: the user may mean either); else difflib's nearest, or a prefix."""
+    choices = list(choices)
+    distance = {c: edits(word, c) for c in choices}
+    nearest = min(distance.values(), default=0)
+    if choices and 0 < nearest <= len(word.lstrip("-")) // 3:
+        close = sorted((c for c in choices if distance[c] == nearest), key=lambda c: (len(c), c))[:3]
+    else:
+        import difflib   # only for a mistake: not at every start
+        close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+        if not close:
+            close = [c for c in choices if c.startswith(word) or word.startswith(c)][:1]
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def task_flags(name: str) -> dict[str, bool]:
@@ -131,7 +152,9 @@ class FleetpatchProgram(Program):
             sys.exit(EXIT_USAGE)
 
     def print_help(self) -> None:
-        print(f"Usage: {self.binary} [--help] [--version] [--list] <command> [--options]")
+        head = f"Usage: {self.binary} "
+        lines = wrapped("[--help] [--version] [--list] <command> [--options]", help_width(), " " * len(head))
+        print("\n".join([head + lines[0][len(head):], *lines[1:]]))
         print(f"       {self.binary} <command> --help")
         print("")
         print("Options:")
@@ -152,21 +175,17 @@ class FleetpatchProgram(Program):
             if meta:
                 spec = spec.replace("=STRING", f"={meta}").replace("=INT", f"={meta}")
             tuples.append((spec, text))
-        print(f"Usage: {self.binary} {name} [--options]")
+        print(usage_line(self.binary, name))
         print("")
         for line in (inspect.getdoc(self.collection[name]) or "").splitlines():
-            print(self.leading_indent + line if line.strip() else "")
+            print("\n".join(wrapped(line, help_width(), self.leading_indent)) if line.strip() else "")
         print("")
         print("Options:")
         self.print_columns(tuples)
 
     def print_columns(self, tuples) -> None:
-        # Off a terminal nothing is wrapped: a CI log or `| grep` keeps each flag's help on its line.
-        if sys.stdout.isatty():
-            return super().print_columns(tuples)
-        width = max(len(t[0]) for t in tuples)
-        for spec, text in tuples:
-            print(f"{self.leading_indent}{spec:<{width}}{' ' * self.col_padding}{text or ''}".rstrip())
+        # Wrapped to the terminal, or to 80 columns piped (a pager, a CI log): never a 200-column line.
+        print("\n".join(column_lines(tuples, help_width(), self.leading_indent, self.col_padding)))
         print("")
 
 

@@ -58,6 +58,54 @@ METAVAR = {"inventory": "PATH", "hosts": "A,B", "group": "GROUP", "report": "PAT
 PATCH_NEEDED = "the patch to use, NAME or NAME@REV (see patches/ or fleetpatch's shipped patches)"
 
 COMMON = ("inventory", "hosts", "group", "report", "parallel", "patches", "accept_new_host_keys", "verbose")
+# fetch and status look no patch up: --patches is not theirs
+NO_PATCH = tuple(n for n in COMMON if n != "patches")
+
+# What a command's usage line names before [--options]: the options it cannot run without.
+SELECTION = "(--hosts A,B | --group GROUP)"
+REQUIRED = {"check-patch": "--patch NAME[@REV]", "deploy-patch": f"--patch NAME[@REV] {SELECTION}",
+            "rollout": f"--patch NAME[@REV] {SELECTION}", "rollback": SELECTION}
+
+
+def usage_line(program: str, command: str) -> str:
+    """`Usage: fleetpatch CMD` with the options it needs, wrapped to the help's width."""
+    import textwrap
+    head = f"Usage: {program} {command} "
+    needs = " ".join(filter(None, [REQUIRED.get(command), "[--options]"]))
+    return textwrap.fill(needs, max(len(head) + 20, help_width()), initial_indent=head,
+                         subsequent_indent=" " * len(head), break_on_hyphens=False)
+
+
+def help_width() -> int:
+    """The terminal's width ($COLUMNS first), or 80 where there is none (piped, a CI log)."""
+    import shutil
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def wrapped(text: str, width: int, indent: str) -> list[str]:
+    """`text` as lines of `width` at most, each starting with `indent`; a flag is never split."""
+    import textwrap
+    return textwrap.wrap(text, max(len(indent) + 20, width), break_on_hyphens=False, break_long_words=False,
+                         initial_indent=indent, subsequent_indent=indent) or [indent.rstrip()]
+
+
+def column_lines(rows, width: int, indent: str = "  ", padding: int = 3) -> list[str]:
+    """(flag, help) rows as two columns of `width`, each help wrapped within its column; where
+    that column would be narrower than 30, each help goes on the lines below its flag instead."""
+    flag_width = max(len(flag) for flag, _ in rows)
+    column = len(indent) + flag_width + padding
+    out = []
+    for flag, text in rows:
+        if width - column >= 30:
+            lines = wrapped(text or "", width, " " * column)
+            out.append((indent + flag.ljust(flag_width + padding) + lines[0][column:]).rstrip())
+            out += lines[1:]
+        else:
+            out.append(indent + flag)
+            out += [ln for ln in wrapped(text or "", width, indent + "    ") if ln.strip()]
+    return out
+
+
 SHORT_FLAGS = {"verbose": "v"}   # the only short flags of a command (no automatic ones)
 
 
@@ -138,9 +186,10 @@ def print_help(fn, helps_: dict) -> None:
     import inspect
     import os
     name = fn.__name__.replace("_", "-")
-    print(f"Usage: {os.path.basename(sys.argv[0]) or 'fleetpatch'} {name} [--options]")
+    width = help_width()
+    print(usage_line(os.path.basename(sys.argv[0]) or "fleetpatch", name))
     print("")
-    print("  " + (inspect.getdoc(fn) or "").splitlines()[0])
+    print("\n".join(wrapped((inspect.getdoc(fn) or "").splitlines()[0], width, "  ")))
     print("")
     print("Options:")
     rows = []
@@ -151,9 +200,7 @@ def print_help(fn, helps_: dict) -> None:
         if not isinstance(p.default, bool):
             flag += "=" + METAVAR.get(p.name, "VALUE")
         rows.append((flag, helps_.get(p.name, "")))
-    width = max(len(f) for f, _ in rows)
-    for flag, text in sorted(rows):
-        print(f"  {flag:<{width}}   {text}".rstrip())
+    print("\n".join(column_lines(sorted(rows), width)))
     print("")
 
 
@@ -245,14 +292,15 @@ def finish(console, task_name, results, started, flags: Common, stop=None, extra
     stopped = stop.describe(results) if stop is not None else None
     rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
                       interrupted=bool(stop is not None and stop.interrupted))
-    ok = all(r.ok for r in results.values())
+    interrupted = bool(stop is not None and stop.interrupted)
+    ok = all(r.ok for r in results.values()) and not interrupted
     if report_path:
         doc_extra = dict(extra or {})
         if stop is not None and stop.reason:
             doc_extra["stopped"] = stopped
             doc_extra["interrupted"] = stop.interrupted
         rep.write_report(report_path, task_name, ok, started, results, doc_extra)
-    if stop is not None and stop.interrupted:
+    if interrupted:
         raise KeyboardInterrupt
     if not ok:
         if all((r.details or {}).get("refused") == "unprovable" for r in results.values()):

@@ -9,16 +9,16 @@ from . import report as rep
 from . import rollout as fleet
 from . import steps
 from . import drain
-from .cli_common import (COMMON, HELP, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count, helps, prepare,
-                         required, router_settings, run_hosts)
+from .cli_common import (COMMON, HELP, NO_PATCH, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count,
+                         helps, prepare, required, router_settings, run_hosts)
 
 
-@command(help=helps(*COMMON, dest="where to put the files (default .fleetpatch/sources)"))
-def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+@command(help=helps(*NO_PATCH, dest="where to put the files (default .fleetpatch/sources)"))
+def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None,
           dest=".fleetpatch/sources", accept_new_host_keys=False, verbose=False):
     """Copy the engine files of the profile from each host to DEST/<host>/<path>, with fetch.json."""
     rep.check_report_path(dest, flag="--dest", directory=True)
-    run_hosts("fetch", steps.fetch, Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys,
+    run_hosts("fetch", steps.fetch, Common(inventory, hosts, group, report, parallel, None, accept_new_host_keys,
                                            verbose), dest=Path(dest))
 
 
@@ -68,12 +68,12 @@ def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None,
               router=router_settings(drain_timeout, max_unavailable, no_router), group_step=steps.rollback_nodes)
 
 
-@command(help=helps(*COMMON))
-def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
+@command(help=helps(*NO_PATCH))
+def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None,
            accept_new_host_keys=False, verbose=False):
     """Show one table of the fleet: reachable, engine version, patches applied, drift, server up, last check."""
     parallel_n = count("parallel", parallel, minimum=1)
-    inv, selected, dirs, _, _ = prepare(inventory=inventory, hosts=hosts, group=group, patches=patches,
+    inv, selected, dirs, _, _ = prepare(inventory=inventory, hosts=hosts, group=group, patches=None,
                                         patch=None, changes_hosts=False, report=report)
     console = rep.make_console()
     started = rep.now_iso()
@@ -82,9 +82,10 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     results, stop = fleet.run_all(selected, fleet.each_host(functools.partial(steps.status, job)), parallel_n,
                                   job.interrupt)
     console.print(rep.status_table(results))
-    ok = all(r.ok for r in results.values())
+    ok = all(r.ok for r in results.values()) and not stop.interrupted
     if report:
-        rep.write_report(report, "status", ok, started, results)
+        rep.write_report(report, "status", ok, started, results,
+                         {"stopped": stop.describe(results), "interrupted": True} if stop.interrupted else None)
     if verbose:
         rep.print_evidence(console, results)
     for r in results.values():

@@ -129,6 +129,28 @@ def clear_command(host: str, command: str | None, inventory: str | None = None) 
     return f"fleetpatch {command or 'deploy-patch --patch NAME'} --break-lock --hosts {host}{where}"
 
 
+DEPLOY = re.compile(r"^deploy-patch --patch (?P<name>[^@\s]+)(?:@(?P<rev>\S+))?$")
+
+
+def clear_advice(host: str, command: str | None, inventory: str | None = None,
+                 patch_here: bool = True) -> list[tuple[str, str]]:
+    """What clears a dead run's lock on `host` and deals with its work: (what it does, command)
+    pairs, the one that works on this laptop first. Its rollback works from any laptop (the host
+    records the patch); its deploy only where the patch's folder is (`patch_here`: on this one)."""
+    deploying = DEPLOY.match(command or "")
+    if not deploying:
+        return [("clear the lock and finish its work", clear_command(host, command, inventory))]
+    name = deploying.group("name")
+    undo = ("undo its work (works from any laptop: the host records the patch)",
+            clear_command(host, f"rollback --patch {name}", inventory))
+    if patch_here:
+        return [("clear the lock and finish its work", clear_command(host, command, inventory)),
+                ("or clear it and " + undo[0], undo[1])]
+    return [("clear the lock and " + undo[0], undo[1]),
+            (f"or finish its work where the patch's folder is (this laptop has no patches/{name}; "
+             "or add --patches DIR)", clear_command(host, command, inventory))]
+
+
 def refusal(host: str, lock: dict, command: str, inventory: str | None = None) -> str:
     """Why a deploy or rollback (`command`) did not start on `host`, and what to do."""
     v = assess(lock)

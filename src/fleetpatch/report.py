@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -300,15 +301,17 @@ class FittedTable:
         if self.needed_width() <= options.max_width:
             yield self.table
             return
-        yield from self.blocks()
+        yield from self.blocks(console, options.max_width)
 
     def __rich_measure__(self, console, options):
         from rich.measure import Measurement
 
         return Measurement.get(console, options, self.table)
 
-    def blocks(self):
-        from rich.padding import Padding
+    def blocks(self, console, width: int):
+        """The rows as blocks `width` wide. The lines below a row's first are wrapped here, not
+        left to the console: the operator's console prints with soft_wrap (nothing of a log line
+        is ever cut), under which a padded paragraph would keep only its first line."""
         from rich.text import Text
 
         table = self.table
@@ -322,7 +325,9 @@ class FittedTable:
                     if header not in WHOLE_COLUMNS and str(cells[i]) not in ("", "-")]
             yield Text("  ".join(whole), style=row.style or "", overflow="fold")
             if rest:
-                yield Padding(Text("; ".join(rest), overflow="fold"), (0, 0, 0, 2), expand=False)
+                for line in Text("; ".join(rest)).wrap(console, max(20, width - 2), overflow="fold"):
+                    line.rstrip()
+                    yield Text("  ") + line
 
 
 # ----------------------------------------------------------------- outcome
@@ -346,12 +351,12 @@ def last_line(task: str, results: dict, interrupted: bool = False) -> tuple[str,
     n = len(results)
     tally = counts_line(results)
     bad = {h: r for h, r in results.items() if category(r) in ("failed", "unreachable", "interrupted")}
+    names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in bad.items())
+    if interrupted:   # even when every host in flight went on to succeed: the run did not do what was asked
+        return f"INTERRUPTED: {task} on {plural(n, 'host')}: {tally}" + (f"; not ok: {names}" if names else ""), False
     if all(r.ok for r in results.values()):
         where = f"all {n} hosts" if n != 1 else "its one host"
         return f"OK: {task} succeeded on {where}: {tally}", True
-    names = ", ".join(f"{safe_line(h)} ({r.status})" for h, r in bad.items())
-    if interrupted:
-        return f"INTERRUPTED: {task} on {plural(n, 'host')}: {tally}" + (f"; not ok: {names}" if names else ""), False
     return (f"FAILED on {len(bad)} of {plural(n, 'host')}: {names} — {tally}; "
             "see the details above for each host's cause and what to do"), False
 
@@ -384,7 +389,8 @@ def check_report_path(path: str | Path | None, flag: str = "--report", directory
     `os.access` says yes and the kernel says no, as under /proc): a file is made
     and removed in the deepest folder of the path that exists. No folder is
     made here, so runs started together in one folder cannot remove each
-    other's (the folders are made when the run writes)."""
+    other's (a --dest folder is made when the run writes). A report's folder
+    must exist: a typo in it would otherwise make folders where none belong."""
     if not path:
         return
     p = Path(path)
@@ -393,6 +399,9 @@ def check_report_path(path: str | Path | None, flag: str = "--report", directory
     if p.exists() and directory and not p.is_dir():
         raise UsageError(f"{flag} {path}: is a file, not a directory")
     base = p if directory else p.parent
+    if not directory and not base.exists() and not any(d.is_file() for d in base.parents):
+        raise UsageError(f"{flag} {path}: the folder {base} does not exist; make it first "
+                         f"(mkdir -p {shlex.quote(str(base))}) or give a path in a folder that exists")
     while not base.exists() and base != base.parent:
         base = base.parent
     for d in [base, *base.parents]:
@@ -417,21 +426,22 @@ def write_report(path: str | Path, task: str, ok: bool, started: str, results: d
            "hosts": {name: redact.data(r.to_json()) for name, r in results.items()}}
     if extra:
         doc.update(redact.data(dict(extra)))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
 # ----------------------------------------------------------------- status
 
-def last_verification(last: dict) -> str:
+def last_verification(last: dict, restart_pending: bool = False) -> str:
     """The last verdict and what it was of: which check (after a deploy the markers must
-    be seen, after a rollback they must be gone; or a verify-logs), of which patches."""
+    be seen, after a rollback they must be gone; or a verify-logs), of which patches.
+    With a restart pending the files changed after it: it is not a verdict on them."""
     if not last:
-        return "-"
+        return "none since the change (restart pending)" if restart_pending else "-"
     labels = ", ".join(str(l) for l in last.get("labels") or []) or "?"
     check = last.get("check")
     what = f"{check} check of {labels}" if check else f"check of {labels}"
-    return f"{last.get('status', '?')}: {what}, {last.get('at', '?')}"
+    said = f"{last.get('status', '?')}: {what}, {last.get('at', '?')}"
+    return f"none since the change (restart pending); before it: {said}" if restart_pending else said
 
 
 def status_table(results: dict) -> "FittedTable":
@@ -453,14 +463,16 @@ def status_table(results: dict) -> "FittedTable":
             cell(", ".join(str(a) for a in d.get("applied") or []) or "-"),
             cell(", ".join(str(p).rsplit("/", 1)[-1] for p in d.get("drift") or []) or "no"),
             cell(("yes" if d.get("server_up") else "NO") + (" (restart pending)" if d.get("restart_pending") else "")),
-            cell(last_verification(d.get("last_verification") or {}) if not d.get("servers") else "per server:"),
+            cell(last_verification(d.get("last_verification") or {}, bool(d.get("restart_pending")))
+                 if not d.get("servers") else "per server:"),
             cell((d.get("lock_state") or {}).get("cell") or "-"),
             style="" if r.ok else "bold red")
         for server, s in (d.get("servers") or {}).items():   # several servers on the host: one row each
             table.add_row(cell(f"  {name} [{server}]"), "", "", "", "",
                           cell(("yes" if s.get("server_up") else "NO")
                                + (" (restart pending)" if s.get("restart_pending") else "")),
-                          cell(last_verification(s.get("last_verification") or {})), "")
+                          cell(last_verification(s.get("last_verification") or {},
+                                                 bool(s.get("restart_pending")))), "")
     return keep_whole(table)
 
 

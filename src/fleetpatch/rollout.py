@@ -6,6 +6,8 @@ Fabric's ThreadingGroup starts one thread per host with no bound; here at most
 as `skipped`, not left to guess."""
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -86,6 +88,8 @@ class Stop:
     interrupted: bool = False
     event: threading.Event = field(default_factory=threading.Event)
     interrupt: dialer.Interrupt | None = None   # the run's Ctrl-C, fired for the hosts at work
+    # where a Ctrl-C pressed again is answered (the terminal: the run's output may be piped)
+    tell: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
     def set(self, reason: str, interrupted: bool = False) -> None:
         if self.reason is None:
@@ -149,17 +153,27 @@ def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop:
                 stop.interrupt.fire()
             stop.set("interrupted (Ctrl-C): no new host was started; the hosts in flight were let finish "
                      "(or roll back)", interrupted=True)
-            # Let each host in flight finish or undo its step; a second Ctrl-C is ignored here.
+            # Let each host in flight finish or undo its step; a Ctrl-C again says what is waited for.
             while in_flight:
                 try:
                     done, _ = wait(list(in_flight), timeout=0.5)
                 except KeyboardInterrupt:
+                    stop.tell(still_waiting([h.name for unit in in_flight.values() for h in unit]))
                     continue
                 for fut in done:
                     take(fut, in_flight.pop(fut))
     for unit in pending:
         for host in unit:
             results.setdefault(host.name, _tagged(_skipped(host, stop), host))
+
+
+def still_waiting(hosts: list[str], pid: int | None = None) -> str:
+    """The answer to a Ctrl-C pressed again while hosts in flight finish their step."""
+    pid = os.getpid() if pid is None else pid
+    shown = ", ".join(hosts[:8]) + (f", … ({len(hosts) - 8} more)" if len(hosts) > 8 else "")
+    return (f"fleetpatch: interrupted; still waiting for {_plural(len(hosts), 'host')} in flight ({shown}) to finish "
+            "(or roll back) the step each is in, so that none is left half-done and locked; to quit now anyway: "
+            f"kill -9 {pid} (then `fleetpatch status` shows what each host was left in)")
 
 
 def _skipped(host: Host, stop: Stop) -> HostResult:
@@ -181,10 +195,12 @@ def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult
     """Watch the stage's successful hosts at once; failures join the stage's results."""
     good = [h for h in stage if results[h.name].ok]
     baked: dict = {}
-    run_stage(good, each_host(lambda h: bake(h, results[h.name])), max(1, len(good)), baked,
-              Stop(interrupt=stop.interrupt))
+    watching = Stop(interrupt=stop.interrupt, tell=stop.tell)
+    run_stage(good, each_host(lambda h: bake(h, results[h.name])), max(1, len(good)), baked, watching)
     for name, r in baked.items():
         results[name] = r
+    if watching.interrupted:   # Ctrl-C during the bake stops the rollout too: no next batch
+        stop.set(watching.reason, interrupted=True)
     failures = _failed_units(results)
     if failures > budget and stop.reason is None:
         stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed (bake included)")

@@ -67,12 +67,77 @@ def test_help_always_works_for_every_command(cmd, workdir):
     for args in ([cmd, "--help"], [cmd, "--hosts", "a01", "--no-such-flag", "-h"], [cmd, "--patch", "--help"]):
         r = fleetpatch(*args, cwd=workdir)
         assert r.returncode == 0, (args, r.stdout, r.stderr)
-        assert r.stdout.startswith(f"Usage: fleetpatch {cmd} [--options]"), (args, r.stdout)
+        assert " ".join(r.stdout.split()).startswith(f"Usage: fleetpatch {cmd} {USAGE[cmd]} "), (args, r.stdout)
         assert r.stderr == ""
     for args in ([cmd, "--help"], [cmd, "--hosts", "--help"] if cmd != "demo" else [cmd, "--root", "--help"]):
         r = invoke(*args, cwd=workdir)
         assert r.returncode == 0, (args, r.stdout, r.stderr)
-        assert f"{cmd} [--options]" in r.stdout and "--inventory" in r.stdout or cmd == "demo", r.stdout
+        said = " ".join(r.stdout.split())
+        assert f"{cmd} [--options]" in said or f"invoke {cmd} {USAGE[cmd]} " in said, r.stdout
+        assert "--inventory" in r.stdout or cmd == "demo", r.stdout
+
+
+# The usage line names the options a command cannot run without (as one line: it may wrap).
+SELECT = "(--hosts A,B | --group GROUP)"
+USAGE = {"check-patch": "--patch NAME[@REV] [--options]", "deploy-patch": f"--patch NAME[@REV] {SELECT} [--options]",
+         "rollout": f"--patch NAME[@REV] {SELECT} [--options]", "rollback": f"{SELECT} [--options]",
+         **{c: "[--options]" for c in ("fetch", "verify-logs", "status", "demo")}}
+
+
+@pytest.mark.parametrize("columns", [None, "60", "100"])
+def test_help_fits_the_terminal_or_80_columns_piped(columns):
+    """Piped with no $COLUMNS help is 80 wide; else as wide as $COLUMNS says; no word is cut."""
+    width = int(columns or 80)
+    cmds = [None, *COMMANDS]
+    runs = run_many([[cmd, "--help"] if cmd else ["--help"] for cmd in cmds], REPO,
+                    env(**({"COLUMNS": columns} if columns else {})))
+    for cmd, r in zip(cmds, runs):
+        lines = r.stdout.splitlines()
+        assert r.returncode == 0 and max(len(line) for line in lines) <= width, (cmd, columns, r.stdout)
+        flat = " ".join(r.stdout.split())
+        if cmd == "rollout":   # each flag's help whole, across its lines
+            assert ("--canary=N canary hosts when the inventory has no `canary` group, a whole number (default 1; "
+                    "0 skips the canary stage)") in flat, r.stdout
+        if cmd == "demo":
+            assert ("Run the demo: a local fleet of 4 sshd hosts, the shipped patch rolled out under traffic "
+                    "through sglang-router (when installed), a one-path patch caught twice.") in flat, r.stdout
+    assert columns != "100" or any(len(line) > 80 for line in lines), "a wider terminal is used"
+
+
+def test_on_a_terminal_help_is_wrapped_to_its_width():
+    import fcntl
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 60, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "demo", "--help"], cwd=REPO, stdin=slave,
+                            stdout=slave, stderr=slave, env=env(TERM="xterm"))
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=60) == 0
+    os.close(master)
+    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    assert max(len(line) for line in text.splitlines()) <= 60, text
+    assert "a one-path patch caught twice." in " ".join(text.split()), text
+
+
+def test_fetch_and_status_list_only_the_options_that_apply_to_them():
+    sys.path.insert(0, str(REPO / "src"))
+    from fleetpatch.cli import task_flags
+    for cmd in ("fetch", "status"):
+        assert "--patches" not in task_flags(cmd) and "--patch" not in task_flags(cmd), cmd
+        assert "--patches" not in fleetpatch(cmd, "--help").stdout
+    r = fleetpatch("status", "--patches", "x")
+    assert r.returncode == 2 and "unknown option --patches" in r.stderr, r.stderr
 
 
 def test_top_level_help_lists_only_fleetpatch_s_options_and_whole_sentences():
@@ -82,7 +147,9 @@ def test_top_level_help_lists_only_fleetpatch_s_options_and_whole_sentences():
     assert options == {"-h", "-V", "-l"}, r.stdout
     for invoke_only in ("--pty", "--dry", "--prompt-for-sudo-password", "--echo", "--hide", "--warn-only"):
         assert invoke_only not in r.stdout
-    listed = dict(re.findall(r"(?m)^  ([a-z-]+) {2,}(.+)$", r.stdout.split("Subcommands:")[1]))
+    # a command's line, and the lines of its description wrapped below it
+    listed = {name: " ".join(text.split()) for name, text in
+              re.findall(r"(?m)^  ([a-z-]+) {2,}(.+(?:\n {4,}.+)*)$", r.stdout.split("Subcommands:")[1])}
     assert sorted(listed) == sorted(COMMANDS)
     for cmd, line in listed.items():
         assert line[0].isupper() and line.endswith(".") and len(line.split()) >= 5, (cmd, line)
@@ -170,6 +237,28 @@ def test_an_unwritable_report_is_refused_before_any_host(workdir, listener):
     assert listener.accepted == before
 
 
+def test_a_report_in_a_folder_that_does_not_exist_is_refused_and_no_folder_is_made(workdir, listener):
+    before = listener.accepted
+    path = workdir / "nonexistent" / "deeper" / "x.json"
+    for cmd in (["status"], ["deploy-patch", "--patch", "spec-path-beacon", "--hosts", "a01"]):
+        r = fleetpatch(*cmd, "--report", str(path), cwd=workdir)
+        assert r.returncode == 2, r
+        assert r.stderr == (f"fleetpatch: error: --report {path}: the folder {path.parent} does not exist; "
+                            f"make it first (mkdir -p {path.parent}) or give a path in a folder that exists\n")
+        assert not (workdir / "nonexistent").exists()
+    assert listener.accepted == before
+
+
+def test_an_empty_host_name_is_refused_before_any_host(workdir, listener):
+    before = listener.accepted
+    for hosts in ("a01,,a02", "a01,"):
+        r = fleetpatch("deploy-patch", "--patch", "spec-path-beacon", "--hosts", hosts, cwd=workdir)
+        assert r.returncode == 2, r
+        assert r.stderr.startswith(f"fleetpatch: error: --hosts {hosts!r}: host name 2 of "), r.stderr
+        assert len(r.stderr.splitlines()) == 1
+    assert listener.accepted == before
+
+
 # ------------------------------------------------------------------ 3. unknown and short flags
 
 def test_an_unknown_flag_is_named_with_a_suggestion(workdir):
@@ -179,7 +268,11 @@ def test_an_unknown_flag_is_named_with_a_suggestion(workdir):
                                 "see fleetpatch status --help")
     r = fleetpatch("check-patch", "--patchs", "X", cwd=workdir)
     assert r.returncode == 2
-    assert "unknown option --patchs" in r.stderr and "'X'" not in r.stderr
+    # one letter from --patch and one from --patches: both are named, the flag the user needs first
+    assert r.stderr.strip() == ("fleetpatch: error: check-patch: unknown option --patchs (did you mean --patch or "
+                                "--patches?); see fleetpatch check-patch --help")
+    r = fleetpatch("deploy-patch", "-p", "X", cwd=workdir)
+    assert r.returncode == 2 and "did you mean" not in r.stderr, r.stderr   # -v is no near miss of -p
     r = fleetpatch("stauts", cwd=workdir)
     assert r.returncode == 2 and "unknown command 'stauts' (did you mean status?)" in r.stderr
 
@@ -257,9 +350,6 @@ def test_off_a_tty_nothing_is_cut_or_wrapped(tmp_path):
     assert table_rows and any("no (unreachable)" in line for line in table_rows), r.stdout
     message = [line for line in r.stdout.splitlines() if line.startswith(long_names[1] + " (")]
     assert message and message[0].endswith("check the port and that sshd runs"), r.stdout
-    help_text = fleetpatch("rollout", "--help").stdout
-    assert any(line.strip().startswith("--canary=N") and line.rstrip().endswith("skips the canary stage)")
-               for line in help_text.splitlines()), help_text
 
 
 def test_on_a_tty_the_live_view_shows_each_host_s_stage(tmp_path):

@@ -132,10 +132,45 @@ def heading_anchors(text: str) -> set:
             for m in re.finditer(r"^#+\s+(.+)$", text, re.M)}
 
 
+def test_the_readme_s_status_table_names_every_status():
+    from fleetpatch.errors import Status
+    text = (REPO / "README.md").read_text()
+    table = text.split("The statuses:", 1)[1].split("Exit codes:", 1)[0]
+    named = set()
+    for row in re.findall(r"(?m)^\| (`.+?) \|", table):
+        named |= set(re.findall(r"`([a-z-]+)`", row))
+    assert named == {s.value for s in Status}, (f"missing: {sorted({s.value for s in Status} - named)}; "
+                                                f"not statuses: {sorted(named - {s.value for s in Status})}")
+
+
+def test_the_patch_yaml_key_table_has_every_key_the_loader_takes():
+    from fleetpatch.patchset import _TOP_KEYS
+    text = (REPO / "docs/patches.md").read_text()
+    table = text.split("| key | meaning |", 1)[1].split("\n\n", 1)[0]
+    named = {key for row in re.findall(r"(?m)^\| (`.+?) \|", table) for key in re.findall(r"`([a-z_]+)`", row)}
+    assert set(_TOP_KEYS) <= named, f"docs/patches.md's key table lacks {sorted(set(_TOP_KEYS) - named)}"
+
+
+def test_hosts_yaml_says_where_the_demo_writes_its_inventory(monkeypatch, tmp_path):
+    from fleetpatch_demo.run import default_root
+    comment = " ".join(line.lstrip("# ") for line in (REPO / "hosts.yaml").read_text().splitlines()
+                       if line.startswith("#"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert default_root() / "hosts.yaml" == tmp_path / "fleetpatch/demo/hosts.yaml"
+    assert "$XDG_STATE_HOME/fleetpatch/demo/hosts.yaml" in comment, comment
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_root() / "hosts.yaml" == tmp_path / ".local/state/fleetpatch/demo/hosts.yaml"
+    assert "~/.local/state/fleetpatch/demo/hosts.yaml" in comment, comment
+
+
 def test_every_link_of_the_docs_leads_to_a_file_and_heading_that_exist():
     broken = []
-    for rel in DOCS + ["CHANGELOG.md"]:
+    for rel in DOCS + ["CHANGELOG.md", "patches/README.md"]:
         page = REPO / rel
+        for section in re.findall(r"README's \"([^\"]+)\"", page.read_text()):   # a section named, not linked
+            if section.lower().replace(" ", "-") not in heading_anchors((REPO / "README.md").read_text()):
+                broken.append(f"{rel}: the README has no section {section!r}")
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             if re.match(r"[a-z]+:", target):
                 continue

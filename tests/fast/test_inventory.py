@@ -227,8 +227,18 @@ def inv():
 
 def test_select_hosts_in_inventory_order(inv):
     assert [h.name for h in inv.select("a3,a1", None, changes_hosts=True)] == ["a1", "a3"]
-    assert [h.name for h in inv.select(" a2 , a2,", None, changes_hosts=True)] == ["a2"]
+    assert [h.name for h in inv.select(" a2 , a2", None, changes_hosts=True)] == ["a2"]
     assert [h.name for h in inv.select(["a3", "a2"], None, changes_hosts=True)] == ["a2", "a3"]
+
+
+@pytest.mark.parametrize("hosts,which", [("a1,,a3", "host name 2 of 3"), ("a1,", "host name 2 of 2"),
+                                         (",a1", "host name 1 of 2"), ("a1, ,a3", "host name 2 of 3")])
+def test_an_empty_host_name_is_a_usage_error_not_a_shorter_list(inv, hosts, which):
+    for changes in (True, False):
+        with pytest.raises(UsageError) as ei:
+            inv.select(hosts, None, changes_hosts=changes)
+        assert str(ei.value) == (f"--hosts {hosts!r}: {which} is empty; separate the names with single commas, "
+                                 "e.g. --hosts a,b")
 
 
 def test_select_group(inv):

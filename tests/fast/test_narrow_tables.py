@@ -78,6 +78,23 @@ def test_status_keeps_host_and_reachable_whole(width):
     assert "2026-01-05T10:11:12+0000" in flat and "dynamic-spec-disable@1" in flat, text
 
 
+def test_status_blocks_on_an_80_column_terminal_keep_every_column(tmp_path):
+    """As the program's console prints (soft_wrap: a log line is never cut): each row's block
+    wraps onto more lines, and nothing after `drift:` is lost."""
+    locked = dict(STATUS[LONG].details, restart_pending=True,
+                  lock_state={"cell": "alice@laptop-x pid 1234, 3 min, DEAD run"})
+    rows = {LONG: HostResult(LONG, False, Status.LOCKED, engine_version="0.5.9", details=locked)}
+    buf = io.StringIO()
+    Console(file=buf, width=80, force_terminal=True, color_system=None, soft_wrap=True).print(status_table(rows))
+    text = buf.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    flat = " ".join(text.split())
+    for said in ("drift: no", "server up: yes (restart pending)", "last verification: none since the change",
+                 "verified: deploy check of dynamic-spec-disable@1, 2026-01-05T10:11:12+0000",
+                 "lock: alice@laptop-x pid 1234, 3 min, DEAD run"):
+        assert said in flat, text
+
+
 def test_a_wide_terminal_still_gets_the_table():
     text = render(summary_table("deploy-patch", SUMMARY), 200)
     assert re.search(rf"┃ host +┃ status +┃ engine", text), text

@@ -175,9 +175,13 @@ class Inventory:
             if changes_hosts:
                 refuse_partial(chosen, self.node_groups)
             return chosen
-        names = [n.strip() for n in hosts.split(",") if n.strip()]
-        if not names:
+        names = [n.strip() for n in hosts.split(",")]
+        if not any(names):
             raise UsageError(f"--hosts {hosts!r} names no host; known hosts: {_names(self.hosts)}")
+        if not all(names):
+            # `a,,b` is a name left out by mistake, not a shorter list: nothing is selected from it
+            raise UsageError(f"--hosts {hosts!r}: host name {names.index('') + 1} of {len(names)} is empty; "
+                             "separate the names with single commas, e.g. --hosts a,b")
         unknown = [n for n in names if n not in self.hosts]
         if unknown:
             hint = _did_you_mean(unknown[0], self.hosts)

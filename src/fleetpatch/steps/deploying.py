@@ -57,12 +57,21 @@ def _refusal(run: HostRun, plan: Plan) -> HostResult | None:
     return None
 
 
+def interrupted_before_writing(run: HostRun, label: str | None) -> HostResult | None:
+    """A host whose Ctrl-C came while it was read and planned: it writes and restarts nothing.
+    (Once the write is sent, the host finishes it, and its restart and verification.)"""
+    if not run.job.interrupt.is_set():
+        return None
+    return run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted (Ctrl-C) before anything was written; "
+                                                 "untouched, not restarted", patch=label)
+
+
 def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
     job = run.job
     run.progress("pre-flight")
     plan, revision = make_plan(job, run.host, reply)
     run.version = plan.version
-    refused = _refusal(run, plan)
+    refused = _refusal(run, plan) or interrupted_before_writing(run, plan.label)
     if refused is not None:
         return refused
     probe = _probe_spec(run, plan, revision, reply)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .. import lockview, protocol
 from ..errors import Status
 from ..hostcalls import HostResult, base_request, patch_lost_message
+from ..patchset import MANIFEST
 from .context import HostRun, host_step
 
 # A last verification that ended so leaves the host ok (a rollback's check records `verified` too).
@@ -35,11 +36,13 @@ def _lock_problem(run: HostRun, view: lockview.LockView, details: dict) -> str |
                              "alive": view.alive, "why": view.why, "cell": view.cell()}
     if view.alive:
         return None
-    clear = lockview.clear_command(run.name, view.command, run.job.inventory_arg)
-    details["lock_state"]["clear"] = clear
+    deploying = lockview.DEPLOY.match(view.command or "")
+    here = bool(deploying) and any((d / deploying.group("name") / MANIFEST).is_file() for d in run.job.patch_dirs)
+    advice = lockview.clear_advice(run.name, view.command, run.job.inventory_arg, patch_here=here)
+    details["lock_state"]["clear"] = advice[0][1]   # the command that works on this laptop
     return (f"the lock is left by a dead run: {view.holder}" + (f" ({view.command})" if view.command else "")
             + f", since {view.since} ({view.age()}): {view.why}; once you have checked the host (restart pending, "
-            f"last verification above), clear it and finish with:\n  {clear}")
+            "last verification above), " + "\n".join(f"{what}:\n  {cmd}" for what, cmd in advice))
 
 
 @host_step

@@ -166,6 +166,9 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
         plans.append(plan)
         revisions.append(revision)
         specs.append(_probe_spec(run, plan, revision, reply))
+    if job.interrupt.is_set():   # Ctrl-C while the ranks were read: no rank is written or restarted
+        from .deploying import interrupted_before_writing
+        return [interrupted_before_writing(run, plan.label) for run, plan in zip(group.runs, plans)]
     reasons = [None if not p.already else restart_reason(r.get("ledger") or {}, r.get("server") or {},
                                                         job.patch.name) for p, r in zip(plans, replies)]
     writes = [(plan, reply, revision) for plan, reply, revision in zip(plans, replies, revisions)]
