@@ -8,7 +8,7 @@ import hashlib
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
@@ -99,6 +99,37 @@ class HostRun:
     def result(self, ok: bool, status: Status, message: str, **kw) -> HostResult:
         kw.setdefault("engine_version", self.version)
         return HostResult(self.host.name, ok, status, message, **kw)
+
+
+class HeldLock:
+    """The host's lock as one server's (or one rank's) steps see it: the release never rides on
+    its requests (more servers follow under the same lock); the `with HostLock` block that took
+    it releases it at the end."""
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def release_followup(self) -> list:
+        return []
+
+    def chained_done(self, reply: dict) -> None:
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self.lock, name)
+
+
+def server_runs(run: HostRun) -> list[HostRun]:
+    """One HostRun per server of a host with several (`servers:`): the same connection, lock and
+    job, the host seen as that server (its progress lines say which server: "drain [s1] out of
+    the router")."""
+    def job_of(view):
+        def progress(host, phase, detail=""):
+            run.job.progress(host, phase, f"[{view.server_name}] {detail}".rstrip())
+        # the host's rollback is done by the host's step, for all its servers
+        return replace(run.job, on_failure="keep", progress=progress)
+    return [replace(run, host=view, job=job_of(view), lock=HeldLock(run.lock))
+            for view in run.host.server_views()]
 
 
 def new_run(job: Job, host: Host) -> HostRun:

@@ -25,12 +25,15 @@ from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
 from . import execution
-from .context import HostRun, Job, connect, deploy_command, finish_run, new_run, rollback_command
+from .context import HeldLock, HostRun, Job, connect, deploy_command, finish_run, new_run, probe, rollback_command
+from .deploying import already_applied, apply_request, probe_spec, refusal
 from .follow import Watch, follow_ahead
 from .lock import HostLock
-from .deploying import apply_request
-from .servers import HeldLock, judged_without, restore_install
-from .verify import cut_off, no_answer, verify
+from .plan import make_plan, revision_files
+from .recorded import deployed, wanted_name
+from .restarting import launch_after_restart, restart_reason
+from .servers import judged_without, restore_install
+from .verify import cut_off, fold_rollback, newest_first, no_answer, verify
 
 
 class NodeGroup:
@@ -134,7 +137,6 @@ def _locked_probes(group: NodeGroup, files: list[str], content: bool) -> tuple[l
 @group_step
 def deploy_nodes(group: NodeGroup) -> list[HostResult]:
     """deploy-patch and rollout of a node group."""
-    from .plan import revision_files
     results: list[HostResult] = []
     try:
         with _locked(group, deploy_command(group.job)):
@@ -146,8 +148,6 @@ def deploy_nodes(group: NodeGroup) -> list[HostResult]:
 
 
 def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
-    from .deploying import _probe_spec, _refusal, restart_reason
-    from .plan import make_plan
     job = group.job
     mixed = _mixed_versions(group)   # before any rank's own plan: the group's first refusal
     if mixed is not None:
@@ -160,20 +160,19 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
         except HostFailure as f:
             return group.untouched(run, run.result(False, f.status, f.message))
         run.version = plan.version
-        refused = _refusal(run, plan)
+        refused = refusal(run, plan)
         if refused is not None:
             return group.untouched(run, refused)
         plans.append(plan)
         revisions.append(revision)
-        specs.append(_probe_spec(run, plan, revision, reply))
+        specs.append(probe_spec(run, plan, revision, reply))
     reasons = [None if not p.already else restart_reason(r.get("ledger") or {}, r.get("server") or {},
                                                         job.patch.name) for p, r in zip(plans, replies)]
     writes = [(plan, reply, revision) for plan, reply, revision in zip(plans, replies, revisions)]
     if job.no_restart:
         return _apply_only(group, writes)
     if all(p.already for p in plans) and not any(reasons):
-        from .deploying import _already_applied
-        return _group_verdict(group, group.each(_already_applied, plans, replies, specs))
+        return _group_verdict(group, group.each(already_applied, plans, replies, specs))
     return _restart_group(group, writes, specs, reasons)
 
 
@@ -294,7 +293,6 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
             return _start_failed(group, run, f, label)
 
     def judge(run: HostRun, out: dict, plan, spec: dict | None) -> HostResult:
-        from .deploying import launch_after_restart
         watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [label],
                       ends_work=lambda ok: True,
                       execution=execution.ExecutionView(out.get("probe")) if spec is not None else None)
@@ -309,7 +307,6 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
 def _still_up(group: NodeGroup, outs: list, results: list[HostResult]) -> list[HostResult]:
     """Each rank is judged once its own lines are in, and a rank that dies after that does not stop
     the others (upstream #3099): so once every rank has passed, each one's server is looked at again."""
-    from .context import probe
     for run, out, result in zip(group.runs, outs, results):
         started = (out.get("restart") or {}).get("pid")
         try:
@@ -358,7 +355,6 @@ def _start_failed(group: NodeGroup, run: HostRun, f: HostFailure, label: str, ph
 def _rolled_back_after(group: NodeGroup, failed: list[HostResult]) -> list[HostResult]:
     """--on-failure rollback: every rank restored and restarted without the patch, each failed
     rank's result keeping why it failed."""
-    from .rolling_back import fold_rollback
     job = group.job
     for run in group.runs:
         run.progress("rollback", "node group " + group.name)
@@ -417,8 +413,6 @@ def rollback_nodes(group: NodeGroup) -> list[HostResult]:
 def _rollback_locked(group: NodeGroup, replies: list) -> list[HostResult]:
     """What every rank records as applied (newest first), or, when an earlier rollback restored
     them all and was cut before the restarts, what it restored; rolled back inside rank 0's drain."""
-    from .recorded import deployed, wanted_name
-    from .rolling_back import newest_first
     job = group.job
     ledgers = [reply.get("ledger") or {} for reply in replies]
     watched: dict = {}

@@ -10,7 +10,8 @@ from .context import HostRun, host_step, rollback_command, running_launch
 from .follow import Watch
 from .lock import HostLock
 from .recorded import Deployed, deployed, wanted_name, with_notes
-from .verify import cut_off, no_answer
+from .servers import rollback_servers
+from .verify import cut_off, fold_rollback, newest_first, no_answer
 
 
 @host_step
@@ -33,7 +34,6 @@ def rollback(run: HostRun) -> HostResult:
         entries = ledger.get("patches", {})
         found = {d.name: d for d in deployed(job, run.host, [(n, entries[n]) for n in names if n in entries])}
         if run.host.servers:   # the install restored once, then each server restarted on its own
-            from .servers import rollback_servers
             result = rollback_servers(run, names, {n: d.patch for n, d in found.items()})
             return with_notes(lock.annotate(result), list(found.values()))
 
@@ -65,13 +65,6 @@ def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostR
         result.message = (f"{run.name}: {label} was rolled back with its restart pending; restarted, the server "
                           "runs without the patch's markers")
     return result
-
-
-def newest_first(ledger: protocol.Ledger) -> list[str]:
-    """Patches stack: the last one applied is undone first, so each restores what the next expects."""
-    patches = ledger.get("patches", {})
-    return sorted(patches, key=lambda n: (patches[n].get("seq", 0), patches[n].get("applied_at", ""), n),
-                  reverse=True)
 
 
 def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: bool,
@@ -135,15 +128,3 @@ def rollback_after_failure(run: HostRun, failed: HostResult) -> HostResult:
         failed.details["rollback"] = {"status": f.status, "message": f.message}
         return failed
     return fold_rollback(failed, rb)
-
-
-def fold_rollback(failed: HostResult, rb: HostResult) -> HostResult:
-    """The failed host's result, with the rollback that undid it."""
-    failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
-    if rb.ok:
-        failed.status = Status.ROLLED_BACK
-        failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
-    else:
-        failed.message += f"\n  rollback did not verify: {rb.message}"
-    failed.ok = False
-    return failed

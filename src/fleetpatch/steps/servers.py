@@ -10,53 +10,22 @@ was restarted on the patch is restarted again without it. The host's result is
 its worst server's, with each server's result under `details["servers"]`."""
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from . import execution, follow
-from .context import HostRun, probe, running_launch
+from .context import HostRun, probe, running_launch, server_runs
 from .follow import Watch
-from .verify import cut_off, no_answer, verify
-
-
-class HeldLock:
-    """The host's lock as one server's steps see it: the release never rides on a
-    server's request (more servers follow under the same lock); the host's own
-    `with HostLock` block releases it at the end."""
-
-    def __init__(self, lock):
-        self.lock = lock
-
-    def release_followup(self) -> list:
-        return []
-
-    def chained_done(self, reply: dict) -> None:
-        return None
-
-    def __getattr__(self, name: str):
-        return getattr(self.lock, name)
-
-
-def server_runs(run: HostRun) -> list[HostRun]:
-    """One HostRun per server: the same connection, lock and job, the host seen as that server
-    (its progress lines say which server: "drain [s1] out of the router")."""
-    def job_of(view):
-        def progress(host, phase, detail=""):
-            run.job.progress(host, phase, f"[{view.server_name}] {detail}".rstrip())
-        # the host's rollback is done here, for all its servers
-        return dataclasses.replace(run.job, on_failure="keep", progress=progress)
-    return [dataclasses.replace(run, host=view, job=job_of(view), lock=HeldLock(run.lock))
-            for view in run.host.server_views()]
+from .restarting import Restart, restart_and_verify, restart_reason
+from .verify import combine, cut_off, fold_rollback, no_answer, verify
 
 
 def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> HostResult:
     """Restart and verify each server: all of them after the install was written (`applied`); with
     nothing written, those whose own ledger slot or process says so, the others judged again from
     their last restart's window."""
-    from .deploying import Restart, restart_and_verify, restart_reason   # deploying calls this module
     results: list[tuple[str, HostResult]] = []
     for srun in server_runs(run):
         started = time.monotonic()
@@ -70,7 +39,7 @@ def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> H
             request = protocol.RestartRequest(**srun.request(), reason=f"{reason}: restart for {plan.label}")
             if probe_spec is not None:
                 request["probe"] = probe_spec
-            result = restart_and_verify(srun, plan, Restart("restart", request, reason))
+            result = restart_and_verify(srun, plan, Restart("restart", request, reason), None)
         result.duration_s = time.monotonic() - started   # this server's part of the host's run
         results.append((srun.host.server_name, result))
         if not result.ok and run.job.on_failure == "rollback":
@@ -92,29 +61,9 @@ def _verify_last(srun: HostRun, plan, reply: dict) -> HostResult:
     return result
 
 
-def combine(run: HostRun, results: list[tuple[str, HostResult]], label: str | None) -> HostResult:
-    """The host's result: ok when every server is; else the first failed server's status."""
-    failed = [(n, r) for n, r in results if not r.ok]
-    worst = failed[0][1] if failed else results[-1][1]
-    if failed:
-        head = (f"{run.name}: {len(failed)} of {len(results)} servers failed: "
-                + ", ".join(f"{n} ({r.status})" for n, r in failed))
-    else:
-        head = f"{run.name}: {len(results)} servers, each {', '.join(sorted({str(r.status) for _, r in results}))}"
-    lines = [head] + [f"  [{n}] " + r.message.replace("\n", "\n      ") for n, r in results]
-    out = run.result(not failed, worst.status, "\n".join(lines), patch=label or worst.patch,
-                     executed_path=worst.executed_path, markers=[m for _, r in results for m in r.markers])
-    out.details["servers"] = {n: r.to_json() for n, r in results}
-    for key in ("router", "execution"):
-        if key in worst.details:
-            out.details[key] = worst.details[key]
-    return out
-
-
 def rollback_after_failure(run: HostRun, failed: HostResult, restarted: list[str]) -> HostResult:
     """--on-failure rollback: the install back to its originals, and each server that was
     restarted on the patch restarted again without it."""
-    from .rolling_back import fold_rollback
     run.progress("rollback", failed.status)
     rb = rollback_servers(run, [run.job.patch.name], {run.job.patch.name: run.job.patch}, restarted)
     return fold_rollback(failed, rb)

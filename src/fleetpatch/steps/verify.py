@@ -1,12 +1,14 @@
-"""Verification: the follow judged into the host's result, verify-logs, and what
-a result says when the host's answer never came."""
+"""Verification: the follow judged into the host's result, verify-logs, what a
+result says when the host's answer never came, and the shaping of results that
+every step shares: a host's servers combined into one result, a failed result
+with the rollback that undid it, and the order stacked patches are undone in."""
 from __future__ import annotations
 
 from .. import protocol
 from ..errors import HostFailure, NoAnswer, Status
 from ..hostcalls import HostResult, patch_lost_message
 from . import execution, follow
-from .context import HostRun, host_step, probe, running_launch
+from .context import HostRun, host_step, probe, running_launch, server_runs
 from .follow import Watch
 from .recorded import deployed, wanted_name, with_notes
 
@@ -58,7 +60,6 @@ def verify_logs(run: HostRun) -> HostResult:
         return run.result(False, Status.PATCH_LOST, patch_lost_message(host, reply["patch_lost"]),
                           details={"patch_lost": reply["patch_lost"]})
     if host.servers:   # each server's own window: its ledger slot names its last restart
-        from .servers import combine, server_runs
         results = [(s.host.server_name, _verify_logs_of(s, probe(s.remote, s.host, job, [], content=False)))
                    for s in server_runs(run)]
         return combine(run, results, None)
@@ -95,3 +96,42 @@ def _verify_logs_of(run: HostRun, reply: dict) -> HostResult:
 def recorded_list(recorded: dict) -> str:
     labels = sorted(e.get("label") or n for n, e in recorded.items())
     return "recorded: " + ", ".join(labels) if labels else "none is"
+
+
+def combine(run: HostRun, results: list[tuple[str, HostResult]], label: str | None) -> HostResult:
+    """The host's result from its servers' (name, result): ok when every server is; else the
+    first failed server's status."""
+    failed = [(n, r) for n, r in results if not r.ok]
+    worst = failed[0][1] if failed else results[-1][1]
+    if failed:
+        head = (f"{run.name}: {len(failed)} of {len(results)} servers failed: "
+                + ", ".join(f"{n} ({r.status})" for n, r in failed))
+    else:
+        head = f"{run.name}: {len(results)} servers, each {', '.join(sorted({str(r.status) for _, r in results}))}"
+    lines = [head] + [f"  [{n}] " + r.message.replace("\n", "\n      ") for n, r in results]
+    out = run.result(not failed, worst.status, "\n".join(lines), patch=label or worst.patch,
+                     executed_path=worst.executed_path, markers=[m for _, r in results for m in r.markers])
+    out.details["servers"] = {n: r.to_json() for n, r in results}
+    for key in ("router", "execution"):
+        if key in worst.details:
+            out.details[key] = worst.details[key]
+    return out
+
+
+def fold_rollback(failed: HostResult, rb: HostResult) -> HostResult:
+    """The failed host's result, with the rollback that undid it."""
+    failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
+    if rb.ok:
+        failed.status = Status.ROLLED_BACK
+        failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
+    else:
+        failed.message += f"\n  rollback did not verify: {rb.message}"
+    failed.ok = False
+    return failed
+
+
+def newest_first(ledger: protocol.Ledger) -> list[str]:
+    """Patches stack: the last one applied is undone first, so each restores what the next expects."""
+    patches = ledger.get("patches", {})
+    return sorted(patches, key=lambda n: (patches[n].get("seq", 0), patches[n].get("applied_at", ""), n),
+                  reverse=True)
