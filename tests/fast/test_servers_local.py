@@ -143,3 +143,23 @@ def test_on_failure_rollback_restores_the_install_and_restarts_each_server_that_
         assert not lh.ledger().get("restart_pending"), lh.ledger()
     finally:
         stop_all(lh)
+
+
+def test_a_redeploy_after_a_copytruncate_rotation_is_already_applied_on_each_server_as_on_a_one_server_host(lh):
+    """The log window of each server's last restart is gone (copytruncate), the processes fleetpatch
+    verified still run: already-applied, as a one-server host says, not a wait for lines that are gone."""
+    host = two_servers(lh)
+    try:
+        assert steps.deploy(job(lh, host=host)[0], host).ok
+        pids = {name: pid_of(lh, name) for name in ("s0", "s1")}
+        for name in ("s0", "s1"):
+            os.truncate(lh.root / "logs" / f"{name}.log", 0)
+        again = steps.deploy(job(lh, host=host, timeout=5)[0], host)
+        assert again.ok and again.status == Status.ALREADY_APPLIED, again.message
+        for name in ("s0", "s1"):
+            s = again.details["servers"][name]
+            assert s["status"] == "already-applied" and "no longer there to re-read" in s["message"], s
+        assert {name: pid_of(lh, name) for name in ("s0", "s1")} == pids, "nothing was restarted"
+    finally:
+        stop_all(lh)
+

@@ -7,12 +7,11 @@ from ..errors import Status
 from ..hostcalls import HostResult
 from . import execution, servers
 from .context import HostRun, deploy_command, host_step, sha256
-from .follow import Watch
 from .lock import HostLock
 from .plan import Plan, can_prove, describe_states, file_bytes, make_plan, packed, revision_files, unprovable_message
 from .restarting import Restart, restart_and_verify, restart_reason
 from .rolling_back import rollback_after_failure
-from .verify import verify
+from .verify import verify_again
 
 
 @host_step
@@ -136,19 +135,7 @@ def already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe:
     if job.no_restart or not last:
         return run.result(True, Status.ALREADY_APPLIED, f"{run.name}: {plan.label} already applied; nothing changed",
                           patch=plan.label)
-    verification = (ledger.get("patches", {}).get(job.patch.name) or {}).get("verification") or {}
-    if reply.get("window_intact") is False and verification.get("status") == Status.VERIFIED \
-            and server.get("pid") == last.get("pid"):
-        # The log since that restart was rotated, truncated or deleted away: re-reading it
-        # would wait for lines that are gone. The process fleetpatch verified still runs.
-        return run.result(True, Status.ALREADY_APPLIED,
-                          f"{run.name}: {plan.label} already applied; nothing changed; the server fleetpatch verified "
-                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path') or 'its path'}) "
-                          "still runs; its log since that restart is no longer there to re-read",
-                          patch=plan.label, executed_path=verification.get("executed_path"))
-    view = execution.ExecutionView() if execution.probe_wanted(job, run.host, job.patch) else None
-    return verify(run, Watch(protocol.log_window(last), plan.launch, [job.patch], [plan.label], execution=view),
-                  already=True)
+    return verify_again(run, plan.label, reply, plan.launch)
 
 
 def undo_step(run: HostRun):

@@ -15,11 +15,11 @@ import time
 from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
-from . import execution, follow
+from . import follow
 from .context import HostRun, probe, running_launch, server_runs
 from .follow import Watch
 from .restarting import Restart, restart_and_verify, restart_reason
-from .verify import combine, cut_off, fold_rollback, no_answer, verify
+from .verify import combine, cut_off, fold_rollback, no_answer, verify_again
 
 
 def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> HostResult:
@@ -54,9 +54,7 @@ def _verify_last(srun: HostRun, plan, reply: dict) -> HostResult:
     if not last:
         return srun.result(True, Status.ALREADY_APPLIED, f"{srun.name}: {plan.label} already applied; nothing "
                                                          "changed", patch=plan.label, details={"restarted": False})
-    view = execution.ExecutionView() if execution.probe_wanted(srun.job, srun.host, srun.job.patch) else None
-    result = verify(srun, Watch(protocol.log_window(last), running_launch(srun.host, reply), [srun.job.patch],
-                                [plan.label], execution=view), already=True)
+    result = verify_again(srun, plan.label, reply, running_launch(srun.host, reply))
     result.details["restarted"] = False
     return result
 

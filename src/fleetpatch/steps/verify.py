@@ -25,6 +25,35 @@ def verify(run: HostRun, watch: Watch, already: bool = False) -> HostResult:
     return result
 
 
+def verify_again(run: HostRun, label: str, reply: protocol.ProbeReply, launch) -> HostResult:
+    """Nothing to write and no restart due: the window of the last restart (the ledger of
+    `reply`) judged again, for the host or for one of its servers."""
+    job = run.job
+    ledger, server = reply.get("ledger") or {}, reply.get("server") or {}
+    last = ledger.get("last_restart") or {}
+    verification = last_verified(run, ledger, label)
+    if reply.get("window_intact") is False and verification is not None and server.get("pid") == last.get("pid"):
+        # The log since that restart was rotated, truncated or deleted away: re-reading it
+        # would wait for lines that are gone. The process fleetpatch verified still runs.
+        return run.result(True, Status.ALREADY_APPLIED,
+                          f"{run.name}: {label} already applied; nothing changed; the server fleetpatch verified "
+                          f"at {verification.get('at')} (pid {last.get('pid')}, "
+                          f"{verification.get('executed_path') or 'its path'}) still runs; its log since that restart "
+                          "is no longer there to re-read", patch=label, executed_path=verification.get("executed_path"))
+    view = execution.ExecutionView() if execution.probe_wanted(job, run.host, job.patch) else None
+    return verify(run, Watch(protocol.log_window(last), launch, [job.patch], [label], execution=view), already=True)
+
+
+def last_verified(run: HostRun, ledger: protocol.Ledger, label: str) -> dict | None:
+    """The verification that passed at the last restart of this host (or of this server), if it did."""
+    if run.host.server_name:   # the patch's own verification is whichever server recorded last
+        own = ledger.get("last_verification") or {}
+        passed = own.get("status") == Status.VERIFIED and label in (own.get("labels") or [])
+        return {"at": own.get("at")} if passed else None
+    verification = (ledger.get("patches", {}).get(run.job.patch.name) or {}).get("verification") or {}
+    return verification if verification.get("status") == Status.VERIFIED else None
+
+
 def no_answer(f: HostFailure) -> bool:
     """The host's answer never came: the connection (or the agent) died or stalled."""
     return f.cause is not None
