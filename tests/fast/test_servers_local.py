@@ -163,3 +163,26 @@ def test_a_redeploy_after_a_copytruncate_rotation_is_already_applied_on_each_ser
     finally:
         stop_all(lh)
 
+
+def test_on_failure_rollback_of_a_redeploy_that_restarted_nothing_restarts_every_server_that_runs_the_patch(lh):
+    """s0's window, judged again on a redeploy (nothing to write), holds a forbidden line: the host
+    fails and is rolled back. Both servers ran the patch since the first deploy: both are restarted
+    without it, and nothing is left pending."""
+    host = two_servers(lh)
+    try:
+        assert steps.deploy(job(lh, host=host)[0], host).ok
+        with open(lh.root / "logs" / "s0.log", "a") as log:
+            log.write("Traceback (most recent call last)\n")
+        r = steps.deploy(job(lh, host=host, timeout=5, on_failure="rollback")[0], host)
+        assert not r.ok and r.status == Status.ROLLED_BACK, r.message
+        assert r.details["rollback"]["ok"], r.details["rollback"]
+        assert set(r.details["rollback"]["message"].split("\n", 1)[0].split()) >= {"2", "servers"}, r.details
+        assert lh.is_pristine(), "the install's originals are back"
+        for name in ("s0", "s1"):
+            after = (lh.root / "logs" / f"{name}.log").read_text().rsplit("server_args=", 1)[1]
+            assert "fleetpatch spec-path-beacon" not in after, f"{name} was restarted without the patch"
+        ledger = lh.ledger()
+        assert not ledger["patches"] and not ledger["restart_pending"], ledger
+        assert not any(s["restart_pending"] for s in ledger["servers"].values()), ledger["servers"]
+    finally:
+        stop_all(lh)

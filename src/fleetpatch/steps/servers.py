@@ -43,7 +43,9 @@ def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> H
         result.duration_s = time.monotonic() - started   # this server's part of the host's run
         results.append((srun.host.server_name, result))
         if not result.ok and run.job.on_failure == "rollback":
-            restarted = [n for n, r in results if r.details.get("restarted", True)]
+            # Written now: the servers restarted so far run the patch, the others never did. Written
+            # by an earlier run: every server runs it, judged again or not.
+            restarted = [n for n, r in results if r.details.get("restarted", True)] if applied else None
             return rollback_after_failure(run, combine(run, results, plan.label), restarted)
     return combine(run, results, plan.label)
 
@@ -59,9 +61,9 @@ def _verify_last(srun: HostRun, plan, reply: dict) -> HostResult:
     return result
 
 
-def rollback_after_failure(run: HostRun, failed: HostResult, restarted: list[str]) -> HostResult:
-    """--on-failure rollback: the install back to its originals, and each server that was
-    restarted on the patch restarted again without it."""
+def rollback_after_failure(run: HostRun, failed: HostResult, restarted: list[str] | None) -> HostResult:
+    """--on-failure rollback: the install back to its originals, and each server that runs the
+    patch (`restarted`; None: all) restarted again without it."""
     run.progress("rollback", failed.status)
     rb = rollback_servers(run, [run.job.patch.name], {run.job.patch.name: run.job.patch}, restarted)
     return fold_rollback(failed, rb)
@@ -85,6 +87,9 @@ def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: lis
                                       lambda srun=srun: _restart_without(srun, names, patches, labels))
         result.duration_s = time.monotonic() - started
         results.append((srun.host.server_name, result))
+    if not results:
+        return run.result(True, Status.ROLLED_BACK, f"{run.name}: {', '.join(labels)} rolled back; files restored to "
+                                                    "their original sha256; no server ran the patch: none restarted")
     result = combine(run, results, ", ".join(labels))
     if result.ok:
         result.status = Status.ROLLED_BACK
