@@ -57,11 +57,16 @@ def restart_and_verify(run: HostRun, plan: Plan, restart: Restart, undo: Undo | 
     """The restart, inside the drain when a router is in front of the host. `undo`: what
     turns a failed result into the host rolled back (--on-failure rollback), or None."""
     return drain.around_restart(run.job, run.host, run.remote,
-                                lambda: _restart_and_verify_now(run, plan, restart, undo),
-                                rollback=undo, expect=list(getattr(run.job.patch, "smoke_expect", None) or []))
+                                lambda: restart_and_verify_now(run, plan, restart, undo),
+                                rollback=undo, expect=smoke_expect(run))
 
 
-def _restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart, undo: Undo | None) -> HostResult:
+def smoke_expect(run: HostRun) -> list[str]:
+    """The patch's smoke_expect lines: what the smoke request after a drained restart must show."""
+    return list(getattr(run.job.patch, "smoke_expect", None) or [])
+
+
+def restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart, undo: Undo | None) -> HostResult:
     """Run the agent operation that restarts (apply+restart, or a pending restart),
     verify, and with `undo` undo a host that failed either way (under the same lock:
     the rollback is part of the block)."""

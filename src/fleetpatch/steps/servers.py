@@ -11,6 +11,7 @@ its worst server's, with each server's result under `details["servers"]`."""
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from .. import drain, protocol
 from ..errors import HostFailure, Status
@@ -18,7 +19,7 @@ from ..hostcalls import HostResult
 from . import follow
 from .context import HostRun, probe, running_launch, server_runs
 from .follow import Watch
-from .restarting import Restart, restart_and_verify, restart_reason
+from .restarting import Restart, restart_and_verify_now, restart_reason, smoke_expect
 from .verify import combine, cut_off, fold_rollback, no_answer, verify_again
 
 
@@ -39,7 +40,9 @@ def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> H
             request = protocol.RestartRequest(**srun.request(), reason=f"{reason}: restart for {plan.label}")
             if probe_spec is not None:
                 request["probe"] = probe_spec
-            result = restart_and_verify(srun, plan, Restart("restart", request, reason), None)
+            restart = Restart("restart", request, reason)
+            result = around_restart_of(srun, lambda: restart_and_verify_now(srun, plan, restart, None), plan.label,
+                                       expect=smoke_expect(srun))
         result.duration_s = time.monotonic() - started   # this server's part of the host's run
         results.append((srun.host.server_name, result))
         if not result.ok and run.job.on_failure == "rollback":
@@ -57,6 +60,41 @@ def _verify_last(srun: HostRun, plan, reply: dict) -> HostResult:
         return srun.result(True, Status.ALREADY_APPLIED, f"{srun.name}: {plan.label} already applied; nothing "
                                                          "changed", patch=plan.label, details={"restarted": False})
     result = verify_again(srun, plan.label, reply, running_launch(srun.host, reply))
+    result.details["restarted"] = False
+    return result
+
+
+def around_restart_of(srun: HostRun, restart: Callable[[], HostResult], label: str, rolling_back: bool = False,
+                      **drain_kw) -> HostResult:
+    """One server's `restart()` inside its drain. The install was changed before: a router step that
+    fails before this server's restart (its take-out refused, its removal or drain failed) leaves
+    it running the code from before that change, its restart pending. That is this server's
+    result, not the host's "not touched", and the host's other servers are still handled."""
+    started = []
+
+    def restart_once() -> HostResult:
+        started.append(True)
+        return restart()
+    try:
+        result = drain.around_restart(srun.job, srun.host, srun.remote, restart_once, **drain_kw)
+    except HostFailure as f:
+        if started:
+            raise
+        result = srun.result(False, f.status, f.message, patch=label)
+    return result if started else not_restarted(srun, result, label, rolling_back)
+
+
+def not_restarted(srun: HostRun, result: HostResult, label: str, rolling_back: bool) -> HostResult:
+    """A server whose router step failed before its restart, said as what it is."""
+    why = result.message.removeprefix(f"{srun.name}: ").removeprefix("refused, not touched: ")
+    why = why.split("; the host was not touched")[0].replace(", files unchanged", "")
+    name = srun.host.server_name
+    state = (f"the install is restored from {label}, but {name} was not restarted onto its originals: its "
+             "restart is still to do; fix the cause, then rerun rollback") if rolling_back else (
+        f"the install is written ({label}), but {name} was not restarted onto it: its restart is still to do; "
+        "fix the cause, then rerun deploy-patch (or roll back)")
+    result.ok = False
+    result.message = f"{srun.name}: server {name} not restarted: its router step failed: {why}\n  {state}"
     result.details["restarted"] = False
     return result
 
@@ -83,8 +121,8 @@ def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: lis
         if restart is not None and srun.host.server_name not in restart:
             continue
         started = time.monotonic()
-        result = drain.around_restart(srun.job, srun.host, srun.remote,
-                                      lambda srun=srun: _restart_without(srun, names, patches, labels))
+        result = around_restart_of(srun, lambda srun=srun: _restart_without(srun, names, patches, labels),
+                                   ", ".join(labels), rolling_back=True)
         result.duration_s = time.monotonic() - started
         results.append((srun.host.server_name, result))
     if not results:
