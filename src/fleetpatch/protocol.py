@@ -175,6 +175,7 @@ class LedgerUpdate(TypedDict, total=False):
 class RecordRequest(Request, total=False):
     """Write a verification verdict into the ledger (follow-up of `follow`)."""
     ledger_update: LedgerUpdate
+    lock: LockClaim   # a run that holds no lock (verify-logs): the write is done under the host's lock, taken here
 
 
 # --------------------------------------------------------------- replies

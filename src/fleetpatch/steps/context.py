@@ -218,11 +218,16 @@ def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool,
     """Read the host; with `lock` (the command the lock is for) take its lock first."""
     req = protocol.ProbeRequest(**base_request(host, job), files=files, content=content)
     if lock:
-        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=lock,
-                                         laptop=socket.gethostname(), pid=os.getpid(),
-                                         pid_start=lockview.process_start(os.getpid()), boot_id=lockview.boot_id(),
-                                         renew_s=job.lock_renew_s)
+        req["lock"] = lock_claim(job, lock)
     return remote.call("probe", req)
+
+
+def lock_claim(job: Job, command: str) -> protocol.LockClaim:
+    """This run's claim on a host's lock, for `command` (what the lock says the holder is doing)."""
+    return protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=command,
+                              laptop=socket.gethostname(), pid=os.getpid(),
+                              pid_start=lockview.process_start(os.getpid()), boot_id=lockview.boot_id(),
+                              renew_s=job.lock_renew_s)
 
 
 def deploy_command(job: Job) -> str:

@@ -114,11 +114,12 @@ def _verify_logs_of(run: HostRun, reply: dict) -> HostResult:
                                                f"({recorded_list(recorded)}), and there is no {name} folder here to "
                                                "judge it by; `fleetpatch status` shows what is applied")
     found = deployed(job, host, [(n, recorded.get(n)) for n in names])
-    # No lock: verify-logs reads, and records only its verdict.
+    # No lock while it reads: the record of its verdict takes the host's lock (in the agent).
     judged = found[0].patch if len(found) == 1 else job.patch
     view = execution.ExecutionView() if execution.probe_wanted(job, host, judged) else None
     result = verify(run, Watch(protocol.log_window(last), running_launch(host, reply), [d.patch for d in found],
-                               [d.label for d in found], check="verify-logs", execution=view))
+                               [d.label for d in found], check="verify-logs", execution=view,
+                               record_lock="verify-logs"))
     return with_notes(result, found)
 
 
