@@ -153,6 +153,7 @@ class RollbackRequest(Request, total=False):
     package_dir: str
     name: str
     force: bool                 # restore even over a file changed since fleetpatch wrote it
+    restart_pending: bool       # the server never ran what is undone: its restart is pending after only as before
 
 
 class FollowRequest(Request, total=False):

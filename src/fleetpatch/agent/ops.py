@@ -267,7 +267,8 @@ def op_rollback(state, req):
         rolled["record"] = entry["record"]
     ledger.setdefault("rolled_back", {})[req["name"]] = rolled
     if changes:  # a patch whose files are all original already needs no restart to undo it
-        ledger["restart_pending"] = True
+        # (nor one that the running server never ran: the laptop says what was pending before its write)
+        ledger["restart_pending"] = bool(req.get("restart_pending", True))
         # the originals are back: recorded before a restart that may fail
         write_with_ledger(req, root, changes, previous, ledger, backups=False)
     else:

@@ -191,7 +191,7 @@ def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
     """Write every rank's install that needs it, its restart left pending; None when all are written.
     A rank that fails has written nothing (the agent's all-or-nothing); those written before it are
     restored, so that no rank of the group runs other code than the rest."""
-    written: list[HostRun] = []
+    written: list[tuple[HostRun, bool]] = []   # each rank written, and whether its restart was pending before
     for run, (plan, reply, revision) in zip(group.runs, writes):
         if plan.already:
             continue
@@ -201,16 +201,26 @@ def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
             run.remote.call("apply", dict(apply_request(run, plan, reply, revision), restart=None))
         except HostFailure as f:
             out = group.untouched(run, run.result(False, f.status, f.message, patch=plan.label))
-            for w in written:
-                problem = restore_install(w, [group.job.patch.name], [])
-                i = group.runs.index(w)
-                out[i].status = Status.ERROR if problem else Status.ROLLED_BACK
-                out[i].message = (f"{w.name}: written, then restored to its originals (restart pending, not done: it "
-                                  f"never ran the patch): node group {group.name} failed at {group.who(run)} "
-                                  f"({f.status})" + (f"; the restore FAILED: {problem.message}" if problem else ""))
+            for w, before in written:
+                out[group.runs.index(w)] = _restored_unrestarted(group, w, before, run, f.status, plan.label)
             return out
-        written.append(run)
+        written.append((run, bool((reply.get("ledger") or {}).get("restart_pending"))))
     return None
+
+
+def _restored_unrestarted(group: NodeGroup, w: HostRun, pending_before: bool, failed: HostRun, why: str,
+                          label: str) -> HostResult:
+    """A rank written, then restored before any restart because `failed`'s write failed: its server
+    never ran the patch, so it is not restarted, and its restart is as pending as before the write."""
+    problem = restore_install(w, [group.job.patch.name], [], pending_after=pending_before)
+    said = (f"{w.name}: written, then restored to its originals; not restarted (its server never ran the patch): "
+            f"node group {group.name} failed at {group.who(failed)} ({why})")
+    if problem:
+        return w.result(False, Status.ERROR, f"{said}; the restore FAILED: {problem.message}", patch=label)
+    result = w.result(False, Status.ROLLED_BACK, said, patch=label)
+    result.details["rollback"] = {"status": Status.ROLLED_BACK, "ok": True,
+                                  "message": f"{w.name}: restored to its originals before any restart"}
+    return result
 
 
 def _apply_only(group: NodeGroup, writes: list) -> list[HostResult]:
@@ -232,8 +242,11 @@ def _restart_group(group: NodeGroup, writes: list, specs: list, reasons: list) -
 
     def restart_all() -> HostResult:
         nonlocal per_rank
-        per_rank = _group_verdict(group, _apply_all(group, writes) or _restarted_and_judged(group, plans, specs,
-                                                                                              reasons))
+        unwritten = _apply_all(group, writes)
+        if unwritten is not None:   # nothing restarted; the ranks written were restored already
+            per_rank = _group_verdict(group, unwritten)
+            return per_rank[0]
+        per_rank = _group_verdict(group, _restarted_and_judged(group, plans, specs, reasons))
         if rollback and not all(r.ok for r in per_rank):
             per_rank = _rolled_back_after(group, per_rank)
         return per_rank[0]
@@ -281,6 +294,7 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
     if failed is not None:
         return failed
     outs: list[dict | None] = []
+    started: list[HostRun] = []
     for run, spec in zip(group.runs, specs):
         run.progress("restart", f"rank {run.host.node_rank} of {len(group.runs)}" + ("" if why == "apply" else
                                                                                       f": {why}"))
@@ -290,7 +304,8 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
         try:
             outs.append(run.remote.call("restart", request, ahead=follow_ahead(run.job, run.host, spec is not None)))
         except HostFailure as f:
-            return _start_failed(group, run, f, label)
+            return _start_failed(group, run, f, label, started)
+        started.append(run)
 
     def judge(run: HostRun, out: dict, plan, spec: dict | None) -> HostResult:
         watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [label],
@@ -322,31 +337,44 @@ def _still_up(group: NodeGroup, outs: list, results: list[HostResult]) -> list[H
     return results
 
 
-def _stop_all(group: NodeGroup, label: str) -> list[HostResult] | None:
+def _stop_all(group: NodeGroup, label: str, undoing: bool = False) -> list[HostResult] | None:
     """Every rank stopped, its restart left pending (the ledger says so if this run ends here)."""
+    stopped: list[HostRun] = []
     for run in reversed(group.runs):   # the ranks above 0 first: rank 0 holds the rendezvous
         run.progress("restart", f"stop rank {run.host.node_rank}")
         try:
             run.remote.call("stop", run.request())
         except HostFailure as f:
-            return _start_failed(group, run, f, label, phase="stop")
+            return _start_failed(group, run, f, label, stopped, phase="stop", undoing=undoing)
+        stopped.append(run)
     return None
 
 
-def _start_failed(group: NodeGroup, run: HostRun, f: HostFailure, label: str, phase: str = "start") -> list[HostResult]:
-    """A rank that could not be stopped or started: the group's files are written on every rank,
-    its restart pending where it did not happen."""
-    own = cut_off(run, label, f, "restart") if no_answer(f) else run.result(False, Status.RESTART_FAILED, f.message,
-                                                                              patch=label)
+def _start_failed(group: NodeGroup, run: HostRun, f: HostFailure, label: str, done: list[HostRun],
+                  phase: str = "start", undoing: bool = False) -> list[HostResult]:
+    """A rank that could not be stopped or started (`phase`), `done`: the ranks that were before it.
+    The group's files are written (`undoing`: restored) on every rank; each other rank is told
+    what happened to its own server."""
+    own = cut_off(run, label, f, "rollback's restart" if undoing else "restart") if no_answer(f) else \
+        run.result(False, Status.RESTART_FAILED, f.message, patch=label)
+    files, rerun = (("restored", "rerun rollback") if undoing else
+                    ("written", "rerun deploy-patch (or roll back)"))
+    failed = f"the {phase} of {group.who(run)} failed"
     out = []
     for other in group.runs:
         if other is run:
             out.append(own)
+            continue
+        if phase == "start" and other in done:
+            what = (f"started {'without' if undoing else 'on'} {label}, but node group {group.name} is not whole: "
+                    f"{failed}")
+        elif phase == "start" or other in done:
+            what = f"stopped, not started again: {failed}; its restart is pending"
         else:
-            out.append(other.result(False, Status.RESTART_FAILED,
-                                    f"{other.name}: node group {group.name} was not restarted: the {phase} of "
-                                    f"{group.who(run)} failed; the files are written on every rank and a restart is "
-                                    "pending: fix the cause, then rerun deploy-patch (or roll back)", patch=label))
+            what = f"not restarted: {failed}; it runs as before, its restart pending"
+        out.append(other.result(False, Status.RESTART_FAILED,
+                                f"{other.name}: {what}; the files are {files} on every rank: fix the cause, then "
+                                f"{rerun}", patch=label))
     return out
 
 
@@ -380,16 +408,18 @@ def _rollback_ranks(group: NodeGroup, watched: dict, pending: bool = False) -> l
         return [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
                 for run in group.runs]
     label = ", ".join(lab for _, lab in watched.values())
-    failed = _stop_all(group, label)
+    failed = _stop_all(group, label, undoing=True)
     if failed is not None:
         return failed
+    started: list[HostRun] = []
     for run in group.runs:
         run.progress("restart", f"without {label}")
         try:
             run.remote.call("restart", protocol.RestartRequest(**run.request(), reason=f"rollback {label}"),
                             ahead=follow_ahead(run.job, run.host))
         except HostFailure as f:
-            return _start_failed(group, run, f, label)
+            return _start_failed(group, run, f, label, started, undoing=True)
+        started.append(run)
     return group.each(lambda run: judged_without(
         run, protocol.AFTER_RESTART, list(watched.values()),
         f"{run.name}: {label} rolled back on every rank of node group {group.name}; restarted without the "

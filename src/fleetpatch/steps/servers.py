@@ -137,11 +137,13 @@ def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: lis
     return result
 
 
-def restore_install(run: HostRun, names: list[str], labels: list[str], servers: list[str] | None = None
-                    ) -> HostResult | None:
+def restore_install(run: HostRun, names: list[str], labels: list[str], servers: list[str] | None = None,
+                    pending_after: bool | None = None) -> HostResult | None:
     """Restore the install from each patch of `names` (newest first) without a restart (the
     restarts follow, server by server or rank by rank); each restored patch's label joins `labels`.
-    None when done; else the host's failed result. `servers`: those left with a restart pending."""
+    None when done; else the host's failed result. `servers`: those left with a restart pending.
+    `pending_after`: the server never ran what is undone (a write undone before its restart), so
+    its restart is pending only as it was before that write."""
     try:
         reply = run.lock.probe([], content=False)
         entries = (reply.get("ledger") or {}).get("patches", {})
@@ -154,6 +156,8 @@ def restore_install(run: HostRun, names: list[str], labels: list[str], servers: 
             request["restart"] = None
             if servers is not None:
                 request["servers_pending"] = servers
+            if pending_after is not None:
+                request["restart_pending"] = pending_after
             out = run.remote.call("rollback", request)
             bad = [p for p, rec in entry["files"].items()
                    if ((out.get("files") or {}).get(p) or {}).get("sha256") != rec["before"]]
