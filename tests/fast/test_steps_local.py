@@ -183,6 +183,24 @@ def test_rollback_of_stacked_patches_goes_newest_first_under_one_lock(lh2):
     assert lh.ledger()["patches"] == {}
 
 
+def test_rollback_of_stacked_patches_restarts_the_server_once_and_names_every_patch_undone(lh2):
+    """Each restart of a GPU server is a model load: the patches are restored newest first, and the
+    server restarted once, after the last; the result names both and checks both patches' markers."""
+    lh = lh2
+    assert steps.deploy(job(lh, "dynamic-spec-disable")[0], lh.host()).ok
+    assert steps.deploy(job(lh, "v2-only-beacon")[0], lh.host()).ok
+    starts = lh.log.read_text().count("server_args=")
+    r = steps.rollback(job(lh, None)[0], lh.host())
+    assert r.status == "rolled-back", r.message
+    assert lh.log.read_text().count("server_args=") == starts + 1, "one restart for the host's rollback"
+    head = r.message.splitlines()[0]
+    assert "v2-only-beacon@1" in head and "dynamic-spec-disable@" in head, r.message
+    assert head.index("v2-only-beacon") < head.index("dynamic-spec-disable"), "newest first"
+    assert lh.is_pristine() and not lh.lock.exists() and lh.ledger()["patches"] == {}
+    assert not lh.ledger()["restart_pending"]
+    assert r.round_trips == 4, r.round_trips   # probe+lock, the first restore, the last with its restart, follow
+
+
 def test_rollback_with_nothing_recorded_says_so(lh):
     r = steps.rollback(job(lh, None)[0], lh.host())
     assert r.ok and "nothing to roll back" in r.message
