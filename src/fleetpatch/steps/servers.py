@@ -94,7 +94,8 @@ def not_restarted(srun: HostRun, result: HostResult, label: str, rolling_back: b
         f"the install is written ({label}), but {name} was not restarted onto it: its restart is still to do; "
         "fix the cause, then rerun deploy-patch (or roll back)")
     result.ok = False
-    result.message = f"{srun.name}: server {name} not restarted: its router step failed: {why}\n  {state}"
+    step = "" if result.status == Status.INTERRUPTED else "its router step failed: "
+    result.message = f"{srun.name}: server {name} not restarted: {step}{why}\n  {state}"
     result.details["restarted"] = False
     return result
 
