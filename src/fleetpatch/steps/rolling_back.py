@@ -46,6 +46,9 @@ def rollback(run: HostRun) -> HostResult:
             for name in names[:-1]:
                 failed = _restore_only(run, reply, name, found.get(name), undone)
                 if failed is not None:
+                    if undone:
+                        failed.message += (f"\n  restored before it: {', '.join(u.label for u in undone)}; the "
+                                           "server's restart is pending: rerun rollback to finish")
                     return failed
             return _rollback_locked(run, reply, names[-1], found=found.get(names[-1]), undone=undone)
         result = drain.around_restart(job, run.host, run.remote, undo_all)
