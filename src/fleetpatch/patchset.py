@@ -43,7 +43,7 @@ import fleetpatch
 
 from .diffapply import CREATE, DELETE, DiffError, FileDiff, parse_diff, refuse_crlf_hunks
 from .errors import FleetpatchError, UsageError
-from .inventory import decode_utf8, load_yaml, _got, _keyname
+from .inventory import decode_utf8, load_yaml, value_shown, key_shown
 
 __all__ = [
     "PatchError",
@@ -97,7 +97,7 @@ def _refuse_unknown_keys(file: str, prefix: str, node: dict, known: Sequence[str
     """Exit 2 on the first key of `node` that is not in `known`, naming it and the likely one."""
     for k in node:
         if k not in known:
-            where = f"{prefix}.{_keyname(k)}" if prefix else _keyname(k)
+            where = f"{prefix}.{key_shown(k)}" if prefix else key_shown(k)
             raise _perr(file, where, f"unknown key{_did_you_mean(k, known)}; "
                                      f"{shape or 'known keys: ' + ', '.join(known)}")
 
@@ -321,7 +321,7 @@ def _display(path: Path) -> str:
 
 def _str(file: str, key: str, value: Any, *, empty_ok: bool = False) -> str:
     if not isinstance(value, str):
-        raise _perr(file, key, f"expected a string, got {_got(value)}")
+        raise _perr(file, key, f"expected a string, got {value_shown(value)}")
     if not empty_ok and not value.strip():
         raise _perr(file, key, "must not be empty")
     return value
@@ -331,7 +331,7 @@ def _str_list(file: str, key: str, value: Any) -> List[str]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _perr(file, key, f"expected a list of strings, got {_got(value)}")
+        raise _perr(file, key, f"expected a list of strings, got {value_shown(value)}")
     return [_str(file, f"{key}[{i}]", v) for i, v in enumerate(value)]
 
 
@@ -339,8 +339,8 @@ def _marker(file: str, name: Any, value: Any, profile) -> Marker:
     known = list(getattr(profile, "path_names", lambda: [])() or [])
     example = known[0] if known else "EAGLEWorker"
     if not isinstance(name, str) or not name.strip():
-        raise _perr(file, f"markers.{_got(name)}", f"a marker's key must be a code path name, e.g. {example}")
-    key = f"markers.{_keyname(name)}"
+        raise _perr(file, f"markers.{value_shown(name)}", f"a marker's key must be a code path name, e.g. {example}")
+    key = f"markers.{key_shown(name)}"
     if known and name not in known:
         engine = getattr(profile, "kind", "") or "the engine"
         noun = getattr(profile, "path_noun", "") or "code path"
@@ -363,7 +363,7 @@ def _marker(file: str, name: Any, value: Any, profile) -> Marker:
             raise _perr(file, f"{key}.regex", f"{rx!r} matches an empty line, so it would match every line; "
                                               "make it match only the patched code's log line")
         return Marker(path=name, regex=rx)
-    raise _perr(file, key, f'expected a literal string or {{regex: "..."}}, got {_got(value)}')
+    raise _perr(file, key, f'expected a literal string or {{regex: "..."}}, got {value_shown(value)}')
 
 
 def _markers(file: str, node: Any, profile) -> Dict[str, Marker]:
@@ -371,14 +371,14 @@ def _markers(file: str, node: Any, profile) -> Dict[str, Marker]:
     if node is None:
         return {}
     if not isinstance(node, dict):
-        raise _perr(file, "markers", f"expected a mapping of code path -> marker, got {_got(node)}")
+        raise _perr(file, "markers", f"expected a mapping of code path -> marker, got {value_shown(node)}")
     markers: Dict[str, Marker] = {}
     for name, value in node.items():
         marker = _marker(file, name, value, profile)
         for other in markers.values():
             if (other.literal, other.regex) == (marker.literal, marker.regex):
-                raise _perr(file, f"markers.{_keyname(name)}",
-                            f"the same marker as markers.{_keyname(other.path)} ({marker.describe()}): a line it "
+                raise _perr(file, f"markers.{key_shown(name)}",
+                            f"the same marker as markers.{key_shown(other.path)} ({marker.describe()}): a line it "
                             f"matches would not tell {other.path} from {name}. Give each path a line that only "
                             "its own code logs")
         markers[name] = marker
@@ -388,7 +388,7 @@ def _markers(file: str, node: Any, profile) -> Dict[str, Marker]:
 def _spec(file: str, key: str, spec_text: Any) -> SpecifierSet:
     """A non-empty PEP 440 specifier string (`engine_versions`)."""
     if not isinstance(spec_text, str):
-        raise _perr(file, key, f"expected a PEP 440 specifier string such as \"==0.5.9\", got {_got(spec_text)} "
+        raise _perr(file, key, f"expected a PEP 440 specifier string such as \"==0.5.9\", got {value_shown(spec_text)} "
                                "(quote it)")
     try:
         spec = SpecifierSet(spec_text)
@@ -407,7 +407,7 @@ def _executed(file: str, value: Any) -> str:
     if value is False or value == "off":
         return "off"
     raise _perr(file, "executed", f"expected any (the default: the probe may judge execution) or off (markers "
-                                  f"alone), got {_got(value)}")
+                                  f"alone), got {value_shown(value)}")
 
 
 def _superseded(file: str, node: Any) -> Optional[Superseded]:
@@ -416,7 +416,7 @@ def _superseded(file: str, node: Any) -> Optional[Superseded]:
         return None
     if not isinstance(node, dict):
         raise _perr(file, "superseded", f'expected a mapping {{engine_versions: ">=...", use: "..."}}, '
-                                        f"got {_got(node)}")
+                                        f"got {value_shown(node)}")
     _refuse_unknown_keys(file, "superseded", node, _SUPERSEDED_KEYS)
     for k in _SUPERSEDED_KEYS:
         if node.get(k) is None:
@@ -431,7 +431,7 @@ def _unported(file: str, node: Any) -> Optional[Unported]:
     if node is None:
         return None
     if not isinstance(node, dict):
-        raise _perr(file, "unported", f'expected a mapping {{engine_versions: ">=...", why: "..."}}, got {_got(node)}')
+        raise _perr(file, "unported", f'expected a mapping {{engine_versions: ">=...", why: "..."}}, got {value_shown(node)}')
     _refuse_unknown_keys(file, "unported", node, _UNPORTED_KEYS)
     for k in _UNPORTED_KEYS:
         if node.get(k) is None:
@@ -572,7 +572,7 @@ def _read_manifest(folder: Path) -> tuple:
     if doc is None:
         raise _perr(file, None, "empty; expected name, engine, revisions, markers")
     if not isinstance(doc, dict):
-        raise _perr(file, None, f"expected a mapping at the top, got {_got(doc)}")
+        raise _perr(file, None, f"expected a mapping at the top, got {value_shown(doc)}")
     _refuse_unknown_keys(file, "", doc, _TOP_KEYS)
     for k in ("name", "engine", "revisions"):
         if doc.get(k) is None:
@@ -593,14 +593,14 @@ def _revision(m: _Manifest, i: int, node, seen: Dict[int, str], markers, asp) ->
     """One entry of `revisions`, its diff read and the path rules checked."""
     file, key = m.file, f"revisions[{i}]"
     if not isinstance(node, dict):
-        raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {_got(node)}")
+        raise _perr(file, key, f"expected a mapping with rev, diff, engine_versions, got {value_shown(node)}")
     _refuse_unknown_keys(file, key, node, _REV_KEYS)
     for k in _REV_KEYS:
         if node.get(k) is None:
             raise _perr(file, f"{key}.{k}", "required but missing")
     rev = node["rev"]
     if isinstance(rev, bool) or not isinstance(rev, int) or rev < 1:
-        raise _perr(file, f"{key}.rev", f"expected a positive integer, got {_got(rev)}")
+        raise _perr(file, f"{key}.rev", f"expected a positive integer, got {value_shown(rev)}")
     if rev in seen:
         raise _perr(file, f"{key}.rev", f"revision {rev} is listed twice (also {seen[rev]})")
     seen[rev] = key
@@ -637,11 +637,11 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     if asp is not None:
         if not isinstance(asp, str) or not asp.strip():
             raise _perr(file, "allow_single_path",
-                        f"expected a non-empty reason (a string), got {_got(asp)}")
+                        f"expected a non-empty reason (a string), got {value_shown(asp)}")
 
     revs_node = doc["revisions"]
     if not isinstance(revs_node, list):
-        raise _perr(file, "revisions", f"expected a list of {{rev, diff, engine_versions}}, got {_got(revs_node)}")
+        raise _perr(file, "revisions", f"expected a list of {{rev, diff, engine_versions}}, got {value_shown(revs_node)}")
     if not revs_node:
         raise _perr(file, "revisions", "no revisions listed")
     revisions: List[Revision] = []

@@ -153,6 +153,7 @@ class RollbackRequest(Request, total=False):
     package_dir: str
     name: str
     force: bool                 # restore even over a file changed since fleetpatch wrote it
+    restart_pending: bool       # the server never ran what is undone: its restart is pending after only as before
 
 
 class FollowRequest(Request, total=False):
@@ -175,6 +176,7 @@ class LedgerUpdate(TypedDict, total=False):
 class RecordRequest(Request, total=False):
     """Write a verification verdict into the ledger (follow-up of `follow`)."""
     ledger_update: LedgerUpdate
+    lock: LockClaim   # a run that holds no lock (verify-logs): the write is done under the host's lock, taken here
 
 
 # --------------------------------------------------------------- replies

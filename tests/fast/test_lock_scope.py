@@ -57,7 +57,7 @@ def inject_apply_reply(mp, lh):
 
 
 def inject_restart(mp, lh):
-    mp.setattr(steps.deploying, "launch_after_restart", boom)
+    mp.setattr(steps.restarting, "launch_after_restart", boom)
 
 
 def inject_follow(mp, lh):

@@ -6,26 +6,34 @@ import dataclasses
 import os
 import signal
 
+import pytest
 import yaml
 
 from support.localhost import free_port, job
+from fleetpatch_demo.routerproc import RouterProcess, router_command
 from fleetpatch import steps
+from fleetpatch.drain import Drainer
 from fleetpatch.errors import Status
 from fleetpatch.inventory import parse_inventory
 
 
-def two_servers(lh, **env):
-    """lh's host with servers s0 and s1: one install, two stand-ins on their own ports, logs and pidfiles."""
+def two_servers(lh, router=None, s1_port=None, **env):
+    """lh's host with servers s0 and s1: one install, two stand-ins on their own ports, logs and pidfiles
+    (`router`: the URL of a router in front of both)."""
     doc = lh.inventory()
     h = doc["hosts"][lh.name]
+    if router:
+        h["router"] = {"urls": [router]}
     one = h.pop("server")
     h["servers"] = {}
     for name in ("s0", "s1"):
-        port = lh.port if name == "s0" else free_port()
+        port = lh.port if name == "s0" else s1_port or free_port()
         rs = dict(one["restart"], start=one["restart"]["start"].replace(f"--port {lh.port}", f"--port {port}"),
                   pidfile=str(lh.root / "run" / f"{name}.pid"), env=dict(one["restart"]["env"], **env.get(name, {})))
         h["servers"][name] = {"log": str(lh.root / "logs" / f"{name}.log"), "health_url": f"http://127.0.0.1:{port}/health",
                               "ready_timeout": 20, "restart": rs}
+        if router:
+            h["servers"][name]["url"] = f"http://127.0.0.1:{port}"
     return parse_inventory(yaml.safe_dump(doc), file=str(lh.root / "hosts.yaml")).hosts[lh.name]
 
 
@@ -141,5 +149,102 @@ def test_on_failure_rollback_restores_the_install_and_restarts_each_server_that_
         before, after = (lh.root / "logs" / "s0.log").read_text().rsplit("server_args=", 1)
         assert "fleetpatch fixture v2-only-beacon" in before and "fleetpatch fixture v2-only-beacon" not in after
         assert not lh.ledger().get("restart_pending"), lh.ledger()
+    finally:
+        stop_all(lh)
+
+
+def test_a_redeploy_after_a_copytruncate_rotation_is_already_applied_on_each_server_as_on_a_one_server_host(lh):
+    """The log window of each server's last restart is gone (copytruncate), the processes fleetpatch
+    verified still run: already-applied, as a one-server host says, not a wait for lines that are gone."""
+    host = two_servers(lh)
+    try:
+        assert steps.deploy(job(lh, host=host)[0], host).ok
+        pids = {name: pid_of(lh, name) for name in ("s0", "s1")}
+        for name in ("s0", "s1"):
+            os.truncate(lh.root / "logs" / f"{name}.log", 0)
+        again = steps.deploy(job(lh, host=host, timeout=5)[0], host)
+        assert again.ok and again.status == Status.ALREADY_APPLIED, again.message
+        for name in ("s0", "s1"):
+            s = again.details["servers"][name]
+            assert s["status"] == "already-applied" and "no longer there to re-read" in s["message"], s
+        assert {name: pid_of(lh, name) for name in ("s0", "s1")} == pids, "nothing was restarted"
+    finally:
+        stop_all(lh)
+
+
+def test_on_failure_rollback_of_a_redeploy_that_restarted_nothing_restarts_every_server_that_runs_the_patch(lh):
+    """s0's window, judged again on a redeploy (nothing to write), holds a forbidden line: the host
+    fails and is rolled back. Both servers ran the patch since the first deploy: both are restarted
+    without it, and nothing is left pending."""
+    host = two_servers(lh)
+    try:
+        assert steps.deploy(job(lh, host=host)[0], host).ok
+        with open(lh.root / "logs" / "s0.log", "a") as log:
+            log.write("Traceback (most recent call last)\n")
+        r = steps.deploy(job(lh, host=host, timeout=5, on_failure="rollback")[0], host)
+        assert not r.ok and r.status == Status.ROLLED_BACK, r.message
+        assert r.details["rollback"]["ok"], r.details["rollback"]
+        assert set(r.details["rollback"]["message"].split("\n", 1)[0].split()) >= {"2", "servers"}, r.details
+        assert lh.is_pristine(), "the install's originals are back"
+        for name in ("s0", "s1"):
+            after = (lh.root / "logs" / f"{name}.log").read_text().rsplit("server_args=", 1)[1]
+            assert "fleetpatch spec-path-beacon" not in after, f"{name} was restarted without the patch"
+        ledger = lh.ledger()
+        assert not ledger["patches"] and not ledger["restart_pending"], ledger
+        assert not any(s["restart_pending"] for s in ledger["servers"].values()), ledger["servers"]
+    finally:
+        stop_all(lh)
+
+
+@pytest.fixture
+def router(tmp_path):
+    if router_command() is None:
+        pytest.skip("sglang-router is not installed (test extra)")
+    with RouterProcess(tmp_path / "router.log") as rp:
+        yield rp
+
+
+def up_pristine_behind(lh, router):
+    """Both servers up on the pristine install, the router listing s0 only: taking s0 out would
+    leave the router no healthy worker, so its take-out is refused; s1, not listed, is not."""
+    from fleetpatch.router import Router
+    port = free_port()
+    host, plain = two_servers(lh, router=router.url, s1_port=port), two_servers(lh, s1_port=port)
+    assert steps.deploy(job(lh, host=plain)[0], plain).ok and steps.rollback(job(lh, host=plain)[0], plain).ok
+    assert lh.is_pristine()
+    Router(router.url).add(host.servers[0][1].url, timeout=20)
+    return host
+
+
+@pytest.mark.parametrize("on_failure", ["keep", "rollback"])
+def test_a_router_refusal_after_the_install_was_written_says_so_and_the_other_server_is_still_handled(
+        lh, router, on_failure):
+    host = up_pristine_behind(lh, router)
+    try:
+        before = pid_of(lh, "s0")
+        r = steps.deploy(job(lh, host=host, on_failure=on_failure, drain=Drainer(drain_timeout=10))[0], host)
+        s0 = r.details["servers"]["s0"]
+        assert not r.ok and "refused, not touched" not in r.message and "not touched" not in s0["message"], r.message
+        assert s0["status"] == "router-error" and not s0["ok"], s0
+        assert "server s0 not restarted: its router step failed" in s0["message"], s0["message"]
+        assert "no healthy worker" in s0["message"], s0["message"]
+        assert pid_of(lh, "s0") == before, "s0 was never restarted"
+        if on_failure == "keep":
+            assert r.status == Status.ROUTER_ERROR, r.message
+            assert "the install is written (spec-path-beacon@1), but s0 was not restarted onto it" in s0["message"]
+            assert r.details["servers"]["s1"]["status"] == "verified", r.details["servers"]["s1"]["message"]
+            assert not lh.is_pristine()
+            assert lh.ledger()["servers"]["s0"]["restart_pending"] and not lh.ledger()["servers"]["s1"]["restart_pending"]
+            router.stop()   # a rollback whose router is gone: restored, and neither server restarted, said so
+            rb = steps.rollback(job(lh, host=host, drain=Drainer(drain_timeout=10))[0], host)
+            assert not rb.ok and rb.status == Status.ROUTER_ERROR and "not touched" not in rb.message, rb.message
+            assert lh.is_pristine()
+            for name in ("s0", "s1"):
+                assert f"the install is restored from spec-path-beacon@1, but {name} was not restarted" in \
+                    rb.details["servers"][name]["message"], rb.details["servers"][name]
+        else:   # s0 failed first: the install is restored; s1 had not run the patch, nothing to restart
+            assert r.status == Status.ROLLED_BACK and r.details["rollback"]["ok"], r.message
+            assert "s1" not in r.details["servers"], r.details["servers"]
+            assert lh.is_pristine() and not lh.ledger()["patches"]
     finally:
         stop_all(lh)

@@ -183,6 +183,24 @@ def test_rollback_of_stacked_patches_goes_newest_first_under_one_lock(lh2):
     assert lh.ledger()["patches"] == {}
 
 
+def test_rollback_of_stacked_patches_restarts_the_server_once_and_names_every_patch_undone(lh2):
+    """Each restart of a GPU server is a model load: the patches are restored newest first, and the
+    server restarted once, after the last; the result names both and checks both patches' markers."""
+    lh = lh2
+    assert steps.deploy(job(lh, "dynamic-spec-disable")[0], lh.host()).ok
+    assert steps.deploy(job(lh, "v2-only-beacon")[0], lh.host()).ok
+    starts = lh.log.read_text().count("server_args=")
+    r = steps.rollback(job(lh, None)[0], lh.host())
+    assert r.status == "rolled-back", r.message
+    assert lh.log.read_text().count("server_args=") == starts + 1, "one restart for the host's rollback"
+    head = r.message.splitlines()[0]
+    assert "v2-only-beacon@1" in head and "dynamic-spec-disable@" in head, r.message
+    assert head.index("v2-only-beacon") < head.index("dynamic-spec-disable"), "newest first"
+    assert lh.is_pristine() and not lh.lock.exists() and lh.ledger()["patches"] == {}
+    assert not lh.ledger()["restart_pending"]
+    assert r.round_trips == 4, r.round_trips   # probe+lock, the first restore, the last with its restart, follow
+
+
 def test_rollback_with_nothing_recorded_says_so(lh):
     r = steps.rollback(job(lh, None)[0], lh.host())
     assert r.ok and "nothing to roll back" in r.message
@@ -200,6 +218,33 @@ def test_verify_logs_rereads_the_last_restart_window_without_a_lock(lh):
     assert r.status == "verified" and r.executed_path == "EAGLEWorker", r.message
     assert r.round_trips == 2 and not lh.lock.exists()
     assert lh.ledger()["last_verification"]["at"] != before, "the verdict is recorded"
+
+
+def test_verify_logs_writes_the_ledger_only_under_the_hosts_lock_and_says_locked_while_another_run_holds_it(lh):
+    """verify-logs holds no lock while it reads; its verdict's read-modify-write of the ledger is done
+    under the host's lock, so it can neither lose nor bring back an entry of a deploy or rollback
+    that holds it: then nothing is written, and the host is `locked`."""
+    from fleetpatch.steps.context import connect, new_run
+    j, host = job(lh)
+    assert steps.deploy(j, host).ok
+    before = (lh.state / "ledger.json").read_bytes()
+    other = new_run(job(lh)[0], host)   # another run (its own token), holding the lock
+    connect(other)
+    try:
+        with steps.HostLock(other.remote, host, other.job, "deploy-patch --patch spec-path-beacon") as held:
+            held.probe([], content=False)
+            r = steps.verify_logs(job(lh, None)[0], host)
+            assert not r.ok and r.status == "locked", r.message
+            assert "locked by a live fleetpatch run" in r.message and "was not recorded" in r.message, r.message
+            assert "judged (verified)" in r.message, r.message
+            assert (lh.state / "ledger.json").read_bytes() == before, "nothing written without the lock"
+            assert json.loads(lh.lock.read_text())["token"] == other.job.token, "the other run's lock is kept"
+    finally:
+        other.remote.close()
+    assert not lh.lock.exists()
+    r = steps.verify_logs(job(lh, None)[0], host)
+    assert r.ok and r.status == "verified" and r.round_trips == 2, r.message
+    assert (lh.state / "ledger.json").read_bytes() != before and not lh.lock.exists(), "recorded, lock released"
 
 
 def test_verify_logs_on_a_host_never_restarted_says_deploy_first(lh):

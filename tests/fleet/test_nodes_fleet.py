@@ -216,3 +216,50 @@ def test_a_rollout_counts_a_node_group_as_one_unit(nop, nfleet):
     assert run.code == 0, run
     assert run.report["stages"] == [["b0", "b1"], ["p1"]]   # the group is the canary, then p1
     assert {n: run.host(n)["status"] for n in ["b0", "b1", "p1"]} == {n: "verified" for n in ["b0", "b1", "p1"]}
+
+
+def ledger_of(fleet, name):
+    return json.loads((fleet.hosts[name].state_dir / "ledger.json").read_text())
+
+
+def test_a_rank_whose_write_fails_under_on_failure_rollback_leaves_no_rank_said_restarted_or_pending(nop, nfleet):
+    """rank 1's file is immutable: its write fails after rank 0's. Rank 0 is restored before any
+    restart: it never ran the patch, so it is not said to be restarted, nor left restart-pending."""
+    before = pids(nfleet)
+    target = nfleet.hosts["b1"].site_packages / FILES[1]
+    subprocess.run(["chattr", "+i", str(target)], check=True)
+    try:
+        run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP, "--on-failure", "rollback")
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
+    assert run.code == 1, run
+    b0, b1 = run.host("b0"), run.host("b1")
+    assert b0["status"] == "rolled-back" and "written, then restored to its originals" in b0["message"], b0["message"]
+    for host in (b0, b1):
+        assert "restarted without the patch" not in host["message"], host["message"]
+    assert b1["status"] != "rolled-back" and "rank 1 (b1)" in b0["message"], b1["message"]
+    assert pids(nfleet) == before, "no rank was restarted"
+    for name in RANKS:
+        assert installed(nfleet, name) == PRISTINE, name
+        ledger = ledger_of(nfleet, name)
+        assert "spec-path-beacon" not in ledger["patches"] and not ledger["restart_pending"], (name, ledger)
+
+
+def test_a_rank_that_cannot_start_leaves_the_ranks_started_before_it_said_started(nop, nfleet):
+    """rank 1's start command cannot run: rank 0 was started (on the patch) before it, and its result
+    says so, not that the group was not restarted; the same in the rollback that follows."""
+    doc = nop.inventory()
+    restart = doc["hosts"]["b1"]["server"]["restart"]
+    restart["start"] = "/nonexistent/python3 " + restart["start"].split(" ", 1)[1]
+    nop.write_inventory(doc)
+    run = nop.run("deploy-patch", "--patch", "spec-path-beacon", "--group", GROUP, "--timeout", "20",
+                  "--on-failure", "rollback")
+    assert run.code == 1, run
+    b0, b1 = run.host("b0"), run.host("b1")
+    assert b1["status"] == "restart-failed" and "/nonexistent/python3" in b1["message"], b1["message"]
+    assert "was not restarted" not in b0["message"], b0["message"]
+    assert "started on spec-path-beacon@1, but node group kimi-2n is not whole: the start of rank 1 (b1) failed" \
+        in b0["message"], b0["message"]
+    assert "started without spec-path-beacon@1" in b0["rollback"]["message"], b0["rollback"]
+    assert "the files are restored on every rank" in b0["rollback"]["message"], b0["rollback"]
+    assert all(installed(nfleet, name) == PRISTINE for name in RANKS)

@@ -268,7 +268,8 @@ def op_rollback(state, req):
         rolled["record"] = entry["record"]
     ledger.setdefault("rolled_back", {})[req["name"]] = rolled
     if changes:  # a patch whose files are all original already needs no restart to undo it
-        ledger["restart_pending"] = True
+        # (nor one that the running server never ran: the laptop says what was pending before its write)
+        ledger["restart_pending"] = bool(req.get("restart_pending", True))
         # the originals are back: recorded before a restart that may fail
         write_with_ledger(req, root, changes, previous, ledger, backups=False)
     else:
@@ -291,7 +292,21 @@ def op_unlock(state, req):
 
 
 def op_record(state, req):
-    """Write a verification verdict into the ledger."""
+    """Write a verification verdict into the ledger. With a lock claim (a run that holds no
+    lock: verify-logs) the read-modify-write is done under the host's lock, taken and released
+    here; another run's lock there: nothing written, that lock returned."""
+    claim = req.get("lock")
+    if not claim:
+        return record_verdict(state, req)
+    if not take_lock(state, req, claim):
+        return {"recorded": False, "lock": read_lock(req)}
+    try:
+        return record_verdict(state, req)
+    finally:
+        release_lock(state, req)
+
+
+def record_verdict(state, req):
     update = req.get("ledger_update") or {}
     ledger = load_ledger(req)
     for name, verification in (update.get("verification") or {}).items():

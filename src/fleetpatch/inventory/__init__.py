@@ -23,8 +23,8 @@ from ..errors import UsageError
 from ..router import RouterConf, SmokeConf, build_router_conf, check_router_section
 from .nodes import parse_nodes, refuse_partial
 from .checks import (InventoryError, ENV_VAR, DEFAULT_STATE_DIR_ROOT, DEFAULT_STATE_DIR_USER, RESTART_KINDS,
-                     RUNTIMES, CONTAINER_LOG, HOST_AGENT_PYTHON, _GATEWAY, _HOST_NAME, _HOST_SCHEMA, _V,
-                     _check_section, _did_you_mean, _expand, _got, _keyname, _merge, _names, _or, load_yaml)
+                     RUNTIMES, CONTAINER_LOG, HOST_AGENT_PYTHON, GATEWAY_RE, HOST_NAME_RE, HOST_SCHEMA, Checker,
+                     check_section, did_you_mean, expand_user, value_shown, key_shown, deep_merge, listed_names, or_default, load_yaml)
 
 
 __all__ = [
@@ -149,8 +149,8 @@ class Inventory:
             return [self.hosts[n] for n in self.node_groups[name]]
         if name not in self.groups:
             known = [*self.groups, *self.node_groups]
-            raise UsageError(f"unknown group {name!r}{_did_you_mean(name, known)}; "
-                             f"groups in {self.path}: {_names(['all', *known])}")
+            raise UsageError(f"unknown group {name!r}{did_you_mean(name, known)}; "
+                             f"groups in {self.path}: {listed_names(['all', *known])}")
         members = set(self.groups[name])
         return [h for n, h in self.hosts.items() if n in members]
 
@@ -166,7 +166,7 @@ class Inventory:
         if hosts is None and group is None:
             if changes_hosts:
                 raise UsageError("say which hosts to change: --hosts a,b or --group G "
-                                 f"(--group all for every host; groups: {_names(['all', *self.groups])})")
+                                 f"(--group all for every host; groups: {listed_names(['all', *self.groups])})")
             return list(self.hosts.values())
         if group is not None:
             chosen = self.group(group)
@@ -177,17 +177,17 @@ class Inventory:
             return chosen
         names = [n.strip() for n in hosts.split(",")]
         if not any(names):
-            raise UsageError(f"--hosts {hosts!r} names no host; known hosts: {_names(self.hosts)}")
+            raise UsageError(f"--hosts {hosts!r} names no host; known hosts: {listed_names(self.hosts)}")
         if not all(names):
             # `a,,b` is a name left out by mistake, not a shorter list: nothing is selected from it
             raise UsageError(f"--hosts {hosts!r}: host name {names.index('') + 1} of {len(names)} is empty; "
                              "separate the names with single commas, e.g. --hosts a,b")
         unknown = [n for n in names if n not in self.hosts]
         if unknown:
-            hint = _did_you_mean(unknown[0], self.hosts)
+            hint = did_you_mean(unknown[0], self.hosts)
             raise UsageError(
                 f"unknown host{'s' if len(unknown) > 1 else ''} {', '.join(repr(n) for n in unknown)}{hint}; "
-                f"known hosts in {self.path}: {_names(self.hosts)}")
+                f"known hosts in {self.path}: {listed_names(self.hosts)}")
         wanted = set(names)
         chosen = [h for n, h in self.hosts.items() if n in wanted]
         if changes_hosts:
@@ -213,7 +213,7 @@ def units_of(hosts: Sequence[Host]) -> List[List[Host]]:
     return out
 
 
-def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] = None) -> Host:
+def _build_host(v: Checker, name: str, d: dict, router_at: Optional[Dict[str, str]] = None) -> Host:
     pre = f"hosts.{name}"
     if d.get("address") is None:
         raise v.fail(f"{pre}.address", f"required but missing (set it under hosts.{name})")
@@ -229,7 +229,7 @@ def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] =
         if container:
             raise v.fail(f"{pre}.servers", "several servers on a container host are not supported: one "
                                            "container runs one server; list each container as a host")
-        servers = tuple((s, _build_server(v, name, f"servers.{s}", _merge(d.get("server") or {}, conf), engine,
+        servers = tuple((s, _build_server(v, name, f"servers.{s}", deep_merge(d.get("server") or {}, conf), engine,
                                         engine_d))
                         for s, conf in d["servers"].items())
         _check_distinct(v, pre, servers)
@@ -250,15 +250,15 @@ def _build_host(v: _V, name: str, d: dict, router_at: Optional[Dict[str, str]] =
         servers=servers,
         user=user,
         port=d.get("port"),
-        identity_file=_expand(d.get("identity_file")),
-        known_hosts=_expand(d.get("known_hosts")),
-        connect_timeout=_or(d.get("connect_timeout"), 10),
+        identity_file=expand_user(d.get("identity_file")),
+        known_hosts=expand_user(d.get("known_hosts")),
+        connect_timeout=or_default(d.get("connect_timeout"), 10),
         gateway=d.get("gateway"),
         router=routers[0],
     )
 
 
-def _build_server(v: _V, name: str, where: str, server_d: dict, engine: EngineConf, engine_d: dict) -> ServerConf:
+def _build_server(v: Checker, name: str, where: str, server_d: dict, engine: EngineConf, engine_d: dict) -> ServerConf:
     """One server of host `name`, written at hosts.<name>.<where> (server, or servers.<s>)."""
     pre = f"hosts.{name}"
     container = engine.container
@@ -272,9 +272,9 @@ def _build_server(v: _V, name: str, where: str, server_d: dict, engine: EngineCo
                      "server of the host")
         raise v.fail(f"{pre}.{where}.{at}", f"required but missing ({hint})")
 
-    log = _or(server_d.get("log"), CONTAINER_LOG) if container else need(server_d, "log", "log")
+    log = or_default(server_d.get("log"), CONTAINER_LOG) if container else need(server_d, "log", "log")
     restart_d = server_d.get("restart") or {} if container else need(server_d, "restart", "restart")
-    kind = _or(restart_d.get("kind"), "container") if container else need(restart_d, "kind", "restart.kind")
+    kind = or_default(restart_d.get("kind"), "container") if container else need(restart_d, "kind", "restart.kind")
     _check_container_host(v, pre, engine, log, kind, engine_d)
     rpre = f"{pre}.{where}.restart"
     required = {"command": ("start", "pidfile"), "systemd": ("unit",), "supervisor": ("program",),
@@ -293,17 +293,17 @@ def _build_server(v: _V, name: str, where: str, server_d: dict, engine: EngineCo
         env=dict(restart_d.get("env") or {}),
         workdir=restart_d.get("workdir"),
         pidfile=restart_d.get("pidfile"),
-        stop_grace=_or(restart_d.get("stop_grace"), 10),
+        stop_grace=or_default(restart_d.get("stop_grace"), 10),
         unit=restart_d.get("unit"),
         program=restart_d.get("program"),
         config=restart_d.get("config"),
     )
     return ServerConf(log=log, restart=restart, health_url=server_d.get("health_url"),
-                      ready_timeout=_or(server_d.get("ready_timeout"), 1800), url=server_d.get("url"),
+                      ready_timeout=or_default(server_d.get("ready_timeout"), 1800), url=server_d.get("url"),
                       smoke=SmokeConf(**(server_d.get("smoke") or {})))
 
 
-def _check_distinct(v: _V, pre: str, servers: Tuple[Tuple[str, ServerConf], ...]) -> None:
+def _check_distinct(v: Checker, pre: str, servers: Tuple[Tuple[str, ServerConf], ...]) -> None:
     """Two servers of one host never share a log, a pidfile, a unit or a URL: each is restarted and
     judged on its own, by what is its own."""
     seen: Dict[Tuple[str, Any], str] = {}
@@ -328,13 +328,13 @@ def _engine_conf(engine_d: dict, user: Optional[str], python: Optional[str]) -> 
     state_dir = engine_d.get("state_dir") or (DEFAULT_STATE_DIR_ROOT if user == "root" else DEFAULT_STATE_DIR_USER)
     if container:
         state_dir = f"{state_dir.rstrip('/') or '/'}/containers/{container}"
-    return EngineConf(kind=_or(engine_d.get("kind"), "sglang"), python=_or(python, _or(engine_d.get("python"),
+    return EngineConf(kind=or_default(engine_d.get("kind"), "sglang"), python=or_default(python, or_default(engine_d.get("python"),
                                                                                      HOST_AGENT_PYTHON)),
-                      state_dir=state_dir, container=container, runtime=_or(engine_d.get("runtime"), "docker"),
+                      state_dir=state_dir, container=container, runtime=or_default(engine_d.get("runtime"), "docker"),
                       probe=engine_d.get("probe") is not False)
 
 
-def _check_container_host(v: "_V", pre: str, engine: EngineConf, log: str, kind: str, engine_d: dict) -> None:
+def _check_container_host(v: "Checker", pre: str, engine: EngineConf, log: str, kind: str, engine_d: dict) -> None:
     """The keys that only make sense together with engine.container, and the ones that cannot go with it."""
     if not engine.container:
         if kind == "container":
@@ -355,7 +355,7 @@ def _check_container_host(v: "_V", pre: str, engine: EngineConf, log: str, kind:
                                           "container's output: give the path of its log file inside the container")
 
 
-def _resolve_gateway(v: _V, host: Host, hosts: Dict[str, Host], written_at: str) -> Optional[Jump]:
+def _resolve_gateway(v: Checker, host: Host, hosts: Dict[str, Host], written_at: str) -> Optional[Jump]:
     gw = host.gateway
     if not gw:
         return None
@@ -369,7 +369,7 @@ def _resolve_gateway(v: _V, host: Host, hosts: Dict[str, Host], written_at: str)
             raise v.fail(key, f"the gateway host {gw!r} has a gateway of its own ({other.gateway!r}); "
                               "chained gateways are not supported")
         return Jump(address=other.address, user=other.user, port=other.port, host=gw)
-    m = _GATEWAY.match(gw)
+    m = GATEWAY_RE.match(gw)
     if not m:
         raise v.fail(key, f"expected 'user@host:port' (user and port optional) or the name of an inventory host, "
                           f"got {gw!r}")
@@ -385,7 +385,7 @@ def _resolve_gateway(v: _V, host: Host, hosts: Dict[str, Host], written_at: str)
 _GROUP_KEYS = ("hosts", "router")
 
 
-def _parse_groups(v: "_V", groups_node, host_names) -> Tuple[Dict[str, List[str]], Dict[str, Optional[dict]]]:
+def _parse_groups(v: "Checker", groups_node, host_names) -> Tuple[Dict[str, List[str]], Dict[str, Optional[dict]]]:
     """groups: name -> list of known host names (each once), and name -> its router section
     as written (checked), for the groups that set one (None: `router: null`, "no router").
 
@@ -396,17 +396,17 @@ def _parse_groups(v: "_V", groups_node, host_names) -> Tuple[Dict[str, List[str]
         return groups, routers
     groups_node = v.mapping("groups", groups_node)
     for gname, node in groups_node.items():
-        key = f"groups.{_keyname(gname)}"
+        key = f"groups.{key_shown(gname)}"
         if gname == "all":
             raise v.fail(key, "'all' is every host and cannot be defined; choose another group name")
-        if not _HOST_NAME.match(gname):
+        if not HOST_NAME_RE.match(gname):
             raise v.fail(key, "not a usable group name (letters, digits, '.', '-', '_')")
         members, members_key = node, key
         if isinstance(node, dict):
             node = v.mapping(key, node)
             for k in node:
                 if k not in _GROUP_KEYS:
-                    raise v.fail(f"{key}.{_keyname(k)}", f"unknown key{_did_you_mean(k, _GROUP_KEYS)}; "
+                    raise v.fail(f"{key}.{key_shown(k)}", f"unknown key{did_you_mean(k, _GROUP_KEYS)}; "
                                                          "known keys here: hosts, router")
             members, members_key = node.get("hosts"), f"{key}.hosts"
             if "router" in node:
@@ -417,21 +417,21 @@ def _parse_groups(v: "_V", groups_node, host_names) -> Tuple[Dict[str, List[str]
             members = []
         if not isinstance(members, list):
             hint = "" if members_key.endswith(".hosts") else " (or a mapping {hosts: [...], router: {...}})"
-            raise v.fail(members_key, f"expected a list of host names, got {_got(members)}{hint}")
+            raise v.fail(members_key, f"expected a list of host names, got {value_shown(members)}{hint}")
         names: List[str] = []
         for i, m in enumerate(members):
             if not isinstance(m, str):
-                raise v.fail(f"{members_key}[{i}]", f"expected a host name, got {_got(m)}")
+                raise v.fail(f"{members_key}[{i}]", f"expected a host name, got {value_shown(m)}")
             if m not in host_names:
-                raise v.fail(f"{members_key}[{i}]", f"unknown host {m!r}{_did_you_mean(m, host_names)}; "
-                                                    f"hosts: {_names(host_names)}")
+                raise v.fail(f"{members_key}[{i}]", f"unknown host {m!r}{did_you_mean(m, host_names)}; "
+                                                    f"hosts: {listed_names(host_names)}")
             if m not in names:
                 names.append(m)
         groups[gname] = names
     return groups, routers
 
 
-def _group_router(v: "_V", name: str, groups: Dict[str, List[str]],
+def _group_router(v: "Checker", name: str, groups: Dict[str, List[str]],
                   routers: Dict[str, Optional[dict]]) -> Optional[Tuple[str, Optional[dict]]]:
     """(group, router section) that a host gets from its groups, or None; two of its groups
     setting different routers is an error (neither may silently win)."""
@@ -464,19 +464,19 @@ def _router_origin(name: str, raw: dict, group: Optional[Tuple[str, Optional[dic
 
 def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = None) -> Inventory:
     """Validate the text of a hosts.yaml; `file` is how messages name it."""
-    v = _V(file)
+    v = Checker(file)
     doc = load_yaml(text, file, InventoryError)
     if doc is None:
         raise v.fail(None, "the inventory is empty; expected a mapping with 'hosts:' (and optionally "
                            "'defaults:' and 'groups:')")
     if not isinstance(doc, dict):
-        raise v.fail(None, f"expected a mapping with 'hosts:' at the top, got {_got(doc)}")
+        raise v.fail(None, f"expected a mapping with 'hosts:' at the top, got {value_shown(doc)}")
     for k in doc:
         if k not in ("defaults", "groups", "hosts", "nodes"):
-            hint = _did_you_mean(str(k), ("defaults", "groups", "hosts", "nodes"))
-            raise v.fail(_keyname(k), f"unknown key{hint}; the top level has defaults, groups, nodes and hosts")
+            hint = did_you_mean(str(k), ("defaults", "groups", "hosts", "nodes"))
+            raise v.fail(key_shown(k), f"unknown key{hint}; the top level has defaults, groups, nodes and hosts")
 
-    defaults = _check_section(v, "defaults", doc.get("defaults") or {}, _HOST_SCHEMA)
+    defaults = check_section(v, "defaults", doc.get("defaults") or {}, HOST_SCHEMA)
     if defaults.get("servers"):
         raise v.fail("defaults.servers", "servers are named per host (hosts.<name>.servers); keys every server "
                                          "shares go under defaults.server")
@@ -490,8 +490,8 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
 
     names_ok = {}
     for name in hosts_node:
-        if not _HOST_NAME.match(name) or name == "all":
-            raise v.fail(f"hosts.{_keyname(name)}", "not a usable host name (letters, digits, '.', '-', '_'; not 'all')")
+        if not HOST_NAME_RE.match(name) or name == "all":
+            raise v.fail(f"hosts.{key_shown(name)}", "not a usable host name (letters, digits, '.', '-', '_'; not 'all')")
         names_ok[name] = True
     groups, group_routers = _parse_groups(v, doc.get("groups"), names_ok)
 
@@ -499,12 +499,12 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
     written: Dict[str, str] = {}
     router_at: Dict[str, Dict[str, str]] = {}
     for name, section in hosts_node.items():
-        key = f"hosts.{_keyname(name)}"
-        raw = _check_section(v, key, section if section is not None else {}, _HOST_SCHEMA)
+        key = f"hosts.{key_shown(name)}"
+        raw = check_section(v, key, section if section is not None else {}, HOST_SCHEMA)
         group = _group_router(v, name, groups, group_routers)
         # precedence host > group > defaults; mappings merge key by key, as with defaults
-        merged = _merge(defaults, {"router": group[1]}) if group is not None else defaults
-        merged = _merge(merged, raw)
+        merged = deep_merge(defaults, {"router": group[1]}) if group is not None else defaults
+        merged = deep_merge(merged, raw)
         router_at[name] = _router_origin(name, raw, group)
         hosts[name] = _build_host(v, name, merged, router_at[name])
         written[name] = key if "gateway" in raw else "defaults"
@@ -533,13 +533,13 @@ def parse_inventory(text: str, file: str = "hosts.yaml", path: Optional[Path] = 
                      node_groups=node_groups)
 
 
-def _resolve_via(v: "_V", host: Host, hosts: Dict[str, Host], written_at: str) -> RouterConf:
+def _resolve_via(v: "Checker", host: Host, hosts: Dict[str, Host], written_at: str) -> RouterConf:
     """The router section with its via host's record attached (what the tunnel connects to)."""
     via = host.router.via
     key = f"{written_at}.via"
     if via not in hosts:
-        raise v.fail(key, f"unknown host {via!r}{_did_you_mean(via, hosts)}; router.via names the inventory "
-                          f"host to reach the router through; hosts: {_names(hosts)}")
+        raise v.fail(key, f"unknown host {via!r}{did_you_mean(via, hosts)}; router.via names the inventory "
+                          f"host to reach the router through; hosts: {listed_names(hosts)}")
     target = hosts[via]
     peers = {via: target}
     if target.jump is not None and target.jump.host:

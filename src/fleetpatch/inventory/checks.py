@@ -31,13 +31,13 @@ class InventoryError(UsageError):
         super().__init__(f"{file}: {key}: {reason}" if key else f"{file}: {reason}")
 
 
-def _names(names) -> str:
+def listed_names(names) -> str:
     names = list(names)
     shown = ", ".join(names[:20])
     return shown + (f", … ({len(names)} in all)" if len(names) > 20 else "")
 
 
-def _did_you_mean(word: str, choices) -> str:
+def did_you_mean(word: str, choices) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -109,7 +109,7 @@ def load_yaml(text: str, origin: str, error: Callable[[str, Optional[str], str],
 # --------------------------------------------------------------------------- validation
 
 
-def _got(value: Any) -> str:
+def value_shown(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -126,14 +126,14 @@ def _got(value: Any) -> str:
 _ODD_KEY = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _keyname(key: Any) -> str:
+def key_shown(key: Any) -> str:
     """A key as messages show it: as written, quoted when empty, padded or holding control characters."""
     if isinstance(key, str):
         return key if key and key == key.strip() and not _ODD_KEY.search(key) else repr(key)
-    return _got(key)
+    return value_shown(key)
 
 
-class _V:
+class Checker:
     """Validation context: the file name for messages."""
 
     def __init__(self, file: str):
@@ -146,21 +146,21 @@ class _V:
     def string(self, key: str, v: Any, *, empty_ok: bool = False) -> str:
         if not isinstance(v, str):
             hint = " (quote it)" if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
-            raise self.fail(key, f"expected a string, got {_got(v)}{hint}")
+            raise self.fail(key, f"expected a string, got {value_shown(v)}{hint}")
         if not empty_ok and not v.strip():
             raise self.fail(key, "must not be empty")
         return v
 
     def integer(self, key: str, v: Any, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(key, f"expected an integer, got {_got(v)}")
+            raise self.fail(key, f"expected an integer, got {value_shown(v)}")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             raise self.fail(key, f"expected an integer from {lo} to {hi}, got {v}")
         return v
 
     def number(self, key: str, v: Any, *, positive: bool = True) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(key, f"expected a number of seconds, got {_got(v)}")
+            raise self.fail(key, f"expected a number of seconds, got {value_shown(v)}")
         if v != v or v in (float("inf"), float("-inf")):
             raise self.fail(key, f"expected a finite number of seconds, got {v}")
         if positive and v <= 0:
@@ -171,26 +171,26 @@ class _V:
 
     def mapping(self, key: str, v: Any) -> dict:
         if not isinstance(v, dict):
-            raise self.fail(key, f"expected a mapping, got {_got(v)}")
+            raise self.fail(key, f"expected a mapping, got {value_shown(v)}")
         for k in v:
             if not isinstance(k, str):
                 hint = (" (YAML reads yes/no/on/off/true/false as booleans: quote the key)"
                         if isinstance(k, bool) else " (quote the key)")
-                raise self.fail(f"{key}.{_got(k)}" if key else _got(k), f"keys must be strings, got {_got(k)}{hint}")
+                raise self.fail(f"{key}.{value_shown(k)}" if key else value_shown(k), f"keys must be strings, got {value_shown(k)}{hint}")
         return v
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-_GATEWAY = re.compile(r"^(?:(?P<user>[^@\s:/\[\]]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<port>\d+))?$")
+HOST_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+GATEWAY_RE = re.compile(r"^(?:(?P<user>[^@\s:/\[\]]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::(?P<port>\d+))?$")
 
 
-def _env(v: _V, key: str, value: Any) -> Dict[str, str]:
+def _env(v: Checker, key: str, value: Any) -> Dict[str, str]:
     value = v.mapping(key, value)
     out = {}
     for name, val in value.items():
-        k = f"{key}.{_keyname(name)}"
+        k = f"{key}.{key_shown(name)}"
         if not _ENV_NAME.match(name):
             raise v.fail(k, "not a valid environment variable name (letters, digits and _, not starting with a digit)")
         if isinstance(val, bool):
@@ -198,7 +198,7 @@ def _env(v: _V, key: str, value: Any) -> Dict[str, str]:
         elif isinstance(val, (int, float, str)):
             out[name] = str(val)
         else:
-            raise v.fail(k, f"expected a string, got {_got(val)}")
+            raise v.fail(k, f"expected a string, got {value_shown(val)}")
     return out
 
 
@@ -212,14 +212,14 @@ _SERVER_SCHEMA = {"log": "str", "health_url": "url", "ready_timeout": "num", "re
                   "url": "url", "smoke": "smoke"}
 _ENGINE_SCHEMA = {"kind": "engine_kind", "python": "str", "state_dir": "str", "probe": "bool",
                   "container": "container", "runtime": "runtime"}
-_HOST_SCHEMA = {
+HOST_SCHEMA = {
     "address": "str", "user": "str", "port": "port", "identity_file": "str", "known_hosts": "str",
     "connect_timeout": "num", "gateway": "gateway", "engine": _ENGINE_SCHEMA, "server": _SERVER_SCHEMA,
     "servers": "servers", "router": "router",
 }
 
 
-def _check_engine_kind(v: _V, key: str, value: Any) -> str:
+def _check_engine_kind(v: Checker, key: str, value: Any) -> str:
     value = v.string(key, value)
     try:
         from ..engines import KINDS as kinds  # the registry's names; importing no profile
@@ -230,7 +230,7 @@ def _check_engine_kind(v: _V, key: str, value: Any) -> str:
     return value
 
 
-def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
+def _check_scalar(v: Checker, key: str, kind: str, value: Any) -> Any:
     if kind == "str":
         return v.string(key, value)
     if kind == "port":
@@ -243,12 +243,12 @@ def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
         return _env(v, key, value)
     if kind == "bool":
         if not isinstance(value, bool):
-            raise v.fail(key, f"expected true or false, got {_got(value)}")
+            raise v.fail(key, f"expected true or false, got {value_shown(value)}")
         return value
     if kind == "restart_kind":
         value = v.string(key, value)
         if value not in RESTART_KINDS:
-            raise v.fail(key, f"expected one of {', '.join(RESTART_KINDS)}{_did_you_mean(value, RESTART_KINDS)}, "
+            raise v.fail(key, f"expected one of {', '.join(RESTART_KINDS)}{did_you_mean(value, RESTART_KINDS)}, "
                               f"got {value!r}")
         return value
     if kind == "engine_kind":
@@ -256,7 +256,7 @@ def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
     if kind == "runtime":
         value = v.string(key, value)
         if value not in RUNTIMES:
-            raise v.fail(key, f"expected one of {', '.join(RUNTIMES)}{_did_you_mean(value, RUNTIMES)}, got {value!r}")
+            raise v.fail(key, f"expected one of {', '.join(RUNTIMES)}{did_you_mean(value, RUNTIMES)}, got {value!r}")
         return value
     if kind == "container":
         value = v.string(key, value)
@@ -279,7 +279,7 @@ def _check_scalar(v: _V, key: str, kind: str, value: Any) -> Any:
     raise AssertionError(kind)  # pragma: no cover
 
 
-def _check_servers(v: _V, key: str, value: Any) -> dict:
+def _check_servers(v: Checker, key: str, value: Any) -> dict:
     """`servers:`: server name -> the keys of `server`, in file order."""
     node = v.mapping(key, value)
     if not node:
@@ -287,20 +287,20 @@ def _check_servers(v: _V, key: str, value: Any) -> dict:
                           "or use `server:` for a host with one server")
     out = {}
     for name, section in node.items():
-        if not isinstance(name, str) or not _HOST_NAME.match(name):
-            raise v.fail(f"{key}.{_keyname(name)}", "not a usable server name (letters, digits, '.', '-', '_')")
-        out[name] = _check_section(v, f"{key}.{name}", section if section is not None else {}, _SERVER_SCHEMA)
+        if not isinstance(name, str) or not HOST_NAME_RE.match(name):
+            raise v.fail(f"{key}.{key_shown(name)}", "not a usable server name (letters, digits, '.', '-', '_')")
+        out[name] = check_section(v, f"{key}.{name}", section if section is not None else {}, _SERVER_SCHEMA)
     return out
 
 
-def _check_section(v: _V, prefix: str, node: Any, schema: dict) -> dict:
+def check_section(v: Checker, prefix: str, node: Any, schema: dict) -> dict:
     """Types and unknown keys of one section as written; None for a key means "not set" (dropped)."""
     node = v.mapping(prefix, node)
     out = {}
     for k, value in node.items():
-        key = f"{prefix}.{_keyname(k)}" if prefix else _keyname(k)
+        key = f"{prefix}.{key_shown(k)}" if prefix else key_shown(k)
         if k not in schema:
-            hint = _did_you_mean(k, schema)
+            hint = did_you_mean(k, schema)
             raise v.fail(key, f"unknown key{hint}; known keys here: {', '.join(schema)}")
         kind = schema[k]
         if value is None:
@@ -308,25 +308,25 @@ def _check_section(v: _V, prefix: str, node: Any, schema: dict) -> dict:
                 out[k] = None  # "not set": overrides a default
             continue
         if isinstance(kind, dict):
-            out[k] = _check_section(v, key, value, kind)
+            out[k] = check_section(v, key, value, kind)
         else:
             out[k] = _check_scalar(v, key, kind, value)
     return out
 
 
-def _merge(base: dict, over: dict) -> dict:
+def deep_merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], value)
+            out[k] = deep_merge(out[k], value)
         else:
             out[k] = value
     return out
 
 
-def _or(value: Any, default: Any) -> Any:
+def or_default(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def _expand(path: Optional[str]) -> Optional[str]:
+def expand_user(path: Optional[str]) -> Optional[str]:
     return os.path.expanduser(path) if path else path

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Dict, List, Sequence, Tuple
 
 from ..errors import UsageError
-from .checks import _HOST_NAME, _V, _did_you_mean, _got, _keyname, _names
+from .checks import HOST_NAME_RE, Checker, did_you_mean, value_shown, key_shown, listed_names
 
 NODE_KEYS = ("hosts",)
 
 
-def parse_nodes(v: _V, node, hosts: dict, groups: Dict[str, List[str]]) -> Dict[str, Tuple[str, ...]]:
+def parse_nodes(v: Checker, node, hosts: dict, groups: Dict[str, List[str]]) -> Dict[str, Tuple[str, ...]]:
     """nodes: name -> its hosts in node-rank order (rank 0 first), each checked."""
     if node is None:
         return {}
@@ -24,8 +24,8 @@ def parse_nodes(v: _V, node, hosts: dict, groups: Dict[str, List[str]]) -> Dict[
     out: Dict[str, Tuple[str, ...]] = {}
     rank_of: Dict[str, Tuple[str, int]] = {}
     for gname, section in node.items():
-        key = f"nodes.{_keyname(gname)}"
-        if not isinstance(gname, str) or not _HOST_NAME.match(gname) or gname == "all":
+        key = f"nodes.{key_shown(gname)}"
+        if not isinstance(gname, str) or not HOST_NAME_RE.match(gname) or gname == "all":
             raise v.fail(key, "not a usable node group name (letters, digits, '.', '-', '_'; not 'all')")
         if gname in groups or gname in hosts:
             what = "a group (groups.%s)" % gname if gname in groups else "a host"
@@ -34,21 +34,21 @@ def parse_nodes(v: _V, node, hosts: dict, groups: Dict[str, List[str]]) -> Dict[
         section = v.mapping(key, section)
         for k in section:
             if k not in NODE_KEYS:
-                raise v.fail(f"{key}.{_keyname(k)}", f"unknown key{_did_you_mean(str(k), NODE_KEYS)}; a node "
+                raise v.fail(f"{key}.{key_shown(k)}", f"unknown key{did_you_mean(str(k), NODE_KEYS)}; a node "
                                                      "group has only hosts: [rank 0, rank 1, ...]")
         members = section.get("hosts")
         if not isinstance(members, list):
             raise v.fail(f"{key}.hosts", f"expected the group's hosts in node-rank order (a list), got "
-                                         f"{_got(members)}")
+                                         f"{value_shown(members)}")
         if len(members) < 2:
             raise v.fail(f"{key}.hosts", "a node group spans 2 hosts or more (--nnodes); a server on one host "
                                          "needs no group")
         for i, m in enumerate(members):
             at = f"{key}.hosts[{i}]"
             if not isinstance(m, str):
-                raise v.fail(at, f"expected a host name, got {_got(m)}")
+                raise v.fail(at, f"expected a host name, got {value_shown(m)}")
             if m not in hosts:
-                raise v.fail(at, f"unknown host {m!r}{_did_you_mean(m, hosts)}; hosts: {_names(hosts)}")
+                raise v.fail(at, f"unknown host {m!r}{did_you_mean(m, hosts)}; hosts: {listed_names(hosts)}")
             if m in rank_of:
                 other, r = rank_of[m]
                 where = "twice in this group" if other == gname else f"in node group {other} too (rank {r})"
@@ -65,7 +65,7 @@ def parse_nodes(v: _V, node, hosts: dict, groups: Dict[str, List[str]]) -> Dict[
     return out
 
 
-def _check_rank_host(v: _V, at: str, host) -> None:
+def _check_rank_host(v: Checker, at: str, host) -> None:
     if host.servers:
         raise v.fail(at, f"{host.name} has servers:; a host in a node group runs that group's one server "
                          f"(hosts.{host.name}.server)")

@@ -9,8 +9,9 @@ process on the host.
 
 By job: `context` (Job, HostRun, host_step), `lock` (HostLock: one `with`
 block per host), `fetching`, `plan` (and check-patch), `follow` (the log
-streamed and judged), `verify` (and verify-logs), `deploying`, `rolling_back`,
-`hoststatus`, `servers` (several servers on one install), `nodes` (a node group's
+streamed and judged), `verify` (and verify-logs, and the shaping of results), `deploying`, `rolling_back`,
+`hoststatus`, `restarting` (restart and verify, the undo step a parameter),
+`servers` (several servers on one install), `nodes` (a node group's
 ranks as one unit: `step(job, hosts)`, one result per rank). The requests and replies are the records of `protocol`.
 """
 from __future__ import annotations
@@ -27,5 +28,5 @@ from .hoststatus import status  # noqa: F401
 from .lock import HostLock  # noqa: F401
 from .nodes import deploy_nodes, rollback_nodes  # noqa: F401
 from .plan import check_patch, file_bytes, make_plan, packed, revision_files  # noqa: F401
-from .rolling_back import fold_rollback, rollback  # noqa: F401
-from .verify import no_answer, verify_logs  # noqa: F401
+from .rolling_back import rollback  # noqa: F401
+from .verify import fold_rollback, no_answer, verify_logs  # noqa: F401

@@ -8,7 +8,7 @@ import hashlib
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
@@ -103,6 +103,37 @@ class HostRun:
         return HostResult(self.host.name, ok, status, message, **kw)
 
 
+class HeldLock:
+    """The host's lock as one server's (or one rank's) steps see it: the release never rides on
+    its requests (more servers follow under the same lock); the `with HostLock` block that took
+    it releases it at the end."""
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def release_followup(self) -> list:
+        return []
+
+    def chained_done(self, reply: dict) -> None:
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self.lock, name)
+
+
+def server_runs(run: HostRun) -> list[HostRun]:
+    """One HostRun per server of a host with several (`servers:`): the same connection, lock and
+    job, the host seen as that server (its progress lines say which server: "drain [s1] out of
+    the router")."""
+    def job_of(view):
+        def progress(host, phase, detail=""):
+            run.job.progress(host, phase, f"[{view.server_name}] {detail}".rstrip())
+        # the host's rollback is done by the host's step, for all its servers
+        return replace(run.job, on_failure="keep", progress=progress)
+    return [replace(run, host=view, job=job_of(view), lock=HeldLock(run.lock))
+            for view in run.host.server_views()]
+
+
 def new_run(job: Job, host: Host) -> HostRun:
     """The host's run, its connection not opened yet."""
     return HostRun(job, host, Remote(host, hosts_by_name=job.hosts_by_name,
@@ -189,11 +220,16 @@ def probe(remote: Remote, host: Host, job: Job, files: list[str], content: bool,
     """Read the host; with `lock` (the command the lock is for) take its lock first."""
     req = protocol.ProbeRequest(**base_request(host, job), files=files, content=content)
     if lock:
-        req["lock"] = protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=lock,
-                                         laptop=socket.gethostname(), pid=os.getpid(),
-                                         pid_start=lockview.process_start(os.getpid()), boot_id=lockview.boot_id(),
-                                         renew_s=job.lock_renew_s)
+        req["lock"] = lock_claim(job, lock)
     return remote.call("probe", req)
+
+
+def lock_claim(job: Job, command: str) -> protocol.LockClaim:
+    """This run's claim on a host's lock, for `command` (what the lock says the holder is doing)."""
+    return protocol.LockClaim(token=job.token, holder=job.holder, force=job.break_lock, command=command,
+                              laptop=socket.gethostname(), pid=os.getpid(),
+                              pid_start=lockview.process_start(os.getpid()), boot_id=lockview.boot_id(),
+                              renew_s=job.lock_renew_s)
 
 
 def deploy_command(job: Job) -> str:

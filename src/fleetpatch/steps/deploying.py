@@ -2,19 +2,17 @@
 when a router is in front of the host), and verify that the patched path ran."""
 from __future__ import annotations
 
-from .. import drain, protocol
-from ..engines import LaunchConfig
-from ..errors import HostFailure, Status
+from .. import protocol
+from ..errors import Status
 from ..hostcalls import HostResult
-from ..inventory import Host
 from . import execution, servers
-from .context import HostRun, deploy_command, host_step, inventory_launch, sha256
-from .follow import Watch, follow_ahead
+from .context import HostRun, deploy_command, host_step, sha256
 from .lock import HostLock
 from .plan import (Plan, can_prove, clash_message, describe_states, file_bytes, make_plan, packed, revision_files,
                    unprovable_message)
+from .restarting import Restart, restart_and_verify, restart_reason
 from .rolling_back import rollback_after_failure
-from .verify import cut_off, verify
+from .verify import verify_again
 
 
 @host_step
@@ -27,7 +25,7 @@ def deploy(run: HostRun) -> HostResult:
     return lock.annotate(result)
 
 
-def _refusal(run: HostRun, plan: Plan) -> HostResult | None:
+def refusal(run: HostRun, plan: Plan) -> HostResult | None:
     """Why this host's files are left untouched, if they are."""
     name, label = run.name, plan.label
     if plan.clashes:   # not a hand edit: another fleetpatch patch holds the files
@@ -71,14 +69,14 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
     run.progress("pre-flight")
     plan, revision = make_plan(job, run.host, reply)
     run.version = plan.version
-    refused = _refusal(run, plan) or interrupted_before_writing(run, plan.label)
+    refused = refusal(run, plan) or interrupted_before_writing(run, plan.label)
     if refused is not None:
         return refused
-    probe = _probe_spec(run, plan, revision, reply)
+    probe = probe_spec(run, plan, revision, reply)
     if plan.already and run.host.servers and not job.no_restart:
         return servers.deploy_each(run, plan, probe, applied=False)
     if plan.already:
-        return _already_applied(run, plan, reply, probe)
+        return already_applied(run, plan, reply, probe)
     run.progress("apply", f"{len(plan.changes)} files")
     apply_req = apply_request(run, plan, reply, revision)
     if probe is not None:
@@ -93,7 +91,7 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
         return run.result(True, Status.APPLIED,
                           f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
-    return restart_and_verify(run, plan, Restart("apply", apply_req, ""))
+    return restart_and_verify(run, plan, Restart("apply", apply_req, ""), undo_step(run))
 
 
 def apply_request(run: HostRun, plan: Plan, reply: protocol.ProbeReply, revision) -> protocol.ApplyRequest:
@@ -118,7 +116,7 @@ def deploy_record(job, revision, plan: Plan, reply: protocol.ProbeReply | None =
     return record
 
 
-def _probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) -> dict | None:
+def probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) -> dict | None:
     """What the probe watches in this host's restart (None: it is off for this host)."""
     if not execution.probe_wanted(run.job, run.host, run.job.patch):
         return None
@@ -146,27 +144,7 @@ def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFi
     return files
 
 
-# A last restart that ended so is retried by the next deploy: the operator fixed the cause.
-RETRY_AFTER = (Status.RESTART_FAILED, Status.TIMEOUT)
-
-
-def restart_reason(ledger: protocol.Ledger, server: dict, name: str) -> str | None:
-    """Why a deploy that has nothing to write must still restart, if it must: a restart
-    left pending, a server that is down, or a last restart that failed or never got ready.
-    Re-reading that restart's window would only repeat its failure."""
-    if ledger.get("restart_pending"):
-        return "restart pending from an earlier run"
-    if not ledger.get("last_restart"):
-        return None
-    if server.get("alive") is False:
-        return "the server is not running"
-    verification = (ledger.get("patches", {}).get(name) or {}).get("verification") or {}
-    if verification.get("status") in RETRY_AFTER:
-        return f"the last restart ended {verification['status']}"
-    return None
-
-
-def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe: dict | None) -> HostResult:
+def already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe: dict | None) -> HostResult:
     job = run.job
     ledger, server = reply.get("ledger") or {}, reply.get("server") or {}
     reason = restart_reason(ledger, server, job.patch.name)
@@ -174,79 +152,16 @@ def _already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe
         request = protocol.RestartRequest(**run.request(), reason=f"{reason}: restart for {plan.label}")
         if probe is not None:
             request["probe"] = probe
-        return restart_and_verify(run, plan, Restart("restart", request, reason))
+        return restart_and_verify(run, plan, Restart("restart", request, reason), undo_step(run))
     # Nothing to write: prove it still runs from the window of the last restart.
     last = ledger.get("last_restart")
     if job.no_restart or not last:
         return run.result(True, Status.ALREADY_APPLIED, f"{run.name}: {plan.label} already applied; nothing changed",
                           patch=plan.label)
-    verification = (ledger.get("patches", {}).get(job.patch.name) or {}).get("verification") or {}
-    if reply.get("window_intact") is False and verification.get("status") == Status.VERIFIED \
-            and server.get("pid") == last.get("pid"):
-        # The log since that restart was rotated, truncated or deleted away: re-reading it
-        # would wait for lines that are gone. The process fleetpatch verified still runs.
-        return run.result(True, Status.ALREADY_APPLIED,
-                          f"{run.name}: {plan.label} already applied; nothing changed; the server fleetpatch verified "
-                          f"at {verification.get('at')} (pid {last.get('pid')}, {verification.get('executed_path') or 'its path'}) "
-                          "still runs; its log since that restart is no longer there to re-read",
-                          patch=plan.label, executed_path=verification.get("executed_path"))
-    view = execution.ExecutionView() if execution.probe_wanted(job, run.host, job.patch) else None
-    return verify(run, Watch(protocol.log_window(last), plan.launch, [job.patch], [plan.label], execution=view),
-                  already=True)
+    return verify_again(run, plan.label, reply, plan.launch)
 
 
-class Restart:
-    """The agent operation that restarts: apply+restart, or a restart alone (with why)."""
-
-    def __init__(self, op: str, request: dict, reason: str):
-        self.op, self.request, self.reason = op, request, reason
-
-    @property
-    def phase(self) -> str:
-        """What a cut connection interrupted, in the host's result."""
-        return "write and restart" if self.op == "apply" else "restart"
-
-
-def restart_and_verify(run: HostRun, plan: Plan, restart: Restart) -> HostResult:
-    """The restart, inside the drain when a router is in front of the host."""
-    undo = (lambda failed: rollback_after_failure(run, failed)) if run.job.on_failure == "rollback" else None
-    return drain.around_restart(run.job, run.host, run.remote, lambda: _restart_and_verify_now(run, plan, restart),
-                                rollback=undo, expect=list(getattr(run.job.patch, "smoke_expect", None) or []))
-
-
-def _restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart) -> HostResult:
-    """Run the agent operation that restarts (apply+restart, or a pending restart),
-    verify, and with --on-failure rollback undo a host that failed either way
-    (under the same lock: the rollback is part of the block)."""
-    rollback = run.job.on_failure == "rollback"
-    run.progress("restart", restart.reason)   # here, after the drain: the order things happen in
-    probing = "probe" in restart.request
-    try:
-        out = run.remote.call(restart.op, restart.request, ahead=follow_ahead(run.job, run.host, probing))
-    except HostFailure as f:
-        if f.status != Status.RESTART_FAILED:
-            return cut_off(run, plan.label, f, restart.phase)
-        # The files are written (the ledger says so, restart pending) but the server did not start.
-        failed = run.result(False, Status.RESTART_FAILED, f.message, patch=plan.label)
-        if rollback:
-            return rollback_after_failure(run, failed)
-        failed.message += "\n  the files are written and a restart is pending; fix the start, then rerun or roll back"
-        return failed
-    # With a rollback to follow a failure, the lock stays held until the rollback ends.
-    watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [plan.label],
-                  ends_work=(lambda ok: ok) if rollback else (lambda ok: True),
-                  execution=execution.ExecutionView(out.get("probe")) if probing else None)
-    try:
-        result = verify(run, watch)
-    except HostFailure as f:
-        return cut_off(run, plan.label, f, "verification")
-    if not result.ok and rollback:
-        result = rollback_after_failure(run, result)
-    return result
-
-
-def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
-    """Until the new process can be read from /proc (it may die first), the best
-    account of it is what fleetpatch started: the inventory's command, or for
-    systemd/supervisor the unit, which the old process reflects."""
-    return inventory_launch(host) if host.server.restart.kind == "command" else plan.launch
+def undo_step(run: HostRun):
+    """What undoes this host if its deploy fails: the rollback under the same lock with
+    --on-failure rollback, else nothing."""
+    return (lambda failed: rollback_after_failure(run, failed)) if run.job.on_failure == "rollback" else None

@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from .. import protocol
+from .. import lockview, protocol
 from ..engines import LaunchConfig
-from ..errors import Status
+from ..errors import HostFailure, Status
 from ..hostcalls import HostResult, base_request
 from ..inventory import Host
-from .context import HostRun, Job, profile_of, server_info_url
+from .context import HostRun, Job, lock_claim, profile_of, server_info_url
 
 if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
     from .. import evidence
@@ -40,6 +40,8 @@ class Watch:
     check: str | None = None    # which check the ledger records (deploy, rollback, verify-logs)
     # whether nothing follows under the lock once the verdict is `ok`: then the release rides on it
     ends_work: Callable[[bool], bool] = lambda ok: True
+    # a run that holds no lock (verify-logs): the record takes the host's lock, for this command
+    record_lock: str | None = None
     # execution.ExecutionView while the probe judges execution too (None: markers alone)
     execution: object | None = None
 
@@ -397,7 +399,10 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
             return None
         # the verdict is in: the probe comes out first (the server keeps running, unwatched)
         followups = [run.request(op="probe_off")] if watch.execution is not None else []
-        followups.append(run.request(op="record", ledger_update=ledger_update(judging, watch.recorded_as)))
+        record = run.request(op="record", ledger_update=ledger_update(judging, watch.recorded_as))
+        if lock is None and watch.record_lock:
+            record["lock"] = lock_claim(run.job, watch.record_lock)
+        followups.append(record)
         if lock is not None and watch.ends_work(judging.ok):
             followups += lock.release_followup()
         return followups
@@ -407,11 +412,22 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
         lock.chained_done(reply)
     if judging.verdicts is None:  # the stream ended before a decision (the server host went away)
         judging.verdicts = judging.judge(True)
+    refused = next((r for r in reply.get("then") or [] if r.get("recorded") is False), None)
+    if refused is not None:
+        raise HostFailure(Status.LOCKED, not_recorded(run, refused.get("lock") or {}, judging))
     judging.timings["server_facts"] = judging.events.facts()
     # every line since the restart was judged; these were kept for the verdict
     judging.timings["log_lines"] = judging.events.total
     judging.timings["log_lines_kept"] = len(judging.events.kept)
     return judging.verdicts, judging.timings
+
+
+def not_recorded(run: HostRun, held: dict, judging: Judging) -> str:
+    """A verdict judged, not recorded: another run held the host's lock (whose, and what to do)."""
+    verdict = Status.VERIFIED if judging.ok else judging.verdicts[0].status
+    return (lockview.refusal(run.name, held, held.get("command"), run.job.inventory_arg)
+            + f"\n  the log was judged ({verdict}) but the verdict was not recorded: the ledger is written only "
+              "under the host's lock; rerun once that run has ended")
 
 
 def verdict_result(run: HostRun, verdicts: list[evidence.Verdict], labels: list[str], timings: dict) -> HostResult:

@@ -25,12 +25,15 @@ from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
 from . import execution
-from .context import HostRun, Job, connect, deploy_command, finish_run, new_run, rollback_command
+from .context import HeldLock, HostRun, Job, connect, deploy_command, finish_run, new_run, probe, rollback_command
+from .deploying import already_applied, apply_request, interrupted_before_writing, probe_spec, refusal
 from .follow import Watch, follow_ahead
 from .lock import HostLock
-from .deploying import apply_request
-from .servers import HeldLock, judged_without, restore_install
-from .verify import cut_off, no_answer, verify
+from .plan import make_plan, revision_files
+from .recorded import deployed, wanted_name
+from .restarting import launch_after_restart, restart_reason
+from .servers import judged_without, restore_install
+from .verify import cut_off, fold_rollback, newest_first, no_answer, verify
 
 
 class NodeGroup:
@@ -134,7 +137,6 @@ def _locked_probes(group: NodeGroup, files: list[str], content: bool) -> tuple[l
 @group_step
 def deploy_nodes(group: NodeGroup) -> list[HostResult]:
     """deploy-patch and rollout of a node group."""
-    from .plan import revision_files
     results: list[HostResult] = []
     try:
         with _locked(group, deploy_command(group.job)):
@@ -146,8 +148,6 @@ def deploy_nodes(group: NodeGroup) -> list[HostResult]:
 
 
 def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
-    from .deploying import _probe_spec, _refusal, restart_reason
-    from .plan import make_plan
     job = group.job
     mixed = _mixed_versions(group)   # before any rank's own plan: the group's first refusal
     if mixed is not None:
@@ -160,14 +160,13 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
         except HostFailure as f:
             return group.untouched(run, run.result(False, f.status, f.message))
         run.version = plan.version
-        refused = _refusal(run, plan)
+        refused = refusal(run, plan)
         if refused is not None:
             return group.untouched(run, refused)
         plans.append(plan)
         revisions.append(revision)
-        specs.append(_probe_spec(run, plan, revision, reply))
+        specs.append(probe_spec(run, plan, revision, reply))
     if job.interrupt.is_set():   # Ctrl-C while the ranks were read: no rank is written or restarted
-        from .deploying import interrupted_before_writing
         return [interrupted_before_writing(run, plan.label) for run, plan in zip(group.runs, plans)]
     reasons = [None if not p.already else restart_reason(r.get("ledger") or {}, r.get("server") or {},
                                                         job.patch.name) for p, r in zip(plans, replies)]
@@ -175,8 +174,7 @@ def _deploy_locked(group: NodeGroup, replies: list) -> list[HostResult]:
     if job.no_restart:
         return _apply_only(group, writes)
     if all(p.already for p in plans) and not any(reasons):
-        from .deploying import _already_applied
-        return _group_verdict(group, group.each(_already_applied, plans, replies, specs))
+        return _group_verdict(group, group.each(already_applied, plans, replies, specs))
     return _restart_group(group, writes, specs, reasons)
 
 
@@ -195,7 +193,7 @@ def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
     """Write every rank's install that needs it, its restart left pending; None when all are written.
     A rank that fails has written nothing (the agent's all-or-nothing); those written before it are
     restored, so that no rank of the group runs other code than the rest."""
-    written: list[HostRun] = []
+    written: list[tuple[HostRun, bool]] = []   # each rank written, and whether its restart was pending before
     for run, (plan, reply, revision) in zip(group.runs, writes):
         if plan.already:
             continue
@@ -205,16 +203,26 @@ def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
             run.remote.call("apply", dict(apply_request(run, plan, reply, revision), restart=None))
         except HostFailure as f:
             out = group.untouched(run, run.result(False, f.status, f.message, patch=plan.label))
-            for w in written:
-                problem = restore_install(w, [group.job.patch.name], [])
-                i = group.runs.index(w)
-                out[i].status = Status.ERROR if problem else Status.ROLLED_BACK
-                out[i].message = (f"{w.name}: written, then restored to its originals (restart pending, not done: it "
-                                  f"never ran the patch): node group {group.name} failed at {group.who(run)} "
-                                  f"({f.status})" + (f"; the restore FAILED: {problem.message}" if problem else ""))
+            for w, before in written:
+                out[group.runs.index(w)] = _restored_unrestarted(group, w, before, run, f.status, plan.label)
             return out
-        written.append(run)
+        written.append((run, bool((reply.get("ledger") or {}).get("restart_pending"))))
     return None
+
+
+def _restored_unrestarted(group: NodeGroup, w: HostRun, pending_before: bool, failed: HostRun, why: str,
+                          label: str) -> HostResult:
+    """A rank written, then restored before any restart because `failed`'s write failed: its server
+    never ran the patch, so it is not restarted, and its restart is as pending as before the write."""
+    problem = restore_install(w, [group.job.patch.name], [], pending_after=pending_before)
+    said = (f"{w.name}: written, then restored to its originals; not restarted (its server never ran the patch): "
+            f"node group {group.name} failed at {group.who(failed)} ({why})")
+    if problem:
+        return w.result(False, Status.ERROR, f"{said}; the restore FAILED: {problem.message}", patch=label)
+    result = w.result(False, Status.ROLLED_BACK, said, patch=label)
+    result.details["rollback"] = {"status": Status.ROLLED_BACK, "ok": True,
+                                  "message": f"{w.name}: restored to its originals before any restart"}
+    return result
 
 
 def _apply_only(group: NodeGroup, writes: list) -> list[HostResult]:
@@ -236,8 +244,11 @@ def _restart_group(group: NodeGroup, writes: list, specs: list, reasons: list) -
 
     def restart_all() -> HostResult:
         nonlocal per_rank
-        per_rank = _group_verdict(group, _apply_all(group, writes) or _restarted_and_judged(group, plans, specs,
-                                                                                              reasons))
+        unwritten = _apply_all(group, writes)
+        if unwritten is not None:   # nothing restarted; the ranks written were restored already
+            per_rank = _group_verdict(group, unwritten)
+            return per_rank[0]
+        per_rank = _group_verdict(group, _restarted_and_judged(group, plans, specs, reasons))
         if rollback and not all(r.ok for r in per_rank):
             per_rank = _rolled_back_after(group, per_rank)
         return per_rank[0]
@@ -285,6 +296,7 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
     if failed is not None:
         return failed
     outs: list[dict | None] = []
+    started: list[HostRun] = []
     for run, spec in zip(group.runs, specs):
         run.progress("restart", f"rank {run.host.node_rank} of {len(group.runs)}" + ("" if why == "apply" else
                                                                                       f": {why}"))
@@ -294,10 +306,10 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
         try:
             outs.append(run.remote.call("restart", request, ahead=follow_ahead(run.job, run.host, spec is not None)))
         except HostFailure as f:
-            return _start_failed(group, run, f, label)
+            return _start_failed(group, run, f, label, started)
+        started.append(run)
 
     def judge(run: HostRun, out: dict, plan, spec: dict | None) -> HostResult:
-        from .deploying import launch_after_restart
         watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [label],
                       ends_work=lambda ok: True,
                       execution=execution.ExecutionView(out.get("probe")) if spec is not None else None)
@@ -312,7 +324,6 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
 def _still_up(group: NodeGroup, outs: list, results: list[HostResult]) -> list[HostResult]:
     """Each rank is judged once its own lines are in, and a rank that dies after that does not stop
     the others (upstream #3099): so once every rank has passed, each one's server is looked at again."""
-    from .context import probe
     for run, out, result in zip(group.runs, outs, results):
         started = (out.get("restart") or {}).get("pid")
         try:
@@ -328,31 +339,44 @@ def _still_up(group: NodeGroup, outs: list, results: list[HostResult]) -> list[H
     return results
 
 
-def _stop_all(group: NodeGroup, label: str) -> list[HostResult] | None:
+def _stop_all(group: NodeGroup, label: str, undoing: bool = False) -> list[HostResult] | None:
     """Every rank stopped, its restart left pending (the ledger says so if this run ends here)."""
+    stopped: list[HostRun] = []
     for run in reversed(group.runs):   # the ranks above 0 first: rank 0 holds the rendezvous
         run.progress("restart", f"stop rank {run.host.node_rank}")
         try:
             run.remote.call("stop", run.request())
         except HostFailure as f:
-            return _start_failed(group, run, f, label, phase="stop")
+            return _start_failed(group, run, f, label, stopped, phase="stop", undoing=undoing)
+        stopped.append(run)
     return None
 
 
-def _start_failed(group: NodeGroup, run: HostRun, f: HostFailure, label: str, phase: str = "start") -> list[HostResult]:
-    """A rank that could not be stopped or started: the group's files are written on every rank,
-    its restart pending where it did not happen."""
-    own = cut_off(run, label, f, "restart") if no_answer(f) else run.result(False, Status.RESTART_FAILED, f.message,
-                                                                              patch=label)
+def _start_failed(group: NodeGroup, run: HostRun, f: HostFailure, label: str, done: list[HostRun],
+                  phase: str = "start", undoing: bool = False) -> list[HostResult]:
+    """A rank that could not be stopped or started (`phase`), `done`: the ranks that were before it.
+    The group's files are written (`undoing`: restored) on every rank; each other rank is told
+    what happened to its own server."""
+    own = cut_off(run, label, f, "rollback's restart" if undoing else "restart") if no_answer(f) else \
+        run.result(False, Status.RESTART_FAILED, f.message, patch=label)
+    files, rerun = (("restored", "rerun rollback") if undoing else
+                    ("written", "rerun deploy-patch (or roll back)"))
+    failed = f"the {phase} of {group.who(run)} failed"
     out = []
     for other in group.runs:
         if other is run:
             out.append(own)
+            continue
+        if phase == "start" and other in done:
+            what = (f"started {'without' if undoing else 'on'} {label}, but node group {group.name} is not whole: "
+                    f"{failed}")
+        elif phase == "start" or other in done:
+            what = f"stopped, not started again: {failed}; its restart is pending"
         else:
-            out.append(other.result(False, Status.RESTART_FAILED,
-                                    f"{other.name}: node group {group.name} was not restarted: the {phase} of "
-                                    f"{group.who(run)} failed; the files are written on every rank and a restart is "
-                                    "pending: fix the cause, then rerun deploy-patch (or roll back)", patch=label))
+            what = f"not restarted: {failed}; it runs as before, its restart pending"
+        out.append(other.result(False, Status.RESTART_FAILED,
+                                f"{other.name}: {what}; the files are {files} on every rank: fix the cause, then "
+                                f"{rerun}", patch=label))
     return out
 
 
@@ -361,7 +385,6 @@ def _start_failed(group: NodeGroup, run: HostRun, f: HostFailure, label: str, ph
 def _rolled_back_after(group: NodeGroup, failed: list[HostResult]) -> list[HostResult]:
     """--on-failure rollback: every rank restored and restarted without the patch, each failed
     rank's result keeping why it failed."""
-    from .rolling_back import fold_rollback
     job = group.job
     for run in group.runs:
         run.progress("rollback", "node group " + group.name)
@@ -387,16 +410,18 @@ def _rollback_ranks(group: NodeGroup, watched: dict, pending: bool = False) -> l
         return [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
                 for run in group.runs]
     label = ", ".join(lab for _, lab in watched.values())
-    failed = _stop_all(group, label)
+    failed = _stop_all(group, label, undoing=True)
     if failed is not None:
         return failed
+    started: list[HostRun] = []
     for run in group.runs:
         run.progress("restart", f"without {label}")
         try:
             run.remote.call("restart", protocol.RestartRequest(**run.request(), reason=f"rollback {label}"),
                             ahead=follow_ahead(run.job, run.host))
         except HostFailure as f:
-            return _start_failed(group, run, f, label)
+            return _start_failed(group, run, f, label, started, undoing=True)
+        started.append(run)
     return group.each(lambda run: judged_without(
         run, protocol.AFTER_RESTART, list(watched.values()),
         f"{run.name}: {label} rolled back on every rank of node group {group.name}; restarted without the "
@@ -420,8 +445,6 @@ def rollback_nodes(group: NodeGroup) -> list[HostResult]:
 def _rollback_locked(group: NodeGroup, replies: list) -> list[HostResult]:
     """What every rank records as applied (newest first), or, when an earlier rollback restored
     them all and was cut before the restarts, what it restored; rolled back inside rank 0's drain."""
-    from .recorded import deployed, wanted_name
-    from .rolling_back import newest_first
     job = group.job
     ledgers = [reply.get("ledger") or {} for reply in replies]
     watched: dict = {}

@@ -2,6 +2,8 @@
 that the patch's markers are gone; and the rollback that follows a failed deploy."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
@@ -10,7 +12,8 @@ from .context import HostRun, host_step, rollback_command, running_launch
 from .follow import Watch
 from .lock import HostLock
 from .recorded import Deployed, deployed, wanted_name, with_notes
-from .verify import cut_off, no_answer
+from .servers import rollback_servers
+from .verify import cut_off, fold_rollback, newest_first, no_answer
 
 
 @host_step
@@ -37,17 +40,21 @@ def rollback(run: HostRun) -> HostResult:
         entries = ledger.get("patches", {})
         found = {d.name: d for d in deployed(job, run.host, [(n, entries[n]) for n in names if n in entries])}
         if run.host.servers:   # the install restored once, then each server restarted on its own
-            from .servers import rollback_servers
             result = rollback_servers(run, names, {n: d.patch for n, d in found.items()})
             return with_notes(lock.annotate(result), list(found.values()))
 
         def undo_all() -> HostResult:
-            result = None
-            for i, name in enumerate(names):
-                result = _rollback_locked(run, reply, name, last=i == len(names) - 1, found=found.get(name))
-                if not result.ok:
-                    break
-            return result
+            # Each restart of a GPU server is a model load: every patch but the last is restored
+            # without one, and the last one's restart (and its check) covers them all.
+            undone: list[Undone] = []
+            for name in names[:-1]:
+                failed = _restore_only(run, reply, name, found.get(name), undone)
+                if failed is not None:
+                    if undone:
+                        failed.message += (f"\n  restored before it: {', '.join(u.label for u in undone)}; the "
+                                           "server's restart is pending: rerun rollback to finish")
+                    return failed
+            return _rollback_locked(run, reply, names[-1], found=found.get(names[-1]), undone=undone)
         result = drain.around_restart(job, run.host, run.remote, undo_all)
     return with_notes(lock.annotate(result), list(found.values()))
 
@@ -71,60 +78,102 @@ def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostR
     return result
 
 
-def newest_first(ledger: protocol.Ledger) -> list[str]:
-    """Patches stack: the last one applied is undone first, so each restores what the next expects."""
-    patches = ledger.get("patches", {})
-    return sorted(patches, key=lambda n: (patches[n].get("seq", 0), patches[n].get("applied_at", ""), n),
-                  reverse=True)
+@dataclass
+class Undone:
+    """A patch restored by this rollback: its markers, label and restored files, checked at the restart."""
+    patch: object
+    label: str
+    files: dict
 
 
-def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, last: bool,
-                     found: Deployed | None = None) -> HostResult:
+def _entry_of(run: HostRun, reply: protocol.ProbeReply, name: str, found: Deployed | None):
+    """The ledger entry of `name` and its patch (whose markers the check after the restore looks
+    for: had before anything changes); (None, the host's failed result) when it is not recorded."""
     entry = (reply.get("ledger") or {}).get("patches", {}).get(name)
     if entry is None:
-        return run.result(False, Status.ERROR, f"{run.name}: {name} is not recorded as applied on this host; "
-                                               "`fleetpatch status` shows what is")
-    # The patch's markers are what the check after the restore looks for: have them before anything changes.
-    patch = (found or deployed(run.job, run.host, [(name, entry)])[0]).patch
+        return None, run.result(False, Status.ERROR, f"{run.name}: {name} is not recorded as applied on this host; "
+                                                     "`fleetpatch status` shows what is")
+    return entry, (found or deployed(run.job, run.host, [(name, entry)])[0]).patch
+
+
+def _restore_only(run: HostRun, reply: protocol.ProbeReply, name: str, found: Deployed | None,
+                  undone: list[Undone]) -> HostResult | None:
+    """Restore one patch of several without a restart (the last one's restart follows); it joins
+    `undone`. None when done; else the host's failed result, its restart left pending."""
+    entry, patch = _entry_of(run, reply, name, found)
+    if entry is None:
+        return patch
+    run.progress("rollback", entry["label"])
+    request = protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"], name=name,
+                                       force=run.job.force)
+    request["restart"] = None
+    try:
+        out = run.remote.call("rollback", request)
+    except HostFailure as f:
+        if not no_answer(f):
+            raise
+        return cut_off(run, entry["label"], f, "rollback (restore)")
+    restored = {p: (rec or {}).get("sha256") for p, rec in out["files"].items()}
+    bad = [p for p, rec in entry["files"].items() if restored.get(p) != rec["before"]]
+    if bad:
+        return run.result(False, Status.ERROR, f"{run.name}: after restoring, {', '.join(bad)} do not match the "
+                                               "recorded original sha256", files=restored)
+    undone.append(Undone(patch, entry["label"], restored))
+    return None
+
+
+def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, found: Deployed | None = None,
+                     undone: list[Undone] | None = None) -> HostResult:
+    """Restore `name` and restart once, then check that neither its markers nor those of the
+    patches `undone` before it (restored without a restart) are in the log."""
+    entry, patch = _entry_of(run, reply, name, found)
+    if entry is None:
+        return patch
     label = entry["label"]
     run.progress("rollback", label)
     request = protocol.RollbackRequest(**run.request(), package_dir=reply["package_dir"], name=name,
                                        force=run.job.force)
     probing = execution.probe_wanted(run.job, run.host, None)
+    earlier = list(undone or [])
+    labels = [u.label for u in earlier] + [label]
     if probing:   # it watches the imports only: what files the restored server loads (and the patches left)
-        request["probe"] = execution.probe_request(run.host, run.profile, label, reply["package_dir"],
-                                                   {p: [] for p in entry["files"]}, run.job.token,
-                                                   execution.stacked_added(reply.get("ledger") or {}, name))
+        left = {k: v for k, v in execution.stacked_added(reply.get("ledger") or {}, name).items() if k not in labels}
+        request["probe"] = execution.probe_request(run.host, run.profile, ", ".join(labels), reply["package_dir"],
+                                                   {p: [] for u in earlier for p in u.files} |
+                                                   {p: [] for p in entry["files"]}, run.job.token, left)
     try:
         out = run.remote.call("rollback", request, ahead=follow.follow_ahead(run.job, run.host, probing))
     except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
         if not no_answer(f):
             raise
-        return cut_off(run, label, f, "rollback (restore and restart)")
+        return cut_off(run, ", ".join(labels), f, "rollback (restore and restart)")
     restored = {p: (rec or {}).get("sha256") for p, rec in out["files"].items()}
     bad = [p for p, rec in entry["files"].items() if restored.get(p) != rec["before"]]
+    restored = {p: h for u in earlier for p, h in u.files.items()} | restored
     if bad:
         return run.result(False, Status.ERROR, f"{run.name}: after restoring, {', '.join(bad)} do not match the "
                                                "recorded original sha256", files=restored)
     if "restart" not in out:  # every file already held its original: nothing ran the patch, no restart
         return run.result(True, Status.ROLLED_BACK, f"{run.name}: {label} forgotten: its files already held their "
                                                     "original sha256; not restarted", files=restored)
-    watch = Watch(protocol.AFTER_RESTART, running_launch(run.host, {}), [patch], [label], want_markers=False,
-                  ends_work=lambda ok: last or not ok,
-                  execution=execution.ExecutionView(out.get("probe")) if probing else None)
+    watch = Watch(protocol.AFTER_RESTART, running_launch(run.host, {}), [u.patch for u in earlier] + [patch], labels,
+                  want_markers=False, execution=execution.ExecutionView(out.get("probe")) if probing else None)
     try:
         verdicts, timings = follow.follow_and_judge(run, watch)
     except HostFailure as f:
         if not no_answer(f):
             raise
-        return cut_off(run, label, f, "rollback's verification")
-    result = follow.verdict_result(run, verdicts, [label], timings)
+        return cut_off(run, ", ".join(labels), f, "rollback's verification")
+    result = follow.verdict_result(run, verdicts, labels, timings)
     result.files = restored
     if result.ok:
         result.status = Status.ROLLED_BACK
         imports = [line for line in result.message.splitlines() if line.lstrip().startswith(
             ("the restarted server", "note: the restarted server"))]   # what the probe saw it load
-        result.message = "\n".join([f"{run.name}: {label} rolled back; {len(restored)} files restored to their "
+        result.message = "\n".join([f"{run.name}: {', '.join(labels)} rolled back; {len(restored)} files restored to "
+                                     f"their original sha256; server restarted once, back without the patches' "
+                                     "markers" if earlier else
+                                     f"{run.name}: {label} rolled back; {len(restored)} files restored to their "
                                      f"original sha256; server back without the patch's markers"] + imports)
     return result
 
@@ -134,21 +183,9 @@ def rollback_after_failure(run: HostRun, failed: HostResult) -> HostResult:
     run.progress("rollback", failed.status)
     try:
         reply = run.lock.probe([], content=False)
-        rb = _rollback_locked(run, reply, run.job.patch.name, last=True)
+        rb = _rollback_locked(run, reply, run.job.patch.name)
     except HostFailure as f:
         failed.message += f"\n  rollback FAILED: {f.message}"
         failed.details["rollback"] = {"status": f.status, "message": f.message}
         return failed
     return fold_rollback(failed, rb)
-
-
-def fold_rollback(failed: HostResult, rb: HostResult) -> HostResult:
-    """The failed host's result, with the rollback that undid it."""
-    failed.details["rollback"] = {"status": rb.status, "ok": rb.ok, "message": rb.message}
-    if rb.ok:
-        failed.status = Status.ROLLED_BACK
-        failed.message += "\n  rolled back: originals restored byte for byte, server restarted without the patch"
-    else:
-        failed.message += f"\n  rollback did not verify: {rb.message}"
-    failed.ok = False
-    return failed

@@ -10,53 +10,23 @@ was restarted on the patch is restarted again without it. The host's result is
 its worst server's, with each server's result under `details["servers"]`."""
 from __future__ import annotations
 
-import dataclasses
 import time
+from typing import Callable
 
 from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
-from . import execution, follow
-from .context import HostRun, probe, running_launch
+from . import follow
+from .context import HostRun, probe, running_launch, server_runs
 from .follow import Watch
-from .verify import cut_off, no_answer, verify
-
-
-class HeldLock:
-    """The host's lock as one server's steps see it: the release never rides on a
-    server's request (more servers follow under the same lock); the host's own
-    `with HostLock` block releases it at the end."""
-
-    def __init__(self, lock):
-        self.lock = lock
-
-    def release_followup(self) -> list:
-        return []
-
-    def chained_done(self, reply: dict) -> None:
-        return None
-
-    def __getattr__(self, name: str):
-        return getattr(self.lock, name)
-
-
-def server_runs(run: HostRun) -> list[HostRun]:
-    """One HostRun per server: the same connection, lock and job, the host seen as that server
-    (its progress lines say which server: "drain [s1] out of the router")."""
-    def job_of(view):
-        def progress(host, phase, detail=""):
-            run.job.progress(host, phase, f"[{view.server_name}] {detail}".rstrip())
-        # the host's rollback is done here, for all its servers
-        return dataclasses.replace(run.job, on_failure="keep", progress=progress)
-    return [dataclasses.replace(run, host=view, job=job_of(view), lock=HeldLock(run.lock))
-            for view in run.host.server_views()]
+from .restarting import Restart, restart_and_verify_now, restart_reason, smoke_expect
+from .verify import combine, cut_off, fold_rollback, no_answer, verify_again
 
 
 def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> HostResult:
     """Restart and verify each server: all of them after the install was written (`applied`); with
     nothing written, those whose own ledger slot or process says so, the others judged again from
     their last restart's window."""
-    from .deploying import Restart, restart_and_verify, restart_reason   # deploying calls this module
     results: list[tuple[str, HostResult]] = []
     for srun in server_runs(run):
         started = time.monotonic()
@@ -70,11 +40,15 @@ def deploy_each(run: HostRun, plan, probe_spec: dict | None, applied: bool) -> H
             request = protocol.RestartRequest(**srun.request(), reason=f"{reason}: restart for {plan.label}")
             if probe_spec is not None:
                 request["probe"] = probe_spec
-            result = restart_and_verify(srun, plan, Restart("restart", request, reason))
+            restart = Restart("restart", request, reason)
+            result = around_restart_of(srun, lambda: restart_and_verify_now(srun, plan, restart, None), plan.label,
+                                       expect=smoke_expect(srun))
         result.duration_s = time.monotonic() - started   # this server's part of the host's run
         results.append((srun.host.server_name, result))
         if not result.ok and run.job.on_failure == "rollback":
-            restarted = [n for n, r in results if r.details.get("restarted", True)]
+            # Written now: the servers restarted so far run the patch, the others never did. Written
+            # by an earlier run: every server runs it, judged again or not.
+            restarted = [n for n, r in results if r.details.get("restarted", True)] if applied else None
             return rollback_after_failure(run, combine(run, results, plan.label), restarted)
     return combine(run, results, plan.label)
 
@@ -85,36 +59,50 @@ def _verify_last(srun: HostRun, plan, reply: dict) -> HostResult:
     if not last:
         return srun.result(True, Status.ALREADY_APPLIED, f"{srun.name}: {plan.label} already applied; nothing "
                                                          "changed", patch=plan.label, details={"restarted": False})
-    view = execution.ExecutionView() if execution.probe_wanted(srun.job, srun.host, srun.job.patch) else None
-    result = verify(srun, Watch(protocol.log_window(last), running_launch(srun.host, reply), [srun.job.patch],
-                                [plan.label], execution=view), already=True)
+    result = verify_again(srun, plan.label, reply, running_launch(srun.host, reply))
     result.details["restarted"] = False
     return result
 
 
-def combine(run: HostRun, results: list[tuple[str, HostResult]], label: str | None) -> HostResult:
-    """The host's result: ok when every server is; else the first failed server's status."""
-    failed = [(n, r) for n, r in results if not r.ok]
-    worst = failed[0][1] if failed else results[-1][1]
-    if failed:
-        head = (f"{run.name}: {len(failed)} of {len(results)} servers failed: "
-                + ", ".join(f"{n} ({r.status})" for n, r in failed))
-    else:
-        head = f"{run.name}: {len(results)} servers, each {', '.join(sorted({str(r.status) for _, r in results}))}"
-    lines = [head] + [f"  [{n}] " + r.message.replace("\n", "\n      ") for n, r in results]
-    out = run.result(not failed, worst.status, "\n".join(lines), patch=label or worst.patch,
-                     executed_path=worst.executed_path, markers=[m for _, r in results for m in r.markers])
-    out.details["servers"] = {n: r.to_json() for n, r in results}
-    for key in ("router", "execution"):
-        if key in worst.details:
-            out.details[key] = worst.details[key]
-    return out
+def around_restart_of(srun: HostRun, restart: Callable[[], HostResult], label: str, rolling_back: bool = False,
+                      **drain_kw) -> HostResult:
+    """One server's `restart()` inside its drain. The install was changed before: a router step that
+    fails before this server's restart (its take-out refused, its removal or drain failed) leaves
+    it running the code from before that change, its restart pending. That is this server's
+    result, not the host's "not touched", and the host's other servers are still handled."""
+    started = []
+
+    def restart_once() -> HostResult:
+        started.append(True)
+        return restart()
+    try:
+        result = drain.around_restart(srun.job, srun.host, srun.remote, restart_once, **drain_kw)
+    except HostFailure as f:
+        if started:
+            raise
+        result = srun.result(False, f.status, f.message, patch=label)
+    return result if started else not_restarted(srun, result, label, rolling_back)
 
 
-def rollback_after_failure(run: HostRun, failed: HostResult, restarted: list[str]) -> HostResult:
-    """--on-failure rollback: the install back to its originals, and each server that was
-    restarted on the patch restarted again without it."""
-    from .rolling_back import fold_rollback
+def not_restarted(srun: HostRun, result: HostResult, label: str, rolling_back: bool) -> HostResult:
+    """A server whose router step failed before its restart, said as what it is."""
+    why = result.message.removeprefix(f"{srun.name}: ").removeprefix("refused, not touched: ")
+    why = why.split("; the host was not touched")[0].replace(", files unchanged", "")
+    name = srun.host.server_name
+    state = (f"the install is restored from {label}, but {name} was not restarted onto its originals: its "
+             "restart is still to do; fix the cause, then rerun rollback") if rolling_back else (
+        f"the install is written ({label}), but {name} was not restarted onto it: its restart is still to do; "
+        "fix the cause, then rerun deploy-patch (or roll back)")
+    result.ok = False
+    step = "" if result.status == Status.INTERRUPTED else "its router step failed: "
+    result.message = f"{srun.name}: server {name} not restarted: {step}{why}\n  {state}"
+    result.details["restarted"] = False
+    return result
+
+
+def rollback_after_failure(run: HostRun, failed: HostResult, restarted: list[str] | None) -> HostResult:
+    """--on-failure rollback: the install back to its originals, and each server that runs the
+    patch (`restarted`; None: all) restarted again without it."""
     run.progress("rollback", failed.status)
     rb = rollback_servers(run, [run.job.patch.name], {run.job.patch.name: run.job.patch}, restarted)
     return fold_rollback(failed, rb)
@@ -134,10 +122,13 @@ def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: lis
         if restart is not None and srun.host.server_name not in restart:
             continue
         started = time.monotonic()
-        result = drain.around_restart(srun.job, srun.host, srun.remote,
-                                      lambda srun=srun: _restart_without(srun, names, patches, labels))
+        result = around_restart_of(srun, lambda srun=srun: _restart_without(srun, names, patches, labels),
+                                   ", ".join(labels), rolling_back=True)
         result.duration_s = time.monotonic() - started
         results.append((srun.host.server_name, result))
+    if not results:
+        return run.result(True, Status.ROLLED_BACK, f"{run.name}: {', '.join(labels)} rolled back; files restored to "
+                                                    "their original sha256; no server ran the patch: none restarted")
     result = combine(run, results, ", ".join(labels))
     if result.ok:
         result.status = Status.ROLLED_BACK
@@ -147,11 +138,13 @@ def rollback_servers(run: HostRun, names: list[str], patches: dict, restart: lis
     return result
 
 
-def restore_install(run: HostRun, names: list[str], labels: list[str], servers: list[str] | None = None
-                    ) -> HostResult | None:
+def restore_install(run: HostRun, names: list[str], labels: list[str], servers: list[str] | None = None,
+                    pending_after: bool | None = None) -> HostResult | None:
     """Restore the install from each patch of `names` (newest first) without a restart (the
     restarts follow, server by server or rank by rank); each restored patch's label joins `labels`.
-    None when done; else the host's failed result. `servers`: those left with a restart pending."""
+    None when done; else the host's failed result. `servers`: those left with a restart pending.
+    `pending_after`: the server never ran what is undone (a write undone before its restart), so
+    its restart is pending only as it was before that write."""
     try:
         reply = run.lock.probe([], content=False)
         entries = (reply.get("ledger") or {}).get("patches", {})
@@ -164,6 +157,8 @@ def restore_install(run: HostRun, names: list[str], labels: list[str], servers: 
             request["restart"] = None
             if servers is not None:
                 request["servers_pending"] = servers
+            if pending_after is not None:
+                request["restart_pending"] = pending_after
             out = run.remote.call("rollback", request)
             bad = [p for p, rec in entry["files"].items()
                    if ((out.get("files") or {}).get(p) or {}).get("sha256") != rec["before"]]
