@@ -420,8 +420,11 @@ def _marker_verdict(w: _Window, check: Check, seen: _Seen, route: _Route) -> Ver
     if not (obs.timed_out or (w.ready and w.settled and not m.ok)):
         return w.wait(m.missing, path, used, cause, seen.listed)
     if m.ok and not m.expect_missing and not w.health_ok:
+        # a patch judged by the probe (markers_optional) may have no marker line to quote
+        shown = (f"{w.quote(m.own[0])} shows {path or m.key} ran" if m.own
+                 else "the server logged that it is ready")
         msg = [w.head(False, "restart failed: the server is not healthy"),
-               f"  {w.quote(m.own[0])} shows {path or m.key} ran, but the health check does not answer 200"]
+               f"  {shown}, but the health check does not answer 200"]
         return Verdict(Status.RESTART_FAILED, True, path, used, cause, seen.listed, m.missing,
                        "\n".join(msg + w.tail()))
     if not route.res.determined:

@@ -476,3 +476,14 @@ def test_verdict_fields_and_statuses():
     assert evidence.shorten("Overlap scheduler is disabled when spec v2 is off or using unsupported", 50) == \
         "Overlap scheduler is disabled when spec v2 is off ..."
     assert PROFILE.strip_prefix("[2026-01-05 10:11:12 DP0 TP3] hello") == "hello"
+
+
+def test_unhealthy_with_no_marker_to_quote_is_restart_failed_not_a_crash():
+    """A patch the probe judges (markers optional) on a server whose health check fails: the
+    verdict says so; it used to quote a marker line that was never there (IndexError)."""
+    window = [W("0.5.9", "W2"), dump("0.5.9", "EAGLE3", False), ready("0.5.9")]
+    check = Check(LABEL, {}, [], list(FORBID), True, markers_optional=True)
+    subject = Subject(PROFILE, "0.5.9", V2_LAUNCH, HOST)
+    v = judge(obs(window, healthy=False, timed_out=True), subject, check)
+    assert v.status == "restart-failed" and v.final
+    assert "the server logged that it is ready, but the health check does not answer 200" in v.message
