@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from packaging.version import InvalidVersion, Version
 
 from .base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Resolution, Signature
-from .vllm_wheel import FACTS_DIR, branches_for
+from .vllm_wheel import FACTS_DIR, V2_SPEC, branches_for
 
 READY_LINE = "Application startup complete."   # uvicorn's, once vLLM's API server listens
 SMOKE_REQUEST = ("POST", "/v1/completions")
@@ -168,11 +168,18 @@ class VllmProfile(EngineProfile):
 
     # ------------------------------------------------------------ files and paths
     def siblings(self, version: Optional[str]) -> List[Tuple[str, str]]:
+        """The sibling rule's pairs: a method's own V1 drafter file (`v1/spec_decode/<method>*.py`) and
+        its own V2 speculator (`.../spec_decode/<method>/speculator.py`) where the facts have both for it."""
         rel = self.release(version)
         if rel is None:
             return []
-        return sorted({(a, b) for s in rel.x["siblings"] if len(s["v1"]) == 1 and len(s["v2"]) == 1
-                       for a in s["v1"] for b in s["v2"]})
+        out = set()
+        for s in rel.x["siblings"]:
+            own = f"{V2_SPEC}{s['method']}/speculator.py"
+            for a in s["v1"]:
+                if own in s["v2"] and a.rsplit("/", 1)[1].startswith(s["method"]):
+                    out.add((a, own))
+        return sorted(out)
 
     def siblings_for(self, specifier) -> List[Tuple[str, str]]:
         out: List[Tuple[str, str]] = []

@@ -143,6 +143,35 @@ def dispatch(src: Source, path: Optional[str], func: str, known: Dict[str, str])
     return out
 
 
+def speculator_configs(src: Source, known: Dict[str, str]) -> List[dict]:
+    """0.34+: each method's SpeculatorConfig names its speculator by qualname (`base_method`,
+    `speculator_class`, inherited by subclasses); one branch per method, like the dispatch's."""
+    found: Dict[str, Tuple[List[str], Dict[str, object], str, int]] = {}
+    for path in src.under(V2_SPEC):
+        for node in src.tree(path).body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("SpeculatorConfig"):
+                attrs = {t.id: st.value.value for st in node.body if isinstance(st, (ast.Assign, ast.AnnAssign))
+                         for t in ([st.target] if isinstance(st, ast.AnnAssign) else st.targets)
+                         if isinstance(t, ast.Name) and isinstance(getattr(st, "value", None), ast.Constant)}
+                found[node.name] = ([ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases], attrs, path, node.lineno)
+
+    def attr(name: str, key: str, seen=()) -> object:
+        bases, attrs, _, _ = found[name]
+        if key in attrs:
+            return attrs[key]
+        return next((v for b in bases if b in found and b not in seen
+                     for v in [attr(b, key, seen + (name,))] if v is not None), None)
+
+    out = []
+    for name in sorted(found):
+        method, qualname = attr(name, "base_method"), attr(name, "speculator_class")
+        cls = str(qualname).rsplit(".", 1)[-1] if qualname else None
+        if method and cls in known:
+            out.append({"when": [f"method == '{method}'"], "class": cls, "file": known[cls],
+                        "line": found[name][3], "config": f"{found[name][2]}:{name}"})
+    return out
+
+
 def literal_strings(src: Source, path: str, name: str) -> List[str]:
     """The strings of a `Name = Literal[...]` alias, nested aliases expanded."""
     aliases: Dict[str, ast.AST] = {}
@@ -338,7 +367,7 @@ def extract(src: Source) -> dict:
     speculators = classes_in(src, [p for p in src.under(V2_SPEC) if p.endswith("speculator.py")], ("Speculator",))
     v0 = classes_in(src, src.under(V0_SPEC), ("Worker", "Proposer"))
     v1 = dispatch(src, RUNNERS["v1"], "__init__", drafters)
-    v2 = dispatch(src, V2_DISPATCH, "init_speculator", speculators)
+    v2 = dispatch(src, V2_DISPATCH, "init_speculator", speculators) or speculator_configs(src, speculators)
     meth = methods(src)
     preds = predicates(src, meth["source"])
     runners = {k: p for k, p in RUNNERS.items() if src.has(p)}
