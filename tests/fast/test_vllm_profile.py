@@ -5,18 +5,22 @@ the other with nothing changed there (the local transport, the real SGLang files
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
+import yaml
+
 from fleetpatch import engines, steps
+from fleetpatch.engines import vllm_wheel
 from fleetpatch.engines.base import LaunchConfig
 from fleetpatch.engines.vllm import PROFILE, READY_LINE, SMOKE_REQUEST
 from fleetpatch.inventory import parse_inventory
 from fleetpatch.patchset import PatchError, load_patch, search_dirs
 from fleetpatch.transport_local import LocalTransport
-from support.localhost import EAGLE, EAGLE_V2, LocalHost, sha256
+from support.localhost import EAGLE, EAGLE_V2, job, sha256
 
 EAGLE_V1 = "vllm/v1/spec_decode/eagle.py"
 EAGLE_SPEC = "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py"
@@ -91,7 +95,8 @@ def test_a_release_the_profile_does_not_know_is_never_guessed():
     for version in ("0.35.0", "0.9.2", "0.34.1rc1", "nonsense"):
         p = predict(version)
         assert (p.path, p.file, p.known_version) == (None, None, False) and "nothing is predicted" in p.cause
-        assert PROFILE.fetch_files(version) == [] and PROFILE.siblings(version) == []
+        assert PROFILE.siblings(version) == []
+        assert set(PROFILE.fetch_files(version)) >= set(PROFILE.fetch_files("0.10.0")) | set(PROFILE.fetch_files("0.34.0"))
 
 
 def test_the_log_lines_that_show_the_runner():
@@ -151,3 +156,43 @@ def test_a_vllm_patch_on_an_sglang_host_is_refused_there_and_nothing_changes(lh,
                 "nothing was changed on this host") in r.message
     assert {rel: sha256(lh.file(rel)) for rel in (EAGLE, EAGLE_V2)} == before and lh.is_pristine()
     assert not lh.lock.exists() and not (lh.state / "ledger.json").exists()
+
+
+def vllm_host(lh, version="0.33.0"):
+    """The lh host tree with vLLM's files laid out beside SGLang's from the cached wheel members
+    (the dist-info's METADATA among them), as an `engine.kind: vllm` host."""
+    members = vllm_wheel.cached(version)
+    meta = f"vllm-{version}.dist-info/METADATA"
+    if members is None or not members.has(meta):
+        pytest.skip(f"vllm {version}'s wheel members are not cached: `invoke engine-facts --engine vllm "
+                    f"--version {version}` fetches them")
+    shutil.copytree(members.root / "files", lh.site, dirs_exist_ok=True)
+    inv = lh.inventory()
+    inv["hosts"][lh.name]["engine"]["kind"] = "vllm"
+    return parse_inventory(yaml.safe_dump(inv), file=str(lh.root / "hosts.yaml")).hosts[lh.name]
+
+
+def test_fetch_on_a_vllm_host_copies_its_release_s_files(lh, tmp_path):
+    host = vllm_host(lh)
+    j, _ = job(lh, None, host=host, dest=tmp_path / "src")
+    r = steps.fetch(j, host)
+    assert r.status == "fetched", r.message
+    meta = json.loads((tmp_path / "src" / host.name / "fetch.json").read_text())
+    assert (meta["engine"], meta["version"]) == ("vllm", "0.33.0")
+    assert meta["package_dir"] == str(lh.site)   # the folder that holds the vllm package
+    assert sorted(meta["files"]) == sorted(PROFILE.fetch_files("0.33.0"))
+    assert meta["files"][EAGLE_V1] == sha256(lh.site / EAGLE_V1)
+
+
+def test_an_sglang_patch_on_a_vllm_host_is_refused_there_and_nothing_changes(lh):
+    host = vllm_host(lh)
+    before = {rel: sha256(lh.site / rel) for rel in (EAGLE, EAGLE_V2, EAGLE_V1, EAGLE_SPEC)}
+    pid = lh.server_pid()
+    for run in (steps.check_patch, steps.deploy):
+        j, _ = job(lh, host=host)
+        r = run(j, host)
+        assert r.status == "conflict", r.message
+        assert ("spec-path-beacon is a patch for SGLang, but this host runs vLLM (engine.kind in the inventory); "
+                "nothing was changed on this host") in r.message
+    assert {rel: sha256(lh.site / rel) for rel in before} == before and lh.is_pristine()
+    assert not lh.lock.exists() and lh.server_pid() == pid   # not restarted

@@ -163,8 +163,15 @@ class VllmProfile(EngineProfile):
         return f"{names[0]} - {names[-1]}" if names else "none"
 
     def fetch_files(self, version: Optional[str]) -> List[str]:
+        """Files `fetch` copies: a known release's (all exist in it); for None or a release the
+        profile does not know, the union over every release (a host may lack some)."""
         rel = self.release(version)
-        return rel.files if rel else []
+        if rel is not None:
+            return rel.files
+        out: Dict[str, None] = {}
+        for name in sorted(self.releases, key=Version):
+            out.update(dict.fromkeys(self.releases[name].files))
+        return list(out)
 
     # ------------------------------------------------------------ files and paths
     def siblings(self, version: Optional[str]) -> List[Tuple[str, str]]:

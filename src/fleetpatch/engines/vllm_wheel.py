@@ -54,15 +54,19 @@ UVICORN_READY = "Application startup complete."
 _SELECTION_FILES = (ENVS, ARG_UTILS, *CONFIGS, GPU_WORKER, ENGINES["v0"], ENGINES["v1"], PLATFORM,
                     "vllm/platforms/cuda.py")
 _MEMBER = re.compile(
-    r"vllm/(envs|_version|logger|version)\.py$|vllm/engine/(arg_utils|llm_engine|async_llm_engine)\.py$"
+    r"vllm/(__init__|envs|_version|logger|version)\.py$|vllm/engine/(arg_utils|llm_engine|async_llm_engine)\.py$"
     r"|vllm/config/|vllm/config\.py$|vllm/v1/worker/|vllm/v1/spec_decode/|vllm/spec_decode/"
     r"|vllm/entrypoints/((openai|cli|serve|common)/)?[^/]*\.py$|vllm/platforms/(cuda|interface)\.py$|vllm/v1/engine/(core|llm_engine|async_llm)\.py$"
     r"|vllm/worker/")
 
 
+_METADATA = re.compile(r"vllm-[^/]+\.dist-info/METADATA$")
+
+
 def wanted(name: str) -> bool:
-    """The wheel members the facts are read from (a few MB of a 240-440 MB wheel)."""
-    return name.endswith(".py") and bool(_MEMBER.match(name))
+    """The wheel members the facts are read from (a few MB of a 240-440 MB wheel), and the
+    dist-info's METADATA (what a host's install says its version is)."""
+    return (name.endswith(".py") and bool(_MEMBER.match(name))) or bool(_METADATA.match(name))
 
 
 class Source:
