@@ -45,6 +45,8 @@ def test_a_facts_file_is_sorted_json_of_its_release(version):
     for s in x["siblings"]:
         assert s["v1"] and s["v2"] and set(s["v1"] + s["v2"]) <= set(x["files"])
     assert x["ready"]["line"] == "Application startup complete."
+    assert x["banner"] and all(b["text"] in ("vLLM API server version %s", "vLLM server version %s, serving model %s")
+                               for b in x["banner"])
 
 
 def test_the_engine_and_runner_choice_as_the_wheels_state_it():

@@ -49,6 +49,9 @@ def test_engine_kind_vllm_selects_the_vllm_profile():
     assert (PROFILE.package, READY_LINE, SMOKE_REQUEST) == ("vllm", "Application startup complete.",
                                                            ("POST", "/v1/completions"))
     assert PROFILE.version_file == "vllm/_version.py"
+    model = PROFILE.process_model("0.33.0")   # the defaults read from envs.py in the wheel
+    assert (model["VLLM_WORKER_MULTIPROC_METHOD"], model["VLLM_ENABLE_V1_MULTIPROCESSING"]) == ("fork", "1")
+    assert PROFILE.process_model("0.35.0") == {}
 
 
 @pytest.mark.parametrize("version, env, path, words", [

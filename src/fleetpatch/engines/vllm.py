@@ -173,6 +173,18 @@ class VllmProfile(EngineProfile):
             out.update(dict.fromkeys(self.releases[name].files))
         return list(out)
 
+    def process_model(self, version: Optional[str]) -> Dict[str, object]:
+        """The processes a server of `version` runs, and the defaults (from its envs.py) that shape them:
+        the API server, EngineCore (in the API server's process with VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        and one worker per rank, forked unless VLLM_WORKER_MULTIPROC_METHOD says spawn."""
+        rel = self.release(version)
+        if rel is None:
+            return {}
+        env = rel.x["env"]
+        return {"processes": ["API server", "EngineCore", "Worker_TP<rank>"],
+                "VLLM_WORKER_MULTIPROC_METHOD": _default(env.get("VLLM_WORKER_MULTIPROC_METHOD")),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": _default(env.get("VLLM_ENABLE_V1_MULTIPROCESSING"))}
+
     # ------------------------------------------------------------ files and paths
     def siblings(self, version: Optional[str]) -> List[Tuple[str, str]]:
         """The sibling rule's pairs: a method's own V1 drafter file (`v1/spec_decode/<method>*.py`) and
@@ -339,6 +351,12 @@ _LOG_FACTS = (
 
 def _log_fact(text: str) -> Optional[Tuple[str, str]]:
     return next((kv for needle, kv in _LOG_FACTS if needle in text), None)
+
+
+def _default(var: Optional[dict]) -> Optional[str]:
+    """The default in envs.py's reader: os.getenv('X', 'fork') or env_with_choices('X', 'fork', ...)."""
+    m = re.search(r"\('VLLM_\w+', '([^']*)'", (var or {}).get("reads", ""))
+    return m.group(1) if m else None
 
 
 def _inputs(values: Mapping[str, str], bare: Sequence[str], env: Mapping[str, str]) -> str:

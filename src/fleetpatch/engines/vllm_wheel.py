@@ -56,7 +56,7 @@ _SELECTION_FILES = (ENVS, ARG_UTILS, *CONFIGS, GPU_WORKER, ENGINES["v0"], ENGINE
 _MEMBER = re.compile(
     r"vllm/(__init__|envs|_version|logger|version)\.py$|vllm/engine/(arg_utils|llm_engine|async_llm_engine)\.py$"
     r"|vllm/config/|vllm/config\.py$|vllm/v1/worker/|vllm/v1/spec_decode/|vllm/spec_decode/"
-    r"|vllm/entrypoints/((openai|cli|serve|common)/)?[^/]*\.py$|vllm/platforms/(cuda|interface)\.py$|vllm/v1/engine/(core|llm_engine|async_llm)\.py$"
+    r"|vllm/entrypoints/((openai|cli|serve|common|serve/utils)/)?[^/]*\.py$|vllm/platforms/(cuda|interface)\.py$|vllm/v1/engine/(core|llm_engine|async_llm)\.py$"
     r"|vllm/worker/")
 
 
