@@ -77,6 +77,9 @@ def test_the_v1_drafter_and_v2_speculator_of_each_method_are_sibling_sets():
                                           ["vllm/v1/worker/gpu/spec_decode/eagle/speculator.py"])
     assert ("vllm/v1/spec_decode/eagle.py", "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py") in PROFILE.siblings("0.20.2")
     assert PROFILE.siblings("0.11.0") == [] and PROFILE.siblings("0.34.0") == []
+    # the model runners side by side: a fix to one runs on none of the servers that run the other
+    assert PROFILE.siblings("0.10.2") == [("vllm/worker/model_runner.py", "vllm/v1/worker/gpu_model_runner.py")]
+    assert ("vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py") in PROFILE.siblings("0.33.0")
 
 
 def test_the_docs_table_of_vllm_releases_is_generated_from_the_facts():

@@ -187,12 +187,13 @@ class VllmProfile(EngineProfile):
 
     # ------------------------------------------------------------ files and paths
     def siblings(self, version: Optional[str]) -> List[Tuple[str, str]]:
-        """The sibling rule's pairs: a method's own V1 drafter file (`v1/spec_decode/<method>*.py`) and
-        its own V2 speculator (`.../spec_decode/<method>/speculator.py`) where the facts have both for it."""
+        """The sibling rule's pairs: the model runners side by side (V0/V1, V1/V2), and a method's own
+        V1 drafter file (`v1/spec_decode/<method>*.py`) with its own V2 speculator
+        (`.../spec_decode/<method>/speculator.py`) where the facts have both for it."""
         rel = self.release(version)
         if rel is None:
             return []
-        out = set()
+        out = {(a, b) for a, b in rel.x["runner_pairs"]}
         for s in rel.x["siblings"]:
             own = f"{V2_SPEC}{s['method']}/speculator.py"
             for a in s["v1"]:

@@ -385,6 +385,8 @@ def extract(src: Source) -> dict:
         "version_file": VERSION_FILE,
         "files": list(dict.fromkeys(files)),
         "runners": runners,
+        # the model runners side by side: V0 against V1 (0.10.x), V1 against V2 (0.12-0.33)
+        "runner_pairs": [[runners[a], runners[b]] for a, b in (("v0", "v1"), ("v1", "v2")) if a in runners and b in runners],
         "engines": engines,
         "v0_spec_decode": v0,
         "drafters": drafters,
