@@ -199,3 +199,18 @@ def test_an_sglang_patch_on_a_vllm_host_is_refused_there_and_nothing_changes(lh)
                 "nothing was changed on this host") in r.message
     assert {rel: sha256(lh.site / rel) for rel in before} == before and lh.is_pristine()
     assert not lh.lock.exists() and lh.server_pid() == pid   # not restarted
+
+
+def test_the_cli_checks_a_patch_against_the_profile_its_engine_names(lh, tmp_path):
+    """`prepare` loads an `engine: vllm` patch with the vLLM profile even when the selected hosts run
+    SGLang (each such host is refused later, alone); an engine without a profile stays exit 2."""
+    from fleetpatch.cli_common import patch_profile
+    from fleetpatch.errors import UsageError
+    root = vllm_patch(tmp_path / "p")
+    assert patch_profile("vllm-fix", [root], [lh.host()]) is PROFILE
+    manifest = root / "vllm-fix" / "patch.yaml"
+    manifest.write_text(manifest.read_text().replace("engine: vllm", "engine: tgi"))
+    profile = patch_profile("vllm-fix", [root], [lh.host()])
+    assert profile is engines.get("sglang")
+    with pytest.raises(UsageError, match="this patch is for 'tgi', but the engine profile is 'sglang'"):
+        load_patch("vllm-fix", [root], profile)
