@@ -18,7 +18,7 @@ from fleetpatch.engines import vllm_wheel
 from fleetpatch.engines.base import LaunchConfig
 from fleetpatch.engines.vllm import PROFILE, READY_LINE, SMOKE_REQUEST
 from fleetpatch.inventory import parse_inventory
-from fleetpatch.patchset import PatchError, load_patch, search_dirs
+from fleetpatch.patchset import PatchError, load_patch
 from fleetpatch.transport_local import LocalTransport
 from support.localhost import EAGLE, EAGLE_V2, job, sha256
 

@@ -10,14 +10,13 @@ run or its test reads each release once per machine.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 PYPI_JSON = "https://pypi.org/pypi/{project}/json"
 # the x86_64 Linux wheel: the Python files are the same in every platform's wheel
@@ -146,7 +145,3 @@ def _spans(infos: Iterable[zipfile.ZipInfo], size: int) -> List[Tuple[int, int]]
         else:
             out.append([start, end])
     return [(s, e) for s, e in out]
-
-
-def sha256_of(members: Members, paths: Iterable[str]) -> Dict[str, str]:
-    return {p: hashlib.sha256((members.root / "files" / p).read_bytes()).hexdigest() for p in sorted(paths)}
