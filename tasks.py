@@ -1,6 +1,6 @@
 """`invoke <command>` in the repo runs the same tasks as the installed `fleetpatch` program,
 plus the maintainer tasks (repo only): `invoke bench` (the benchmark in bench/),
-`invoke engine-facts --version X` (a SGLang release's facts from its wheel) and
+`invoke engine-facts [--engine vllm] --version X` (a release's facts from its wheel) and
 `invoke supported-releases` (the README's table of them)."""
 import signal
 import subprocess
@@ -71,40 +71,52 @@ def bench(c, sizes="1,8,32", repeats="3", tools="fleetpatch,baseline,baseline-c2
 ns.add_task(bench)
 
 
-@task(auto_shortflags=False, help={"version": "the SGLang release, e.g. 0.5.24 (as on PyPI)",
-                                   "wheel": "read this wheel instead of downloading it"})
-def engine_facts(c, version, wheel=""):
-    """Write a SGLang release's facts (src/fleetpatch/engines/sglang_releases/VERSION.json) from its wheel.
+@task(auto_shortflags=False, help={"version": "the release, e.g. 0.5.24 (as on PyPI)",
+                                   "wheel": "read this wheel instead of downloading it (sglang)",
+                                   "engine": "sglang (default) or vllm"})
+def engine_facts(c, version, wheel="", engine="sglang"):
+    """Write a release's facts (src/fleetpatch/engines/<engine>_releases/VERSION.json) from its wheel.
 
-    Downloads the wheel once (pip download --no-deps; cached in ~/.cache/fleetpatch/wheels), reads it with
-    ast (nothing of SGLang is imported), keeps the file's reviewed section (a new release starts from the
-    previous release's, pending review), and prints what differs from the previous release."""
+    sglang: downloads the wheel once (pip download --no-deps; cached in ~/.cache/fleetpatch/wheels).
+    vllm: fetches only the members it reads (the zip's central directory and a few MB of Python files,
+    by HTTP range from PyPI's file host; cached in ~/.cache/fleetpatch/wheels/vllm-VERSION.members).
+    Reads them with ast (nothing of the engine is imported), keeps the file's reviewed section (a new
+    release starts from the previous release's, pending review), and prints what differs from the
+    previous release."""
     from packaging.version import InvalidVersion, Version
 
-    from fleetpatch.engines import sglang_wheel
+    from fleetpatch.engines import sglang_wheel, vllm_wheel
 
     try:
         Version(version)
     except InvalidVersion:
         raise Exit(f"engine-facts: --version {version!r} is not a PEP 440 version (e.g. 0.5.24)", code=2)
+    if engine not in ("sglang", "vllm"):
+        raise Exit(f"engine-facts: --engine {engine!r}: expected sglang or vllm", code=2)
+    module = sglang_wheel if engine == "sglang" else vllm_wheel
     try:
-        out, lines = sglang_wheel.write_release(version, wheel=Path(wheel) if wheel else None)
+        if engine == "sglang":
+            out, lines = sglang_wheel.write_release(version, wheel=Path(wheel) if wheel else None)
+        else:
+            out, lines = vllm_wheel.write_release(version)
     except (RuntimeError, OSError) as e:
         raise Exit(f"engine-facts: {e}", code=1)
     print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
     print("\n".join(lines))
-    reviewed = sglang_wheel.reviewed_for(version)
+    reviewed = module.reviewed_for(version)
     if str(reviewed.get("status", "")).startswith("pending"):
-        print(f"review its 'reviewed' section (routing policy, worker families, which lines mean what), then set "
+        what = ("routing policy, worker families, which lines mean what" if engine == "sglang"
+                else "the runner policy: " + ", ".join(vllm_wheel.POLICY_TEXT))
+        print(f"review its 'reviewed' section ({what}), then set "
               f"its status to \"reviewed\": until then the profile does not know {version}")
 
 
-@task(auto_shortflags=False)
-def supported_releases(c):
-    """Print the README's table of supported SGLang releases (markdown), from the facts files."""
-    from fleetpatch.engines import sglang_wheel
+@task(auto_shortflags=False, help={"engine": "sglang (default) or vllm"})
+def supported_releases(c, engine="sglang"):
+    """Print docs/engine-versions.md's table of supported releases (markdown), from the facts files."""
+    from fleetpatch.engines import sglang_wheel, vllm_wheel
 
-    print(sglang_wheel.supported_table(), end="")
+    print((vllm_wheel if engine == "vllm" else sglang_wheel).supported_table(), end="")
 
 
 ns.add_task(engine_facts)

@@ -22,7 +22,7 @@ from . import steps
 from . import engines
 from .errors import FleetpatchError, UsageError, exit_code
 from .inventory import load_inventory, resolve_inventory_path
-from .patchset import MANIFEST, PatchError, load_patch, parse_ref, require_markers, search_dirs
+from .patchset import MANIFEST, PatchError, load_patch, manifest_engine, parse_ref, require_markers, search_dirs
 from .textsafe import safe_line
 
 HELP = {
@@ -262,8 +262,18 @@ def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=No
     if patch and by_host_record and not any((d / parse_ref(patch)[0] / MANIFEST).is_file() for d in dirs):
         return inv, selected, dirs, None, None
     if patch:
-        patch_obj, rev = load_patch(patch, dirs, engines.for_hosts(selected))
+        patch_obj, rev = load_patch(patch, dirs, patch_profile(patch, dirs, selected))
     return inv, selected, dirs, patch_obj, rev
+
+
+def patch_profile(patch: str, dirs, selected):
+    """The profile of the engine the patch names (`engine:` in its patch.yaml): a selected host of
+    another engine is refused for that host alone, nothing written there. The hosts' engine when the
+    manifest names none fleetpatch has a profile for (load_patch then says what is wrong)."""
+    engine = manifest_engine(patch, dirs)
+    if engine and engine.strip().lower() in engines.kinds():
+        return engines.get(engine)
+    return engines.for_hosts(selected)
 
 
 def check_probe_off(patch_obj, selected, no_probe: bool) -> None:
@@ -279,7 +289,7 @@ def check_probe_off(patch_obj, selected, no_probe: bool) -> None:
             return
         why = f"engine.probe: false (host{'s' if len(off) > 1 else ''} {', '.join(off)})"
     try:
-        require_markers(patch_obj, engines.for_hosts(selected), why)
+        require_markers(patch_obj, engines.get(patch_obj.engine), why)
     except PatchError as e:
         raise UsageError(str(e)) from None
 

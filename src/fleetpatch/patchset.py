@@ -560,6 +560,19 @@ def load_patch(ref: str, dirs: List[Path], profile) -> Tuple[Patch, Optional[int
     return patch, want_rev
 
 
+def manifest_engine(ref: str, dirs: List[Path]) -> Optional[str]:
+    """The `engine:` a patch's manifest names, or None where it cannot be read (load_patch says why)."""
+    name = parse_ref(ref)[0]
+    for d in dirs:
+        if (Path(d) / name / MANIFEST).is_file():
+            try:
+                engine = _read_manifest(Path(d) / name)[1].get("engine")
+            except PatchError:
+                return None
+            return engine if isinstance(engine, str) else None
+    return None
+
+
 def _read_manifest(folder: Path) -> tuple:
     """(how messages name patch.yaml, its top-level mapping), the keys checked."""
     manifest = folder / MANIFEST

@@ -38,7 +38,7 @@ def registered():
 # ----------------------------------------------------------------- finding the profile
 def test_a_registered_profile_is_a_known_kind_everywhere(registered):
     assert engines.get("toyserve") is TOY and engines.get("ToyServe") is TOY
-    assert engines.kinds() == ("sglang", "toyserve") and engines.KINDS == ("sglang", "toyserve")
+    assert engines.kinds() == ("sglang", "toyserve", "vllm") and engines.KINDS == ("sglang", "toyserve", "vllm")
     inv = parse_inventory(textwrap.dedent("""\
         hosts:
           toy-01:
@@ -52,12 +52,12 @@ def test_a_registered_profile_is_a_known_kind_everywhere(registered):
 
 def test_unknown_kinds_name_every_profile(registered):
     with pytest.raises(engines.UnknownEngine) as e:
-        engines.get("vllm")
-    assert "'vllm'" in str(e.value) and "sglang, toyserve" in str(e.value)
+        engines.get("tgi")
+    assert "'tgi'" in str(e.value) and "sglang, toyserve, vllm" in str(e.value)
     with pytest.raises(InventoryError) as e:
-        parse_inventory("hosts:\n  a: {address: h, engine: {kind: vllm, python: /p},"
+        parse_inventory("hosts:\n  a: {address: h, engine: {kind: tgi, python: /p},"
                         " server: {log: /l, restart: {kind: systemd, unit: u}}}\n")
-    assert "unknown engine kind 'vllm'; fleetpatch has profiles for sglang, toyserve" in str(e.value)
+    assert "unknown engine kind 'tgi'; fleetpatch has profiles for sglang, toyserve, vllm" in str(e.value)
 
 
 def test_an_engine_module_dropped_into_engines_is_found(tmp_path, monkeypatch):
@@ -256,8 +256,9 @@ def core_modules():
     skip = {"engines/sglang.py"}
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        # engines/sglang_facts.py and sglang_wheel.py are the profile's own modules (its facts)
-        if rel not in skip and not rel.startswith(("demo/", "patches/", "engines/sglang_")):
+        # engines/sglang_facts.py and sglang_wheel.py are the profile's own modules (its facts); so are
+        # engines/vllm*.py of the vLLM profile, which names vLLM's own variables (VLLM_...)
+        if rel not in skip and not rel.startswith(("demo/", "patches/", "engines/sglang_", "engines/vllm")):
             yield rel, path
 
 

@@ -95,8 +95,8 @@ def test_get_returns_the_profile_and_rejects_unknown_kinds():
     assert engines.get("sglang") is PROFILE
     assert engines.get("SGLang") is PROFILE
     with pytest.raises(engines.UnknownEngine) as e:
-        engines.get("vllm")
-    assert "vllm" in str(e.value) and "sglang" in str(e.value)
+        engines.get("tgi")
+    assert "tgi" in str(e.value) and "sglang, vllm" in str(e.value)
     from fleetpatch.errors import UsageError
     assert isinstance(e.value, UsageError)
 

@@ -313,7 +313,7 @@ def test_brief_example_message():
     ("connect_timeout: 0", "hosts.a.connect_timeout", "must be more than 0"),
     ("engine: /usr/bin/python", "hosts.a.engine", "expected a mapping, got '/usr/bin/python'"),
     ("engine: {python: 3}", "hosts.a.engine.python", "expected a string, got 3"),
-    ("engine: {kind: vllm}", "hosts.a.engine.kind", "unknown engine kind 'vllm'; fleetpatch has profiles for sglang"),
+    ("engine: {kind: tgi}", "hosts.a.engine.kind", "unknown engine kind 'tgi'; fleetpatch has profiles for sglang, vllm"),
     ("engine: {pyhton: /x}", "hosts.a.engine.pyhton", "unknown key (did you mean 'python'?)"),
     ("server: {log: [x]}", "hosts.a.server.log", "expected a string, got a list"),
     ("server: {ready_timeout: -1}", "hosts.a.server.ready_timeout", "must be more than 0"),

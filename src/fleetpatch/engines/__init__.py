@@ -19,7 +19,7 @@ from .base import EngineProfile, Evidence, Facts, LaunchConfig, Prediction, Reso
 DEFAULT_KIND = "sglang"   # what an inventory without engine.kind means (inventory.py says the same)
 
 _REGISTERED: Dict[str, EngineProfile] = {}
-_NOT_PROFILES = {"base", "sglang_facts", "sglang_wheel"}   # helpers of the sglang profile
+_NOT_PROFILES = {"base", "sglang_facts", "sglang_wheel", "vllm_wheel", "vllm_members"}   # helpers of the profiles
 
 
 class UnknownEngine(UsageError, ValueError):

@@ -141,7 +141,18 @@ def version_note(profile, version: str | None) -> str | None:
             "the path will be judged by the markers")
 
 
-ENGINE_NAMES = {"sglang": "SGLang"}   # how messages name an engine (else its package name)
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}   # how messages name an engine (else its package name)
+
+
+def refuse_other_engine(job: Job, host: Host) -> None:
+    """A patch is for one engine: a host of another is refused before anything is written."""
+    kind = (host.engine.kind or "sglang").strip().lower()
+    want = str(getattr(job.patch, "engine", "") or "").strip().lower()
+    if want and kind != want:
+        raise HostFailure(Status.CONFLICT, f"{host.name}: {job.patch.name} is a patch for "
+                                           f"{ENGINE_NAMES.get(want, want)}, but this host runs "
+                                           f"{ENGINE_NAMES.get(kind, kind)} (engine.kind in the inventory); "
+                                           "nothing was changed on this host")
 
 
 def superseded_line(profile, patch, version: str) -> str | None:
@@ -156,6 +167,7 @@ def superseded_line(profile, patch, version: str) -> str | None:
 
 
 def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
+    refuse_other_engine(job, host)
     profile = get_profile(host.engine.kind)
     version = reply.get("version") or None
     if not version:
