@@ -46,7 +46,7 @@ def test_a_deploy_whose_pidfile_names_an_unrelated_process_signals_nothing_and_s
     assert alive(sleeper), "the sleep was signalled"
     assert r.status == "restart-failed", r.message
     assert f"{lh.pidfile} names pid {sleeper.pid}, which is not the server" in r.message
-    assert f"its command line is `/bin/sleep 300`, not server.restart.start `{lh.python}" in r.message
+    assert f"its command line `/bin/sleep 300` runs another program than server.restart.start `{lh.python}" in r.message
     assert "fleetpatch signalled nothing" in r.message and f"remove {lh.pidfile}" in r.message
     assert lh.pidfile.read_text() == f"{sleeper.pid}\n", "no server was started over it"
     assert not lh.lock.exists()
@@ -69,6 +69,31 @@ def test_the_operators_server_by_its_command_line_is_stopped(tmp_path, sleeper):
     restart = settings(tmp_path, sleeper.pid)
     assert agent_restart.stop_command_server(restart) == {"stopped": sleeper.pid, "signal": "TERM"}
     assert not alive(sleeper)
+
+
+def test_the_operators_server_is_stopped_after_start_was_given_a_new_flag(tmp_path, sleeper):
+    """The operator changed `start` (a new flag) since the server was launched: the process still
+    runs that program, so the restart stops it and starts the new command line."""
+    restart = settings(tmp_path, sleeper.pid, argv=["/bin/sleep", "300", "--new-flag"])
+    assert agent_restart.stop_command_server(restart) == {"stopped": sleeper.pid, "signal": "TERM"}
+    assert not alive(sleeper)
+
+
+def test_an_interpreter_running_another_module_is_not_the_server(tmp_path):
+    """The same python, but another `-m` module: not the server, whatever its flags."""
+    proc = subprocess.Popen(["python3", "-m", "http.server", "--bind", "127.0.0.1", "0"], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while b"http.server" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            time.sleep(0.01)
+        restart = settings(tmp_path, proc.pid, argv=["python3", "-m", "sglang.launch_server", "--port", "0"])
+        with pytest.raises(AgentError) as e:
+            agent_restart.stop_command_server(restart)
+        assert proc.poll() is None
+        assert "runs another program than server.restart.start `python3 -m sglang.launch_server" in e.value.message
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_the_server_fleetpatch_started_is_known_by_its_mark_whatever_its_command_line(tmp_path):

@@ -142,11 +142,26 @@ def started_epoch(stat):
     return boot + stat.start / float(os.sysconf("SC_CLK_TCK"))
 
 
-def same_command(pid, running, argv):
-    """Is `running` (the command line of `pid`) the one `argv` starts? The same words after the
-    program, and the same program: by name, or (another spelling of it, as "python3" for
-    "/opt/venv/bin/python3") by the file it runs."""
-    if not running or not argv or running[1:] != list(argv[1:]):
+def what_runs(argv):
+    """What a command line runs, leaving out the flags an operator changes between restarts: for
+    an interpreter, the module (`-m X`) or the script it is given; else nothing more."""
+    rest = list(argv[1:])
+    for i, word in enumerate(rest):
+        if word == "-m" and i + 1 < len(rest):
+            return "-m " + rest[i + 1]
+        if word.startswith("-m") and len(word) > 2:
+            return "-m " + word[2:]
+        if not word.startswith("-"):
+            return os.path.basename(word) if word.endswith(".py") else None
+    return None
+
+
+def same_program(pid, running, argv):
+    """Does `running` (the command line of `pid`) run the server that `argv` starts? The same
+    program, by name or (another spelling of it, as "python3" for "/opt/venv/bin/python3") by the
+    file it runs, and for an interpreter the same module or script. Its flags may differ: an
+    operator who changes `start` (a new flag) restarts the server that the old one started."""
+    if not running or not argv or what_runs(running) != what_runs(argv):
         return False
     if os.path.basename(running[0]) == os.path.basename(argv[0]):
         return True
@@ -161,7 +176,7 @@ def same_command(pid, running, argv):
 def pidfile_mismatch(pid, argv, pidfile):
     """Why the live process `pid`, named by `pidfile`, is not the server that `argv` starts; None
     when it may be. It is not when it began after the pidfile was written (the server ended and
-    its pid went to another process), or when it runs another command line."""
+    its pid went to another process), or when it runs another program."""
     stat = proc_stat(pid)
     if stat is None:
         return "its /proc/%d cannot be read" % pid
@@ -175,8 +190,8 @@ def pidfile_mismatch(pid, argv, pidfile):
         return ("it started at %s, after the pidfile was written (%s): the server that wrote it ended and its pid "
                 "went to another process" % (when(began), when(written)))
     running = proc_argv(pid)
-    if not same_command(pid, running, argv):
-        return "its command line is `%s`, not server.restart.start `%s`" % (
+    if not same_program(pid, running, argv):
+        return "its command line `%s` runs another program than server.restart.start `%s`" % (
             " ".join(running or ["(none)"])[:300], " ".join(argv or [])[:300])
     return None
 
@@ -185,7 +200,7 @@ def refuse_to_signal(pidfile, pid, why):
     """The one-line refusal to stop a pidfile's process that is not the server: nothing was signalled."""
     raise AgentError("restart-failed", "%s names pid %d, which is not the server: %s. fleetpatch signalled "
                                        "nothing; if the server is not running, remove %s, else stop it yourself "
-                                       "(or make server.restart.start its command line), then rerun"
+                                       "(or make server.restart.start run its program), then rerun"
                      % (pidfile, pid, why, pidfile))
 
 
