@@ -157,18 +157,22 @@ def what_runs(argv):
 
 
 def same_program(pid, running, argv):
-    """Does `running` (the command line of `pid`) run the server that `argv` starts? The same
-    program, by name or (another spelling of it, as "python3" for "/opt/venv/bin/python3") by the
-    file it runs, and for an interpreter the same module or script. Its flags may differ: an
-    operator who changes `start` (a new flag) restarts the server that the old one started."""
-    if not running or not argv or what_runs(running) != what_runs(argv):
+    """Does `running` (the command line of `pid`) run the server that `argv` starts? For an
+    interpreter, the same module (`-m X`) or script, whichever interpreter runs it (the operator
+    may have moved the venv); else the same program, by name or (another spelling of it, as
+    "python3" for "/opt/venv/bin/python3") by the file it runs. Its flags may differ: an operator
+    who changes `start` (a new flag) restarts the server that the old one started."""
+    if not running or not argv:
         return False
+    wanted = what_runs(argv)
+    if wanted is not None:
+        return what_runs(running) == wanted
     if os.path.basename(running[0]) == os.path.basename(argv[0]):
         return True
     import shutil
-    wanted = shutil.which(argv[0])
+    found = shutil.which(argv[0])
     try:
-        return wanted is not None and os.path.realpath(wanted) == os.path.realpath("/proc/%d/exe" % pid)
+        return found is not None and os.path.realpath(found) == os.path.realpath("/proc/%d/exe" % pid)
     except OSError:
         return False
 
