@@ -102,7 +102,9 @@ def _block(data: bytes) -> bytes:
 
 
 def cache_key_path() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):   # the XDG spec: a relative value is ignored
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state) / "fleetpatch" / "agent-cache.key"
 
 
