@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,11 +103,22 @@ class Interp:
         return subprocess.run(cmd, capture_output=True, text=True, env=full, check=check, timeout=300)
 
 
+def clear_dead_probes(root: Path) -> None:
+    """The root outlives test runs: a run killed mid-test (Ctrl-C, a timeout) leaves its probe's
+    .pth in the root's site dirs, pointing at a temporary folder that is gone. Those are taken
+    out; a live run's (its runtime still there) is left alone."""
+    for pth in root.glob(f"usr/*/lib/python3*/*-packages/{probe_install.PTH_PREFIX}*{probe_install.PTH_SUFFIX}"):
+        runtime = re.search(r"open\('([^']+)'", pth.read_text(errors="replace"))
+        if runtime is None or not Path(runtime.group(1)).exists():
+            pth.unlink(missing_ok=True)
+
+
 def trixie_root() -> Path:
     """The Debian trixie root, built once (debootstrap, about 30 s) and kept in a fixed place."""
     if (TRIXIE / "usr/bin/python3").exists():
         if os.geteuid() != 0 or not shutil.which("chroot"):
             pytest.skip("Python 3.13 lines mode runs the trixie root with chroot: run as root")
+        clear_dead_probes(TRIXIE)
         return TRIXIE
     if os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("chroot"):
         pytest.skip("Python 3.13 lines mode needs a Debian trixie root: run as root with debootstrap installed")
