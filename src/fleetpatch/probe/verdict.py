@@ -226,13 +226,13 @@ def take_record(seen, name, obj, pid, plan_modules, added):
 
 def take_count(seen, path, obj):
     """A count record (C-): a watched function ran `count` times in one process (the probe writes
-    it at counts 1 to EXACT_COUNTS, then at each power of two: above that it is a lower bound)."""
+    it at counts 1 to EXACT_COUNTS, then at each power of two: from EXACT_COUNTS on it is a lower bound)."""
     unit, count = obj.get("unit"), obj.get("count")
     if not isinstance(unit, str) or not isinstance(count, int) or count < 1:
         return
     entry = seen["calls"].setdefault(path, {}).setdefault(unit, {"count": 0, "exact": True, "lines": []})
     entry["count"] += count
-    entry["exact"] = entry["exact"] and count <= EXACT_COUNTS
+    entry["exact"] = entry["exact"] and count < EXACT_COUNTS    # the next write after 8 is at 16
     entry["lines"] = sorted(set(entry["lines"]) | {n for n in obj.get("lines") or () if isinstance(n, int)})
 
 

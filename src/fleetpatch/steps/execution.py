@@ -44,13 +44,14 @@ def added_of(revision, states: dict | None = None) -> dict:
     return probe_verdict.added_lines(revision.diff_text, offsets)
 
 
-def siblings(profile, paths) -> list[str]:
-    """The sibling files of `paths` (the other path's file): reported as imported or never imported."""
-    out = []
+def siblings(profile, paths) -> dict[str, list[str]]:
+    """{sibling file: [the patched files of `paths` it pairs with]}: reported as imported or never
+    imported, and its functions named like the patched ones counted."""
+    out: dict[str, list[str]] = {}
     for a, b in getattr(profile, "sibling_pairs", None) or []:
         for have, other in ((a, b), (b, a)):
-            if have in paths and other not in paths and other not in out:
-                out.append(other)
+            if have in paths and other not in paths and have not in out.setdefault(other, []):
+                out[other].append(have)
     return out
 
 
