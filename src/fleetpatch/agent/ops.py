@@ -21,7 +21,8 @@ from .restart import log_position, restart_server, server_pid, stop_server
 
 
 def op_probe(state, req):
-    out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3]}
+    out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
+           "host_time": time.time()}   # the host's clock: how long ago its last restart was (status)
     if req.get("lock"):
         out["locked"] = take_lock(state, req, req["lock"])
         if not out["locked"]:
