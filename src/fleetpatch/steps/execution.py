@@ -227,9 +227,9 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
         block["proved_by"] = ctx.timeline.proved_by(block.get("ran_at"))
         shown = "; ".join(f"{f} line{'s' if len(n) > 1 else ''} {', '.join(map(str, n[:8]))}"
                           for f, n in sorted(ran.items()))
-        by = f", proved by {block['proved_by']}" if block["proved_by"] else ""
+        by = f"; proved by {block['proved_by']}" if block["proved_by"] else ""
         v.message += (f"\n  executed ({block['mode']} mode): {shown} (pids {', '.join(map(str, block['pids']))}"
-                      f"{_where(block)}{by})")
+                      f"{_where(block)}){by}")
         return v
     if not done:
         return _pending(v, ctx, "a line this patch adds to run")
