@@ -44,6 +44,9 @@ class Watch:
     record_lock: str | None = None
     # execution.ExecutionView while the probe judges execution too (None: markers alone)
     execution: object | None = None
+    # probe.verdict.Timeline (host clock): the ready time, the smoke requests' window, for
+    # execution.proved_by; what is None here is filled from the follow (its ready line)
+    timeline: object | None = None
 
     @property
     def recorded_as(self) -> str:
@@ -175,6 +178,7 @@ class EventLog:
         self.healthy: bool | None = None
         self.server_info: dict | None = None
         self.ready_at: float | None = None
+        self.ready_epoch: float | None = None   # the host's clock when the agent saw the ready line
         self.launch = launch
 
     def add(self, ev: dict) -> None:
@@ -186,6 +190,8 @@ class EventLog:
             self.alive, self.healthy = ev.get("alive"), ev.get("healthy")
         elif kind == "server_info":
             self.server_info = ev.get("data")
+        elif kind == "ready" and self.ready_epoch is None:
+            self.ready_epoch = ev.get("at")
         elif kind == "launch" and ev.get("argv"):
             # After a restart the running process is the one to read, not what it was before.
             self.launch = LaunchConfig(argv=ev["argv"], env=ev.get("env") or {}, source="process")
@@ -284,12 +290,17 @@ class Judging:
         from . import execution
         view = self.watch.execution
         block = execution.exe_note(view.block(label), view)
-        self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
-                                                           "message", "pid_namespace") if k in block}
         settled = obs.since_ready_s is not None and obs.since_ready_s >= self.run.job.settle_s
         ctx = execution.Context(self.run.name, label, self.run.profile, self.run.version, settled, obs.timed_out,
-                                time.monotonic() - self.t0)
-        return execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
+                                time.monotonic() - self.t0, execution.timeline_of(
+                                    self.watch.timeline,
+                                    # a re-read (verify-logs) sees the ready line now: the ledger's time is the one
+                                    None if self.watch.recorded_as == "verify-logs" else self.events.ready_epoch))
+        v = execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
+        self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
+                                                           "proved_by", "calls", "message", "pid_namespace")
+                                     if k in block}
+        return v
 
     # A batch of lines that holds nothing that can decide is judged at most this often:
     # the judgement reads the kept window, which a chatty log does not grow.
