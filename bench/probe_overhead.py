@@ -15,7 +15,9 @@ initialised transformer in plain torch (no weights), batch 1 and 64, eager,
 CUDA graphs and torch.compile, with the probe in the interpreter's best mode
 (lines on 3.12+), then eager and torch.compile again in functions mode (what
 3.8-3.11 hosts get). Each step calls a patched function (`postprocess`, its
-lines added by the "revision"). The probed copy and an identical unprobed copy
+lines added by the "revision"), and before it, in Python, `admit`, whose one
+added line never runs, so the probe counts every one of its calls (the wider
+watching of issue 31, up to the probe's count cap). The probed copy and an identical unprobed copy
 run in the same process, in pairs: each repetition times both back to back,
 in alternating order (ABBA), each run about --run-seconds long (its steps
 sized from the measured step rate). The overhead is the median over the pairs
@@ -70,6 +72,14 @@ import torch
 def postprocess(logits, temperature):
     scaled = logits.float() / temperature  # added
     return torch.argmax(scaled, dim=-1)  # added
+
+
+def admit(step, limit):
+    """Called once a step in Python, outside any graph, as a scheduler's per-step method is: its
+    added line never runs, so the probe counts every call (up to its cap): the wider watching."""
+    if step > limit:
+        raise RuntimeError("step limit passed")  # added
+    return step
 '''
 
 
@@ -334,8 +344,9 @@ def gpu_model(torch, batch, dev, tiny=False):
     return forward, max_len
 
 
-def gpu_runner(torch, kind, forward, post, batch, max_len, dev):
-    """A function running n decode steps of `kind` (eager, cudagraph, compile) with `post`."""
+def gpu_runner(torch, kind, forward, post, batch, max_len, dev, admit=None):
+    """A function running n decode steps of `kind` (eager, cudagraph, compile) with `post`, and
+    `admit` called in Python before each step (as a scheduler's per-step method is)."""
     tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
     pos = torch.zeros((), dtype=torch.long, device=dev)
     temperature = 0.7
@@ -362,7 +373,9 @@ def gpu_runner(torch, kind, forward, post, batch, max_len, dev):
             graph.replay()
 
     def run(n):
-        for _ in range(n):
+        for i in range(n):
+            if admit is not None:
+                admit(i, 1 << 62)
             step()
             pos.add_(1).remainder_(max_len)
     return run
@@ -402,7 +415,7 @@ def gpu_worker_timed(torch, args):
     probed, plain = worker_setup(args.scratch)
     batch, dev = args.batch, args.device
     forward, max_len = gpu_model(torch, batch, dev, args.tiny)
-    runners = {label: gpu_runner(torch, args.exec_mode, forward, mod.postprocess, batch, max_len, dev)
+    runners = {label: gpu_runner(torch, args.exec_mode, forward, mod.postprocess, batch, max_len, dev, mod.admit)
                for label, mod in (("probed", probed), ("plain", plain))}
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     for _ in range(3):                # warm-up (compile, capture) outside the timing, interleaved
