@@ -237,6 +237,7 @@ class RecordReader(object):
 
     def __init__(self, req):
         self.folder = probe_dir(req)
+        self.records_dir = os.path.join(self.folder, probe_install.RECORDS_NAME) if self.folder else None
         self.boxed = bool(req.get("container"))
         self.sent = set()
         self.plan_sent = False
