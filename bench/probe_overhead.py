@@ -183,6 +183,53 @@ def cpu_bench(reps):
     return results
 
 
+START_SCRIPT = ("import site, sys\n"
+                "site.addsitedir(sys.argv[1] + '/site')\n"   # the .pth read, as site does at start
+                "sys.path.insert(0, sys.argv[1] + '/mods')\n"
+                "import %s as m\n"
+                "m.hot(1)\n" % PROBED)
+
+
+def start_cpu(argv_prefix, inner, n):
+    """CPU ms (user + sys, rusage of the children) of one interpreter start that imports the
+    watched module and runs one added line, its site dir read with `-S` + site.addsitedir."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    r0 = os.times()
+    for _ in range(n):
+        subprocess.run(argv_prefix + ["-S", "-c", START_SCRIPT, inner], env=env, check=True)
+    r1 = os.times()
+    return 1000.0 * ((r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)) / n
+
+
+def start_bench(reps, starts=10):
+    """The probe's cost per server start: the same start with the probe's .pth in the site dir
+    and without (an empty site dir), `reps` interleaved rounds of `starts` processes each."""
+    results = []
+    for label, argv, root, mode in cpu_interpreters():
+        probed_inner, probed_host = make_scratch(root, CPU_MODULE, mode)
+        plain_inner, plain_host = make_scratch(root, CPU_MODULE, mode)
+        for name in os.listdir(plain_host + "/site"):      # the same tree, no probe
+            os.remove(os.path.join(plain_host, "site", name))
+        try:
+            with_probe, without = [], []
+            for _ in range(reps):
+                with_probe.append(start_cpu(argv, probed_inner, starts))
+                without.append(start_cpu(argv, plain_inner, starts))
+            recorded = records_of(probed_host)
+        finally:
+            shutil.rmtree(probed_host, ignore_errors=True)
+            shutil.rmtree(plain_host, ignore_errors=True)
+        a, b = statistics.median(with_probe), statistics.median(without)
+        row = {"interpreter": label, "mode": recorded["mode"], "reps": reps, "starts": starts,
+               "start_cpu_ms_probe": round(a, 2), "start_cpu_ms_plain": round(b, 2), "probe_cpu_ms": round(a - b, 2),
+               "processes_recorded": recorded["processes"]}
+        results.append(row)
+        print("%-45s %-9s start CPU %.1f ms with the probe, %.1f ms without: %+.1f ms per start"
+              % (label, row["mode"], a, b, a - b), flush=True)
+    return results
+
+
 def gpu_configs(args):
     """(probe mode the plan asks for, exec mode, batch) of each GPU row, in the order they run."""
     split = lambda text: [k for k in (text or "").split(",") if k]   # noqa: E731
@@ -464,6 +511,8 @@ def main(argv=None):
     ap.add_argument("--budget-seconds", type=int, default=480,
                     help="GPU rows that would end past this many seconds since the start are skipped")
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU part")
+    ap.add_argument("--start", action="store_true",
+                    help="also the CPU of one interpreter start with the probe's .pth and without (--reps rounds)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)     # cpu: a smoke run of the GPU part
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # with a tiny model
     ap.add_argument("--worker", choices=("cpu", "gpu"), help=argparse.SUPPRESS)
@@ -482,6 +531,8 @@ def main(argv=None):
     report = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:] if argv is None else argv}
     if not args.no_cpu:
         report["cpu"] = cpu_bench(args.reps)
+    if args.start:
+        report["start"] = start_bench(args.reps)
     if args.gpu:
         report["gpu"] = gpu_bench(args, started)
         if "skipped" in report["gpu"]:

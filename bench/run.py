@@ -83,7 +83,7 @@ MARKERS = {
     "EAGLEWorker": "fleetpatch spec-path-beacon: EAGLEWorker (",
     "EAGLEWorkerV2": "fleetpatch spec-path-beacon: EAGLEWorkerV2 (",
 }
-TOOLS = ("fleetpatch", "fleetpatch-before", "baseline", "baseline-c25519", "pyinfra", "ansible")
+TOOLS = ("fleetpatch", "fleetpatch-noprobe", "fleetpatch-before", "baseline", "baseline-c25519", "pyinfra", "ansible")
 # The same one-ssh baseline with the key exchange paramiko (fleetpatch, pyinfra) uses:
 # OpenSSH 9's default sntrup761x25519 costs ~85 ms more client CPU per connection.
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
@@ -92,7 +92,7 @@ NETS = ("loopback", "delay")
 # container on the host, engine.container in the inventory). Only fleetpatch rolls out to
 # container hosts: the other tools' scripts stop a server by its pidfile and read a log file.
 FLEETS = ("plain", "container")
-CONTAINER_TOOLS = ("fleetpatch", "fleetpatch-before")
+CONTAINER_TOOLS = ("fleetpatch", "fleetpatch-noprobe", "fleetpatch-before")
 # where the bench starts a Docker daemon of its own when none answers (short: containerd's
 # socket paths are limited); the tests' daemon (FLEETPATCH_TEST_DOCKER_SOCK, else
 # /run/fleetpatch-test/docker/docker.sock) is reused when it answers
@@ -544,21 +544,38 @@ def reset_keeping_agent_cache(fleet: Fleet) -> None:
     """Every host back to pristine (engine files, logs, server, fleetpatch's ledger and
     locks), except fleetpatch's agent compile cache in the state dir: on a fleet it has
     run on before the cache is there (it is per agent version, filled by the warm-up
-    run), and a bench of repeated rollouts that wiped it would time a first run each time."""
-    kept = {}
+    run), and a bench of repeated rollouts that wiped it would time a first run each time.
+    The probe's site-dir answer (probe-site-cache.json) is kept for the same reason."""
+    kept = []
     for name, h in fleet.hosts.items():
-        cache = h.host_dir / "state" / "agent-cache"
-        if cache.is_dir():
-            aside = h.host_dir / "agent-cache.bench-keep"
-            shutil.rmtree(aside, ignore_errors=True)
-            cache.rename(aside)
-            kept[name] = (aside, cache)
+        for keep in ("agent-cache", "probe-site-cache.json"):
+            cache = h.host_dir / "state" / keep
+            if cache.exists():
+                aside = h.host_dir / (keep + ".bench-keep")
+                if aside.is_dir():
+                    shutil.rmtree(aside, ignore_errors=True)
+                cache.rename(aside)
+                kept.append((aside, cache))
     try:
         fleet.reset_all()
     finally:
-        for aside, cache in kept.values():
+        for aside, cache in kept:
             cache.parent.mkdir(parents=True, exist_ok=True)
             aside.rename(cache)
+
+
+def server_cpu_ms(fleet: Fleet, name: str) -> float | None:
+    """CPU (user + sys, its reaped children's too) of the server now running on a plain host, from
+    /proc/<pid>/stat; None where it cannot be read (a container host, no pidfile)."""
+    if fleet.container_hosts:
+        return None
+    try:
+        pid = int(fleet.hosts[name].pidfile.read_text().split()[0])
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return round(1000.0 * sum(int(x) for x in fields[11:15]) / _HZ, 1)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def healthy_soon(fleet: Fleet, name: str, within: float = 5.0) -> bool:
@@ -646,26 +663,73 @@ def fleet_kind(fleet: Fleet) -> str:
     return "container" if fleet.container_hosts else "plain"
 
 
-def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net, src: Path | None = None) -> dict:
+def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net, src: Path | None = None,
+                   probe: bool = True) -> dict:
     inv = write_inventory(fleet, names, wd / f"hosts-{fleet_kind(fleet)}-{len(names)}-{net.name}.yaml", net)
     report = wd / f"fleetpatch-{tag}.json"
     argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
-            "--canary", "0", "--report", str(report), "--inventory", str(inv)]
+            "--canary", "0", "--report", str(report), "--inventory", str(inv)] + ([] if probe else ["--no-probe"])
     t_launch = time.time()
     t0 = time.monotonic()
     env = {**os.environ, "COLUMNS": "200"}
     if src is not None:   # another checkout's fleetpatch (--fleetpatch-before)
         env["PYTHONPATH"] = str(src)
-    p = subprocess.run(argv, cwd=wd, capture_output=True, text=True, timeout=TOOL_TIMEOUT, env=env)
+    code, out, printed = run_stamped(argv, wd, env)
     wall = time.monotonic() - t0
     doc = json.loads(report.read_text()) if report.exists() else {"hosts": {}}
     hosts = {}
     for n in names:
         r = doc["hosts"].get(n, {})
         hosts[n] = {"ok": bool(r.get("ok")), "status": r.get("status"), "duration_s": r.get("duration_s"),
-                    "round_trips": r.get("round_trips"), "verdict_after_s": r.get("verdict_after_s")}
-    return {"wall_s": wall, "t_launch": t_launch, "exit": p.returncode, "hosts": hosts,
-            "output_tail": (p.stdout + p.stderr)[-2500:] if p.returncode else ""}
+                    "round_trips": r.get("round_trips"), "verdict_after_s": r.get("verdict_after_s"),
+                    "marker_to_verdict_s": r.get("marker_to_verdict_s"),
+                    "probe_timings": r.get("probe_timings"), "apply_timings": r.get("apply_timings")}
+        proof = proof_at(fleet, n) if probe else None
+        if proof is not None and n in printed:
+            hosts[n]["verdict_latency_s"] = round(printed[n] - proof, 3)
+    return {"wall_s": wall, "t_launch": t_launch, "exit": code, "hosts": hosts,
+            "output_tail": out[-2500:] if code else ""}
+
+
+def run_stamped(argv, wd: Path, env: dict) -> tuple[int, str, dict]:
+    """Run fleetpatch, noting when each host's `done` line is printed (the verdict printed):
+    (exit code, its output, {host: epoch of its done line})."""
+    p = subprocess.Popen(argv, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines, printed = [], {}
+    timer = threading.Timer(TOOL_TIMEOUT, p.kill)
+    timer.start()
+    try:
+        for line in p.stdout:
+            at = time.time()
+            lines.append(line)
+            m = DONE_LINE.match(line)
+            if m and m.group(1) not in printed:
+                printed[m.group(1)] = at
+        code = p.wait()
+    finally:
+        timer.cancel()
+    return code, "".join(lines), printed
+
+
+DONE_LINE = re.compile(r"^\d\d:\d\d:\d\d (\S+)\s+done\b")
+
+
+def proof_at(fleet: Fleet, name: str) -> float | None:
+    """When the proof existed on a plain host: the earliest record of an added line that ran
+    (the probe's records carry the time they were written; None on a container host, whose
+    records are inside the container, or where there is none)."""
+    h = fleet.hosts[name]
+    if getattr(h, "container", False) or fleet.container_hosts:
+        return None
+    times = []
+    for rec in (h.state_dir / "probe" / "records").glob("*/[LF]-*"):
+        try:
+            t = json.loads(rec.read_text()).get("t")
+        except (OSError, ValueError):
+            continue
+        if isinstance(t, (int, float)):
+            times.append(t)
+    return min(times) if times else None
 
 
 def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], timeout: int = 60) -> str:
@@ -1020,6 +1084,10 @@ def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) 
              "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
              "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
              "controller_cpu_median_s": round(med([r["controller_cpu_s"] for r in rs]), 3),
+             "server_cpu_median_ms": med([c for r in rs for c in r.get("server_cpu_ms") or []]),
+             "controller_cpu_per_host_ms": round(1000 * med([r["controller_cpu_s"] for r in rs]) / n, 1),
+             "host_cpu_per_host_ms": (round(1000 * med([r["host_cpu_s"] for r in rs]) / n, 1)
+                                      if all(r.get("host_cpu_s") is not None for r in rs) else None),
              "machine_busy_median_pct": med([r["machine_busy_pct"] for r in rs]),
              "foreign_cpu_median_s": med([r["foreign_cpu_s"] for r in rs]),
              "foreign_cpu_max_s": max(r["foreign_cpu_s"] for r in rs),
@@ -1027,8 +1095,9 @@ def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) 
              "loadavg_before": [r.get("loadavg_before") for r in rs],
              "first_cmd_median_s": med([med([a[0] for a in r["cmd_at"] if a]) for r in rs]),
              "last_cmd_median_s": med([med([a[-1] for a in r["cmd_at"] if a]) for r in rs])}
-        if tool == "fleetpatch":
+        if tool.startswith("fleetpatch"):
             hs = [h for r in rs for h in r["hosts"].values()]
+            s.update(fleetpatch_host_figures(hs))
             s["host_duration_median_s"] = med([h.get("duration_s") for h in hs])
             s["host_duration_max_s"] = max((h.get("duration_s") or 0) for h in hs)
             s["round_trips"] = sorted({h.get("round_trips") for h in hs if h.get("round_trips") is not None})
@@ -1067,6 +1136,60 @@ def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) 
                 "container_median_s": c["wall_median_s"], "plain_median_s": p["wall_median_s"],
                 "added_median_s": round(c["wall_median_s"] - p["wall_median_s"], 3)}
     return summary
+
+
+def verdict_and_cpu_table(s: dict, fleets, nets, sizes) -> list[str]:
+    """Issue 34's side-by-side figures: the verdict latency, the phases each host timed, and the
+    CPU per host on the controller and on the hosts, for every tool."""
+    lines = ["", "Verdict latency (the earliest probe record of an added line on the host -> that host's "
+             "`done` line printed; medians over hosts, max in brackets) and the phases each host timed "
+             "(the agent's age at its first request, pre-flight read, write, probe install, stop, whole restart):", "",
+             "| net | hosts | tool | verdict latency (max) | agent start | pre-flight | write | probe install | stop | "
+             "restart |", "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for fl, net, n, tool in ((fl, net, n, t) for fl in fleets for net in nets for n in sizes for t in TOOLS):
+        x = s.get(skey(net, tool, n, fl))
+        if not x or not tool.startswith("fleetpatch"):
+            continue
+        ph = x.get("host_phases_median_s") or {}
+        where = net if fl == "plain" else f"{net}, {fl} hosts"
+        lat = (f"{fmt(x.get('verdict_latency_median_s'))} ({fmt(x.get('verdict_latency_max_s'))})"
+               if x.get("verdict_latency_hosts") else "-")
+        lines.append(f"| {where} | {n} | {tool} | {lat} | " + " | ".join(fmt(ph.get(k)) for k in (
+            "agent_age_s", "probe_s", "write_s", "probe_install_s", "stop_s", "restart_s")) + " |")
+    lines += ["", "CPU per host (ms): the tool's own processes on the controller / the hosts' side (the machine's "
+              "busy CPU less the tool's and other sessions'; approximate), medians over the runs:", "",
+              "| net | hosts | " + " | ".join(TOOLS) + " |", "| --- | ---: |" + " --- |" * len(TOOLS)]
+    for fl, net, n in ((fl, net, n) for fl in fleets for net in nets for n in sizes):
+        cells = []
+        for tool in TOOLS:
+            x = s.get(skey(net, tool, n, fl))
+            cells.append(f"{fmt(x.get('controller_cpu_per_host_ms'))} / {fmt(x.get('host_cpu_per_host_ms'))}"
+                         if x else "-")
+        lines.append(f"| {net if fl == 'plain' else f'{net}, {fl} hosts'} | {n} | " + " | ".join(cells) + " |")
+    lines += ["", "CPU of each new server from its start to the end of the run (ms, /proc/PID/stat; the probe's "
+              "cost per server start is the fleetpatch / fleetpatch-noprobe difference):", "",
+              "| net | hosts | " + " | ".join(TOOLS) + " |", "| --- | ---: |" + " --- |" * len(TOOLS)]
+    for fl, net, n in ((fl, net, n) for fl in fleets for net in nets for n in sizes):
+        cells = [fmt((s.get(skey(net, tool, n, fl)) or {}).get("server_cpu_median_ms"), 0) for tool in TOOLS]
+        lines.append(f"| {net if fl == 'plain' else f'{net}, {fl} hosts'} | {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def fleetpatch_host_figures(hs: list) -> dict:
+    """Medians over hosts of the verdict latency (proof on the host -> its verdict printed) and
+    of the phases each host timed itself (the agent's age at its first request, the pre-flight
+    read, the write, the probe's install, the stop, the rest of the restart)."""
+    lat = [h["verdict_latency_s"] for h in hs if h.get("verdict_latency_s") is not None]
+    out = {"verdict_latency_median_s": round(med(lat), 3) if lat else None,
+           "verdict_latency_max_s": max(lat) if lat else None, "verdict_latency_hosts": len(lat),
+           "marker_to_verdict_median_s": med([h.get("marker_to_verdict_s") for h in hs])}
+    phases = {}
+    for h in hs:
+        for k, v in list((h.get("probe_timings") or {}).items()) + list((h.get("apply_timings") or {}).items()):
+            if isinstance(v, (int, float)):
+                phases.setdefault(k, []).append(v)
+    out["host_phases_median_s"] = {k: round(med(v), 3) for k, v in phases.items()}
+    return out
 
 
 def instrumented_summary(doc: dict) -> dict:
@@ -1191,6 +1314,7 @@ def tables(res: dict) -> str:
         lines.append(f"| {where} | {n} | {fmt(x['host_duration_median_s'])} ({fmt(x['host_duration_max_s'])}) | "
                      f"{'/'.join(map(str, x['round_trips']))} | {fmt(ph['to_probe'])} | {fmt(ph['probe_to_apply'])} | "
                      f"{fmt(ph['apply_to_follow'])} | {fmt(ph['follow_to_exit'])} | {fmt(x['verdict_after_median_s'])} |")
+    lines += verdict_and_cpu_table(s, fleets, nets, sizes)
     ins = res.get("instrumented") or {}
     if ins:
         lines.append("")
@@ -1489,6 +1613,8 @@ def main(argv=None) -> int:
                         f"first exchange on a new connection {net_by[fl, 'delay'].first_exchange_ms} ms")
         runners = {
             "fleetpatch": lambda fleet, names, tag, net: run_fleetpatch(fleet, names, wd, tag, net),
+            "fleetpatch-noprobe": lambda fleet, names, tag, net: run_fleetpatch(fleet, names, wd, tag, net,
+                                                                               probe=False),
             "fleetpatch-before": lambda fleet, names, tag, net: run_fleetpatch(fleet, names, wd, tag, net,
                                                                               src=before_src),
             "baseline": lambda fleet, names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net),
@@ -1525,7 +1651,13 @@ def main(argv=None) -> int:
             # whole machine (controller + every host) was during the run
             r["controller_cpu_s"] = round(cpu1 - cpu0, 3)
             r["machine_busy_pct"] = round(100.0 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 1)
+            # the hosts' side (sshd, agents or remote shells, the servers): the machine's busy CPU less
+            # the tool's own and the other sessions' (approximate: /proc/stat and /proc)
+            machine_cpu = (busy1[0] - busy0[0]) / _HZ
+            r["host_cpu_s"] = round(max(0.0, machine_cpu - r["controller_cpu_s"] - r["foreign_cpu_s"]), 2)
             side = sshd_side(fleet, names, r["t_launch"])
+            # each new server's CPU since its start (the probe's cost per server start shows here)
+            r["server_cpu_ms"] = [server_cpu_ms(fleet, n) for n in names]
             checked = check(fleet, names, before, expect)
             r.update({"tool": tool, "fleet": fl, "net": net.name, "size": len(names), "tag": tag,
                       "reset_s": round(reset_s, 2),

@@ -3,7 +3,10 @@ decorator that turns an error into one line and its exit code, and the run of
 one step over the selected hosts.
 
 Imported by the command modules (`cli_hosts`, `cli_fleet`); it imports none of
-them, so there is no cycle and no optional import to fail silently.
+them, so there is no cycle and no optional import to fail silently. What runs a
+command (inventory, patches, steps, the report) is imported inside the functions
+that run one: `fleetpatch --help`, `--version` and a usage error never load it
+(tests/fast/test_cli_imports.py).
 """
 from __future__ import annotations
 
@@ -16,13 +19,7 @@ from invoke import task
 from invoke.tasks import Task
 from invoke.exceptions import Exit
 
-from . import report as rep
-from . import rollout as fleet
-from . import steps
-from . import engines
 from .errors import FleetpatchError, UsageError, exit_code
-from .inventory import load_inventory, resolve_inventory_path
-from .patchset import MANIFEST, PatchError, load_patch, manifest_engine, parse_ref, require_markers, search_dirs
 from .textsafe import safe_line
 
 HELP = {
@@ -254,6 +251,9 @@ def prepare(*, inventory, hosts, group, patches, patch, changes_hosts, report=No
     """Everything checked before a host is contacted: the report path, the
     inventory and selection, the patch. Raises UsageError. With `by_host_record`,
     a patch this laptop has no folder of is left to the hosts' records (None)."""
+    from . import report as rep
+    from .inventory import load_inventory, resolve_inventory_path
+    from .patchset import MANIFEST, load_patch, parse_ref, search_dirs
     rep.check_report_path(report)
     inv = load_inventory(resolve_inventory_path(inventory))
     selected = inv.select(hosts or None, group or None, changes_hosts=changes_hosts)
@@ -270,6 +270,8 @@ def patch_profile(patch: str, dirs, selected):
     """The profile of the engine the patch names (`engine:` in its patch.yaml): a selected host of
     another engine is refused for that host alone, nothing written there. The hosts' engine when the
     manifest names none fleetpatch has a profile for (load_patch then says what is wrong)."""
+    from . import engines
+    from .patchset import manifest_engine
     engine = manifest_engine(patch, dirs)
     if engine and engine.strip().lower() in engines.kinds():
         return engines.get(engine)
@@ -279,6 +281,8 @@ def patch_profile(patch: str, dirs, selected):
 def check_probe_off(patch_obj, selected, no_probe: bool) -> None:
     """With the probe off (--no-probe, or engine.probe: false on a selected host) the patch's
     markers alone judge execution: a path it changes without a marker is refused (exit 2)."""
+    from . import engines
+    from .patchset import PatchError, require_markers
     if patch_obj is None:
         return
     if no_probe:
@@ -296,6 +300,7 @@ def check_probe_off(patch_obj, selected, no_probe: bool) -> None:
 
 def finish(console, task_name, results, started, flags: Common, stop=None, extra=None) -> None:
     """Print the outcome (with -v each host's evidence), write the report, end with the right exit code."""
+    from . import report as rep
     report_path = flags.report
     if flags.verbose:
         rep.print_evidence(console, results)
@@ -342,6 +347,10 @@ def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=
               group_step=None, **job_kw) -> None:
     """Run `step` over the selected hosts, at most --parallel at once, and finish; `group_step`
     runs each node group's ranks together."""
+    from . import report as rep
+    from . import rollout as fleet
+    from . import steps
+    from .patchset import parse_ref
     parallel_n = count("parallel", flags.parallel, minimum=1)
     job_kw["timeout"] = seconds("timeout", job_kw.get("timeout"))
     inv, selected, dirs, patch_obj, rev = prepare(inventory=flags.inventory, hosts=flags.hosts, group=flags.group,

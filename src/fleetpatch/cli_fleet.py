@@ -1,4 +1,5 @@
-"""Fleet-wide commands: rollout, and the local demo fleet."""
+"""Fleet-wide commands: rollout, and the local demo fleet. What runs a rollout is imported
+in its body: `fleetpatch --help` and `--version` never load it."""
 from __future__ import annotations
 
 import functools
@@ -7,10 +8,6 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from . import report as rep
-from . import rollout as fleet
-from . import drain, steps
-from .bake import bake_host
 from .cli_common import (COMMON, HELP, PATCH_NEEDED, ROUTER, Common, check_probe_off, choice, command, count, finish,
                          helps, make_drainer, prepare, required, router_settings, run_tunnels, seconds)
 
@@ -30,6 +27,10 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
             break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False, bake=None,
             accept_new_host_keys=False, verbose=False, no_probe=False):
     """Deploy fleet-wide: the canary first, then batches, within a failure budget."""
+    from . import drain, steps
+    from . import report as rep
+    from . import rollout as fleet
+    from .bake import bake_host
     on_failure = choice("on-failure", on_failure, ("rollback", "keep"))
     canary_n = count("canary", canary, minimum=0)
     batch_n = count("batch", batch, minimum=1)

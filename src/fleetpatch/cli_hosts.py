@@ -1,14 +1,13 @@
 """The per-host commands: fetch, check-patch, deploy-patch, verify-logs,
-rollback, status."""
+rollback, status.
+
+What runs a command (steps, the rollout loop, the report) is imported in the command's
+body: `fleetpatch --help` and `--version` never load it."""
 from __future__ import annotations
 
 import functools
 from pathlib import Path
 
-from . import report as rep
-from . import rollout as fleet
-from . import steps
-from . import drain
 from .cli_common import (COMMON, HELP, NO_PATCH, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count,
                          helps, prepare, required, router_settings, run_hosts)
 
@@ -17,6 +16,7 @@ from .cli_common import (COMMON, HELP, NO_PATCH, PATCH_NEEDED, ROUTER, Common, R
 def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None,
           dest=".fleetpatch/sources", accept_new_host_keys=False, verbose=False):
     """Copy the engine files of the profile from each host to DEST/<host>/<path>, with fetch.json."""
+    from . import report as rep, steps
     rep.check_report_path(dest, flag="--dest", directory=True)
     run_hosts("fetch", steps.fetch, Common(inventory, hosts, group, report, parallel, None, accept_new_host_keys,
                                            verbose), dest=Path(dest))
@@ -26,6 +26,7 @@ def fetch(c, inventory=None, hosts=None, group=None, report=None, parallel=None,
 def check_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
                 force=False, no_router=False, accept_new_host_keys=False, verbose=False):
     """Dry run: show whether the patch applies on each host and would run there, changing nothing."""
+    from . import drain, steps
     run_hosts("check-patch", drain.with_router_check(steps.check_patch),
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
               patch=required("patch", patch, PATCH_NEEDED), force=force, router=router_settings(no_router=no_router))
@@ -39,6 +40,7 @@ def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=N
                  drain_timeout=None, max_unavailable=None, no_router=False, accept_new_host_keys=False,
                  verbose=False, no_probe=False):
     """Deploy a patch: per host lock, apply, back up, write, restart, and verify the patched path ran."""
+    from . import steps
     run_hosts("deploy-patch", steps.deploy,
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
               patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, no_restart=no_restart,
@@ -51,6 +53,7 @@ def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=N
 def verify_logs(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
                 timeout=None, accept_new_host_keys=False, verbose=False, no_probe=False):
     """Read the log since fleetpatch's last restart, and pass only if the patched path executed."""
+    from . import steps
     run_hosts("verify-logs", steps.verify_logs,
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
               patch=patch, timeout=timeout, probe=not no_probe)
@@ -62,6 +65,7 @@ def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None,
              timeout=None, force=False, break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False,
              accept_new_host_keys=False, verbose=False):
     """Restore the original files byte for byte, restart, and check that the patch's markers are gone."""
+    from . import steps
     run_hosts("rollback", steps.rollback,
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
               patch=patch, changes_hosts=True, timeout=timeout, force=force, break_lock=break_lock,
@@ -72,6 +76,7 @@ def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None,
 def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None,
            accept_new_host_keys=False, verbose=False):
     """Show one table of the fleet: reachable, engine version, patches applied, drift, server up, last check."""
+    from . import report as rep, rollout as fleet, steps
     parallel_n = count("parallel", parallel, minimum=1)
     inv, selected, dirs, _, _ = prepare(inventory=inventory, hosts=hosts, group=group, patches=None,
                                         patch=None, changes_hosts=False, report=report)

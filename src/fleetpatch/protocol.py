@@ -241,6 +241,7 @@ class ProbeReply(TypedDict, total=False):
     agent: Dict[str, str]                    # per module sent: "cached" (compile cache) | "compiled"
     recovered: Dict[str, object]             # what the rename journal of a dead run had left, and what was done
     window_intact: bool                      # the last restart's log window can still be read as it was
+    timings: Dict[str, Optional[float]]      # agent_age_s (the agent's age as this request starts), probe_s
 
 
 class JournalWindow(TypedDict, total=False):
@@ -261,6 +262,7 @@ class RestartReply(TypedDict, total=False):
     program: str
     journal: JournalWindow      # systemd unit logging to the journal
     start_error: str            # supervisor: what it said when the program died starting
+    stop_s: float               # command: how long the stop took (the rest of the restart is the start)
 
 
 class ApplyReply(TypedDict, total=False):
@@ -268,6 +270,7 @@ class ApplyReply(TypedDict, total=False):
     created: List[str]
     deleted: List[str]
     restart: RestartReply
+    timings: Dict[str, float]   # write_s, probe_install_s, restart_s: where the request's time went
 
 
 class RollbackReply(TypedDict, total=False):

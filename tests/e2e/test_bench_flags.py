@@ -36,3 +36,15 @@ def test_the_bench_help_lists_the_container_fleet():
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
     assert "--fleets FLEETS" in text and "plain,container times both in one run" in text
+
+
+def test_the_bench_renders_issue_34s_figures_from_its_results(tmp_path):
+    """fleetpatch with the probe on and off side by side, the verdict latency, the phases each host
+    timed and the CPU per host on each side, rendered from the committed bench/results.json."""
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--render", str(REPO / "bench" / "results.json"),
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| fleetpatch-noprobe |" in text
+    for title in ("Verdict latency", "CPU per host (ms)", "CPU of each new server"):
+        assert title in text, title

@@ -2,6 +2,7 @@
 rotation and truncation, woken by inotify where it can) or the unit's journal."""
 import atexit
 import os
+import struct
 import subprocess
 import time
 
@@ -163,6 +164,7 @@ class LogWatch(object):
 
     def __init__(self, path):
         self.path, self.fd, self.libc, self.ino, self.last = path, None, None, None, 0.0
+        self.woken = set()   # the watch descriptors whose events the drains read
         try:
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
@@ -178,6 +180,14 @@ class LogWatch(object):
 
     def add(self, path, mask):
         return self.libc.inotify_add_watch(self.fd, path.encode("utf-8", "surrogateescape"), mask) >= 0
+
+    def watch_dir(self, path):
+        """Wake also when a file is created or renamed into `path` (the probe's records): its
+        watch descriptor, which `woken` then holds after a drain that saw it (-1: not watched)."""
+        if self.fd is None:
+            return -1
+        return self.libc.inotify_add_watch(self.fd, path.encode("utf-8", "surrogateescape"),
+                                           self.IN_CREATE | self.IN_MOVED_TO)
 
     def watch_file(self):
         try:
@@ -198,8 +208,15 @@ class LogWatch(object):
     def drain(self):
         self.last = time.monotonic()
         try:
-            while os.read(self.fd, 65536):
-                pass
+            while True:
+                data = os.read(self.fd, 65536)
+                if not data:
+                    break
+                at = 0
+                while at + 16 <= len(data):   # struct inotify_event: wd, mask, cookie, len, name[len]
+                    wd, _, _, size = struct.unpack_from("iIII", data, at)
+                    self.woken.add(wd)
+                    at += 16 + size
         except OSError:   # EAGAIN: all read
             pass
         self.watch_file()

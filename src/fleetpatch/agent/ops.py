@@ -16,13 +16,16 @@ from .lock import check_lock, read_lock, release_lock, take_lock
 from .logs import LogFollower, find_inode
 from .package import package_dir, package_version
 from .probing import install_probe, remove_stale
-from .procs import pid_alive, proc_launch
+from .procs import own_age, pid_alive, proc_launch
 from .restart import log_position, restart_server, server_pid, stop_server
 
 
 def op_probe(state, req):
+    # timings: the agent's age as this request starts (its start: interpreter, stage two, modules)
     out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
-           "host_time": time.time()}   # the host's clock: how long ago its last restart was (status)
+           "host_time": time.time(),   # the host's clock: how long ago its last restart was (status)
+           "timings": {"agent_age_s": own_age()}}
+    started = time.monotonic()
     if req.get("lock"):
         out["locked"] = take_lock(state, req, req["lock"])
         if not out["locked"]:
@@ -71,6 +74,7 @@ def op_probe(state, req):
     if req.get("log"):
         out["log"] = log_position(req["log"])
         out["window_intact"] = window_intact(req["log"], ledger.get("last_restart"))
+    out["timings"]["probe_s"] = round(time.monotonic() - started, 4)
     return out
 
 
@@ -123,6 +127,7 @@ def planned_change(root, label, f):
 
 def op_apply(state, req):
     """Back up, write every file, record the ledger, and restart — one round trip."""
+    started = time.monotonic()
     check_lock(req)
     root = req["package_dir"]
     ledger = load_ledger(req)
@@ -168,10 +173,15 @@ def op_apply(state, req):
     out = {"written": [c["path"] for c in changes if c["op"] == protocol.OP_MODIFY],
            "created": [c["path"] for c in changes if c["op"] == protocol.OP_CREATE],
            "deleted": [c["path"] for c in changes if c["op"] == protocol.OP_DELETE]}
+    # where the request's time went on the host (the report's apply_timings; bench/README.md)
+    marks = [("write_s", time.monotonic())]
     if req.get("restart"):
         out["probe"] = install_probe(state, req)
+        marks.append(("probe_install_s", time.monotonic()))
         out["restart"] = restart_server(req, ledger, "deploy " + label)
         save_ledger(req, ledger)
+        marks.append(("restart_s", time.monotonic()))
+    out["timings"] = dict((name, round(t - (marks[i - 1][1] if i else started), 4)) for i, (name, t) in enumerate(marks))
     return out
 
 

@@ -47,6 +47,17 @@ def own_start():
     return stat.start if stat else None
 
 
+def own_age():
+    """Seconds since this process started (clock-tick resolution), for the timings a reply carries."""
+    start = own_start()
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return round(uptime - float(start) / os.sysconf("SC_CLK_TCK"), 3) if start is not None else None
+    except (IOError, OSError, ValueError, IndexError):
+        return None
+
+
 def read_pid(pidfile):
     try:
         with open(expand(pidfile)) as f:

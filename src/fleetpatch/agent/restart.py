@@ -349,7 +349,9 @@ def restart_server(req, ledger, reason):
         extra, pos, pid = restart_command(restart, log)
         result.update(extra)
     elif kind == "command":
+        stopping = time.monotonic()
         result.update(stop_command_server(restart))
+        result["stop_s"] = round(time.monotonic() - stopping, 4)   # the rest of a restart is the start
         pos = log_position(log)
         pid = start_command_server(restart, log)
         if pos["inode"] is None:   # no log yet: the server's is the one just created, from its start

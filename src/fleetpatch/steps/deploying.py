@@ -22,6 +22,8 @@ def deploy(run: HostRun) -> HostResult:
         run.progress("fetch", "lock + read files")
         reply = lock.probe(revision_files(run.job), content=True)
         result = _deploy_locked(run, reply)
+        if reply.get("timings"):   # the agent's start and the pre-flight read, as the host timed them
+            result.details["probe_timings"] = reply["timings"]
     return lock.annotate(result)
 
 

@@ -91,6 +91,8 @@ def restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart, undo: Und
         result = verify(run, watch)
     except HostFailure as f:
         return cut_off(run, plan.label, f, "verification")
+    if out.get("timings"):   # the host's own account of the write and the restart (bench/README.md)
+        result.details["apply_timings"] = dict(out["timings"], stop_s=(out.get("restart") or {}).get("stop_s"))
     if not result.ok and undo is not None:
         result = undo(result)
     return result
