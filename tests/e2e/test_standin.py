@@ -62,6 +62,7 @@ def make_site(tmp_path: Path, version: str = "0.5.9") -> Path:
     site = tmp_path / ("site-" + version)
     shutil.copytree(sglang_tree(version), site)
     shutil.copyfile(standin.__file__, site / "sglang_standin.py")
+    shutil.copyfile(Path(standin.__file__).with_name("standin_steps.py"), site / "sglang_standin_steps.py")
     return site
 
 

@@ -9,6 +9,7 @@ from .logs import LogFollower, LogWatch, open_follower
 from .probing import RecordReader
 from .procs import pid_alive, proc_launch
 from .restart import server_pid
+from .smoke import SmokeRequests
 from .state import RequestReader
 
 
@@ -37,6 +38,8 @@ class Follow(object):
         self.ready_text = req.get("ready_line")
         self.env_prefixes = req.get("launch_env_prefixes") or ()
         self.records = RecordReader(req) if req.get("probe") else None
+        # sent once the server is ready and healthy: the verdict comes after their answers
+        self.smoke = SmokeRequests(req["smoke"]) if req.get("smoke") else None
         self.next_records = 0.0
         self.started = time.monotonic()
         self.deadline = self.started + float(req.get("timeout", 60)) + 5
@@ -59,7 +62,9 @@ class Follow(object):
             if alive is False:
                 # What a dying server wrote last (its traceback) must reach the verdict before its death does.
                 self.send_lines()
-            self.send_state(now, alive, self.check_health(now, alive))
+            healthy = self.check_health(now, alive)
+            self.send_state(now, alive, healthy)
+            self.send_smoke(healthy)
             self.send_records(now)
             if now > self.deadline:
                 return self.at_deadline()
@@ -92,6 +97,22 @@ class Follow(object):
             if self.ready_text and not self.ready and any(self.ready_text in l for l in lines):
                 self.ready = True
                 self.next_health = 0.0
+
+    def send_smoke(self, healthy):
+        """Start the smoke requests at the first health check that passes after the ready
+        line; say when they are all answered."""
+        if self.smoke is None:
+            return
+        if self.smoke.thread is None:
+            if self.ready and (healthy or (healthy is None and not self.health_url)):
+                self.smoke.start()
+                self.state.emit({"t": "smoke_started", "started": self.smoke.started})
+                self.last_emit = time.monotonic()
+            return
+        ev = self.smoke.event()
+        if ev is not None:
+            self.state.emit(ev)
+            self.last_emit = time.monotonic()
 
     RECORDS_EVERY_S = 0.25
 
@@ -151,6 +172,8 @@ class Follow(object):
         if self.watch is None or self.watch.fd is None:
             return self.POLL_S
         wait = self.WATCHED_POLL_S
+        if self.smoke is not None and self.smoke.thread is not None and not self.smoke.told:
+            wait = self.POLL_S   # their end writes nothing to the log, and the verdict waits on it
         if self.health_url:   # a health check falls due: that is not a log write
             # at least POLL_S: a check that is overdue and not made (the server is dead) must
             # not turn the wait into a spin until the laptop decides
