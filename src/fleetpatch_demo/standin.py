@@ -61,10 +61,13 @@ What runs for real (from the host's tree) and what is simulated:
   ``--max-running-requests`` (default 48) run; the rest wait. ``GET /v1/loads``
   (``aggregate.total_running_reqs`` / ``total_waiting_reqs``) and the
   deprecated ``GET /get_load`` (logs its deprecation warning) count them.
-  For each request the constructed worker of every TP rank runs its REAL
-  ``forward_batch_generation`` twice (an EXTEND batch for the prefill, then a
-  DECODE batch holding every running request), under one lock like the
-  scheduler loop. Only the model-running steps it calls (draft, verify,
+  One scheduler loop (standin_steps.py, installed beside this file as
+  ``sglang_standin_steps.py``): at each step the constructed worker of every TP
+  rank runs its REAL ``forward_batch_generation`` once, with an EXTEND batch of
+  the requests that arrived since the last step, then a DECODE batch holding
+  every running request (one token each per step). Before its ready line the
+  server sends itself 0.5.9's warmup request (``GET /model_info``, then
+  ``POST /generate``), unless started with ``--skip-server-warmup``. Only the model-running steps it calls (draft, verify,
   forward_target_extend, the draft-extend helpers; _GPU_STEPS) are stubbed on
   the instance, so a line a patch logs in forward_batch_generation (or in a
   helper of its own) really executes. An exception there is logged as

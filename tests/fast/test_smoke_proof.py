@@ -195,3 +195,12 @@ def test_a_forward_only_patch_is_verified_by_the_smoke_request_behind_a_router(l
         assert any(w.url.rstrip("/") == host.server.url for w in Router(router.url).list_workers())
     finally:
         other.stop()
+
+
+def test_a_server_that_dies_serving_the_smoke_request_is_smoke_failed_not_verified(lh):
+    """breaks-generate's markers are logged at start-up (a proof); its forward_batch_generation
+    raises, so the scheduler dies at the first request. The verdict waits for the smoke answer."""
+    host = skipping_warmup(lh)
+    result = steps.deploy(job(lh, "breaks-generate", host=host)[0], host)
+    assert not result.ok and result.status == Status.SMOKE_FAILED, result.message
+    assert "smoke request to http://127.0.0.1:" in result.message and "no answer" in result.message, result.message

@@ -24,6 +24,7 @@ class Follow(object):
     # slower: at 50 ms it was most of a follow's iterations, and of its CPU, on a busy host.
     WATCHED_POLL_S = 0.25
     DECISION_WAIT_S = 10.0
+    SMOKE_AFTER_DEATH_S = 2.0
 
     def __init__(self, state, req):
         self.state = state
@@ -60,8 +61,12 @@ class Follow(object):
             # a manager that reports no main process means the server is not running
             alive = pid_alive(self.pid) if self.pid else (False if self.managed else None)
             if alive is False:
-                # What a dying server wrote last (its traceback) must reach the verdict before its death does.
+                # What a dying server wrote last (its traceback) must reach the verdict before its death does,
+                # and so must the smoke requests it died serving (their connections end with it).
                 self.send_lines()
+                if self.smoke is not None and self.smoke.thread is not None:
+                    self.smoke.thread.join(self.SMOKE_AFTER_DEATH_S)
+                    self.send_smoke(None)
             healthy = self.check_health(now, alive)
             self.send_state(now, alive, healthy)
             self.send_smoke(healthy)

@@ -57,7 +57,7 @@ class SmokeRequests(object):
                                        "sampling_params": {"max_new_tokens": int(self.spec.get("max_new_tokens", 8)),
                                                            "temperature": 0}},
                                       float(self.spec.get("timeout", 60)))
-        return status, body if isinstance(body, bytes) else b""
+        return status, body if isinstance(body, bytes) else str(body).encode("utf-8", "replace")
 
     def event(self):
         """The `smoke` event once every answer is in (once), else None."""

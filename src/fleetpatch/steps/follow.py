@@ -67,8 +67,8 @@ class Needles:
 
     def __init__(self, profile, version: str | None, patches: list, ready_line: str):
         self.profile, self.version = profile, version
-        texts: list[str] = [ready_line] + [t for p in patches
-                                           for t in list(p.expect or []) + list(p.forbid or []) if t]
+        texts: list[str] = [ready_line] + [t for p in patches for t in list(p.expect or []) + list(p.forbid or [])
+                                           + list(getattr(p, "smoke_expect", None) or []) if t]
         patterns: list[str] = []
         self.odd_markers = []   # markers with neither a literal nor a regex: matched line by line
         for m in (m for p in patches for m in (p.markers or {}).values()):
@@ -296,6 +296,8 @@ class Judging:
         check = evidence.Check.of(patch, label, self.watch.want_markers, self.watch.execution is not None)
         if self.run.host.node_rank:   # the expect lines are rank 0's to log: it alone runs the HTTP side
             check.expect = []
+        elif self.watch.smoke is not None:   # with the smoke requests sent, their lines are judged with the rest
+            check.expect = check.expect + [e for e in getattr(patch, "smoke_expect", None) or [] if e]
         return check
 
     def _with_execution(self, v: evidence.Verdict, label: str, obs: evidence.Observation) -> evidence.Verdict:
@@ -397,10 +399,12 @@ def smoke_failure(event: dict | None, spec: dict | None) -> str | None:
     line), or None: not all answered yet, or every one answered with text. Pure."""
     if not event:
         return None
-    from ..router import check_smoke_answer
+    from ..router import check_smoke_answer, first_line
     statuses = event.get("statuses") or []
     for shown in event.get("bodies") or []:
-        why = check_smoke_answer(shown.get("status"), protocol.unpack(shown["body"]))
+        body = protocol.unpack(shown["body"])
+        why = check_smoke_answer(shown["status"], body) if shown.get("status") is not None else \
+            f"no answer ({first_line(body)})"
         if why:
             bad = sum(1 for st in statuses if st != 200) or 1
             return (f"{bad} of {len(statuses)} smoke request{'s' if len(statuses) > 1 else ''} to "
@@ -410,10 +414,12 @@ def smoke_failure(event: dict | None, spec: dict | None) -> str | None:
 
 def _smoke_failed(v, host: str, label: str, why: str):
     """A verdict that a failed smoke request overrides: any but a failure already final."""
-    if v.final and v.status not in SUCCESS and v.status != Status.PENDING:
+    if v.final and v.status not in SUCCESS and v.status not in (Status.PENDING, Status.RESTART_FAILED):
         return v
+    died = v.status == Status.RESTART_FAILED   # the server died serving them: its last words say why
     v.status, v.final = Status.SMOKE_FAILED, True
-    v.message = f"FAIL {host}  {label} smoke-failed: the server does not answer requests\n  {why}"
+    v.message = (f"FAIL {host}  {label} smoke-failed: the server does not answer requests\n  {why}"
+                 + ("\n" + v.message if died else ""))
     return v
 
 
