@@ -24,6 +24,7 @@ class Status(str, Enum):
     ALREADY_APPLIED = "already-applied"
     VERIFIED = "verified"
     NOT_EXECUTED = "not-executed"
+    UNPROVEN = "unproven"               # the patched function ran, none of its added lines yet: a failure (exit 1)
     DRIFT = "drift"
     CONFLICT = "conflict"
     UNREACHABLE = "unreachable"

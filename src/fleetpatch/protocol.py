@@ -371,6 +371,8 @@ class LastRestart(TypedDict, total=False):
     journal: JournalWindow
     verified_size: int          # the log's size when its window was judged: a smaller log was cut since
     window_cut: bool            # the window was truncated or deleted while it was followed
+    ready_epoch: float          # host clock: when the first follow after this restart saw the ready line
+    verdict_epoch: float        # host clock: the first verdict recorded after this restart
 
 
 class LastVerification(TypedDict, total=False):

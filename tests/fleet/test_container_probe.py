@@ -99,6 +99,8 @@ def test_a_patch_without_markers_is_verified_in_the_container_by_the_lines_it_ra
         assert ex["imported"] == {module: f"{CHECKOUT}/{rel}"}, "the path as the container's python sees it"
         assert ex["pid_namespace"] == "container" and ex["pids"] == [1], "the server is the container's pid 1"
         assert "executed (lines mode)" in host["message"] and "in the container)" in host["message"]
+        # the worker is built before the server logs that it is ready: proved at start-up
+        assert ex["proved_by"] == "startup" and "; proved by startup" in host["message"], host["message"]
         assert probe_pths(f, name) == [], "the probe is out of the container's site dir once the verdict is in"
     # the records stay in the container: verify-logs judges by them later, with the probe out
     again = op.run("verify-logs", "--patch", "both-quiet", *FIX, "--hosts", "c1")
@@ -194,3 +196,54 @@ def test_a_server_started_in_a_long_running_container_by_exec_is_watched(contain
     assert ex["mode"] == "lines" and ex["pids"] == [inner] and inner != 1, ex
     assert ex["ran"] == {EAGLE: [added_line(f, "c1", EAGLE, "self.fleetpatch_quiet")]}, ex
     assert probe_pths(f, "c1") == []
+
+
+def generate(op, name: str, n: int = 1) -> None:
+    """`n` /generate requests to the host's server, one after another (host network: its port is here)."""
+    import json as _json
+    import urllib.request
+    health = op.inventory()["hosts"][name]["server"]["health_url"]
+    url = health.rsplit("/", 1)[0] + "/generate"
+    for _ in range(n):
+        body = _json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 2}}).encode()
+        with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}),
+                                    timeout=60) as answer:
+            assert answer.status == 200
+
+
+def test_how_far_the_code_got_unproven_then_proven_by_traffic_and_the_sibling_that_ran(container_operator):
+    """Lines mode (the container's Python 3.13). A line in a branch of EAGLEWorker.__init__ that never
+    holds: unproven, naming the function, its count and the line (exit 1). A line on the prefill path:
+    unproven until a request comes, then verify-logs proves it (proved_by traffic). The one-path
+    mistake on the forward path: verify-logs names the sibling function that ran and how often."""
+    op, f = container_operator, container_operator.fleet
+    run = op.run("deploy-patch", "--patch", "gated-init", *FIX, "--hosts", "c1", "--timeout", "60")
+    assert run.code == 1, run
+    host = run.host("c1")
+    line = added_line(f, "c1", EAGLE, "self.fleetpatch_gated")
+    assert host["status"] == "unproven", run
+    assert "FAIL c1  gated-init@1 unproven" in host["message"], host["message"]
+    assert (f"EAGLEWorker.__init__ (eagle_worker.py) ran once, but no line this patch adds ran: line {line} of "
+            f"{EAGLE} never did (its condition never held)") in host["message"], host["message"]
+    assert "prove.concurrency" in host["message"] and "--bake" in host["message"]
+
+    run = op.run("deploy-patch", "--patch", "forward-extend", *FIX, "--hosts", "c2", "--timeout", "60")
+    assert run.code == 1 and run.host("c2")["status"] == "unproven", run
+    assert (f"{EAGLE_V2}: imported, but no function that holds its added lines ran yet"
+            in run.host("c2")["message"]), run.host("c2")["message"]
+    generate(op, "c2")   # the probe is out of the site dir; the running server still watches
+    later = op.run("verify-logs", "--patch", "forward-extend", *FIX, "--hosts", "c2")
+    assert later.code == 0, later
+    ex = later.host("c2")["execution"]
+    assert later.host("c2")["status"] == "verified" and ex["proved_by"] == "traffic", later
+    assert ex["ran"] == {EAGLE_V2: [added_line(f, "c2", EAGLE_V2, "self.fleetpatch_extend")]}, ex
+
+    back = op.run("rollback", "--hosts", "c1", *FIX)
+    assert back.code == 0, back
+    run = op.run("deploy-patch", "--patch", "v2-only-forward", *FIX, "--hosts", "c1", "--force", "--timeout", "60")
+    assert run.code == 1 and run.host("c1")["status"] == "not-executed", run
+    generate(op, "c1")   # one request: a prefill step and a decode step
+    later = op.run("verify-logs", "--patch", "v2-only-forward", *FIX, "--hosts", "c1")
+    assert later.code == 1 and later.host("c1")["status"] == "not-executed", later
+    assert ("EAGLEWorker.forward_batch_generation (eagle_worker.py) ran 2 times; this patch changes only "
+            "eagle_worker_v2.py") in later.host("c1")["message"], later.host("c1")["message"]

@@ -88,6 +88,8 @@ def test_the_single_path_patch_on_the_other_path_fails_with_the_contracts_lines(
     assert f"    {EAGLE}: imported, but the patch does not change it" in msg
     assert f"  the server runs EAGLEWorker ({EAGLE})" in msg
     assert "    cause: SGLANG_ENABLE_SPEC_V2 is not set" in msg
+    # functions mode counts the sibling's namesake of the function the patch changes
+    assert "  EAGLEWorker.__init__ (eagle_worker.py) ran once; this patch changes only eagle_worker_v2.py" in msg, msg
     assert host["execution"]["ran"] == {}
     assert probe_pths(fleet, "v1a") == []
 

@@ -225,8 +225,9 @@ def test_the_probe_records_the_lines_that_ran_in_the_server_and_its_spawned_chil
     assert LINE_OF["value = step(3)"] not in server_lines
     assert server_pid in block["pids"] and children and len(block["pids"]) >= 2
 
-    # a hot loop wrote each record once
-    assert sum(1 for name in files if name.startswith(f"{server_pid}-") and "toypkg.hot" in name) <= len(HOT_ADDED) + 1
+    # a hot loop wrote each record once (a count record is one file per function, rewritten in place)
+    assert sum(1 for name in files if name.startswith(f"{server_pid}-") and "toypkg.hot" in name
+               and "/C-" not in name) <= len(HOT_ADDED) + 1
 
     # out again: the site directory is as it was, byte for byte
     assert probe_install.remove(str(interp.host(site_inner)), token) == [probe_install.pth_name(token)]
@@ -234,6 +235,11 @@ def test_the_probe_records_the_lines_that_ran_in_the_server_and_its_spawned_chil
     again, _ = run_server(interp, inner, f"{inner}/inst")
     assert again["globals_seen"] == []
     assert probe_install.read_records(str(host / "probe")).keys() == files.keys()
+
+    counts = {json.loads(data)["unit"]: json.loads(data)["count"] for name, data in files.items()
+              if name.startswith(f"{server_pid}-") and "/C-toypkg.hot-" in name}
+    if want_mode == "lines":   # step() ran 20000 times: it is counted only until its added line ran (its 2nd call)
+        assert counts["loop"] == 1 and counts["step"] == 2, counts
 
 
 def test_a_module_loaded_from_another_file_is_named_with_both_paths(interp, work):
@@ -532,3 +538,115 @@ def test_a_forked_child_records_the_lines_its_parent_already_ran_under_its_own_p
         assert {parent, result["child"]} <= set(block["pids"])
     finally:
         shutil.rmtree(host, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- how far the code got (issue 31)
+
+WORKER_V1 = '''class EAGLEWorker:
+    def forward_batch_generation(self, batch):
+        return len(batch)
+
+    def other(self):
+        return 0
+'''
+
+WORKER_V2 = '''class EAGLEWorkerV2:
+    def forward_batch_generation(self, batch):
+        n = len(batch)
+        if n >= 4:
+            n += 100  # added
+        return n
+'''
+
+REACH_SERVER = '''import json, os, sys, time
+import toypkg.{module} as worker
+
+
+def serve(size, times):
+    w = worker.{cls}()
+    return [w.forward_batch_generation(list(range(size))) for _ in range(times)]
+
+
+first = serve(1, {calls})
+with open(sys.argv[1] + ".phase1", "w") as f:
+    f.write(json.dumps(first))
+if {second}:
+    deadline = time.time() + 240
+    while not os.path.exists(sys.argv[1] + ".go") and time.time() < deadline:
+        time.sleep(0.02)
+    print(json.dumps({{"first": first, "second": serve(8, 1)}}))
+else:
+    print(json.dumps({{"first": first}}))
+'''
+
+
+def reach_setup(interp, inner, host, module, cls, calls, second):
+    pkg = host / "inst" / "toypkg"
+    (pkg / "worker.py").write_text(WORKER_V1)
+    (pkg / "worker_v2.py").write_text(WORKER_V2)
+    (host / "reach.py").write_text(REACH_SERVER.format(module=module, cls=cls, calls=calls, second=second))
+    added = {"toypkg/worker_v2.py": [5]}
+    plan = probe_install.make_plan(added, f"{inner}/inst", watch={"toypkg/worker.py": ["toypkg/worker_v2.py"]},
+                                   mode=interp.mode)
+    site_inner = site_dir(interp)
+    token = uuid.uuid4().hex[:12]
+    probe_install.install(str(interp.host(site_inner)), str(host / "probe"), token, plan,
+                          probe_dir_seen=f"{inner}/probe")
+    return site_inner, token, plan, added
+
+
+def test_the_one_path_mistake_names_the_sibling_function_that_ran_and_how_often(interp, work):
+    from fleetpatch.probe.verdict import reach
+    inner, host = work
+    site_inner, token, plan, added = reach_setup(interp, inner, host, "worker", "EAGLEWorker", 12, False)
+    try:
+        done = interp.run([f"{inner}/reach.py", f"{inner}/out"], env={"PYTHONPATH": f"{inner}/inst"})
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    assert json.loads(done.stdout.splitlines()[-1]) == {"first": [1] * 12} and "Traceback" not in done.stderr
+    got = reach(execution_block(probe_install.read_records(str(host / "probe")), plan, added), added)
+    assert got["status"] == "not-executed", got
+    # counted exactly up to 8, then at powers of two: 12 calls read as "at least 8"
+    assert got["lines"] == ["  EAGLEWorker.forward_batch_generation (worker.py) ran at least 8 times; "
+                            "this patch changes only worker_v2.py"]
+
+
+def test_a_gated_line_is_unproven_then_the_running_server_proves_it_after_the_probe_went_out(interp, work):
+    """Lines mode: the function ran 3 times with a batch of 1, its `if n >= 4` line never did:
+    unproven, naming the function, its count and the line. The .pth goes out (as after a verdict);
+    the running server keeps watching, and a batch of 8 later proves it (proved_by traffic).
+    Functions mode counts the function's start as its lines' run: verified at once."""
+    import time as clock
+    from fleetpatch.probe.verdict import Timeline, reach
+    inner, host = work
+    site_inner, token, plan, added = reach_setup(interp, inner, host, "worker_v2", "EAGLEWorkerV2", 3, True)
+    out = interp.host(f"{inner}/out")
+    cmd = ([shutil.which("chroot") or "/usr/sbin/chroot", str(interp.root)] if interp.root else []) + interp.argv
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": f"{inner}/inst"}
+    server = subprocess.Popen(cmd + [f"{inner}/reach.py", f"{inner}/out"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(6000):
+            if Path(str(out) + ".phase1").exists() or server.poll() is not None:
+                break
+            clock.sleep(0.02)
+        probe_install.remove(str(interp.host(site_inner)), token)   # the verdict is in: the .pth goes out
+        first = reach(execution_block(probe_install.read_records(str(host / "probe")), plan, added), added)
+        verdict_at = clock.time()
+        Path(str(out) + ".go").write_text("")
+        stdout, stderr = server.communicate(timeout=240)
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+        if server.poll() is None:
+            server.kill()
+    assert json.loads(stdout.splitlines()[-1]) == {"first": [1, 1, 1], "second": [108]}, stderr
+    later = reach(execution_block(probe_install.read_records(str(host / "probe")), plan, added), added,
+                  Timeline(ready_at=verdict_at - 60, smoke_to=verdict_at))
+    if interp.name.endswith("functions"):
+        assert first["status"] == "verified"
+        return
+    assert first["status"] == "unproven", first
+    assert first["lines"][0] == ("  EAGLEWorkerV2.forward_batch_generation (worker_v2.py) ran 3 times, but no line "
+                                 "this patch adds ran: line 5 of toypkg/worker_v2.py never did (its condition "
+                                 "never held)")
+    assert later == {"status": "verified", "proved_by": "traffic", "lines": []}

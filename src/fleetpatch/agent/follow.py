@@ -45,6 +45,7 @@ class Follow(object):
         self.started = time.monotonic()
         self.deadline = self.started + float(req.get("timeout", 60)) + 5
         self.ready = False
+        self.ready_epoch = None   # when this follow saw the ready line (time.time(): the host's clock)
         self.info_sent = False
         self.launch_sent = False
         self.last_state = None
@@ -102,6 +103,9 @@ class Follow(object):
             if self.ready_text and not self.ready and any(self.ready_text in l for l in lines):
                 self.ready = True
                 self.next_health = 0.0
+                # host clock, as the probe's records are: what ran before it ran at start-up
+                self.ready_epoch = time.time()
+                self.state.emit({"t": "ready", "at": self.ready_epoch})
 
     def send_smoke(self, healthy):
         """Start the smoke requests at the first health check that passes after the ready

@@ -3,6 +3,7 @@ unlock, record. Each takes the session's AgentState and the request."""
 import json
 import os
 import sys
+import time
 
 from .base import (AgentError, atomic_write, ensure_dir, expand, file_meta, now_iso, protocol, read_bytes, sha256_bytes,
                    state_path, unpack)
@@ -20,7 +21,8 @@ from .restart import log_position, restart_server, server_pid, stop_server
 
 
 def op_probe(state, req):
-    out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3]}
+    out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
+           "host_time": time.time()}   # the host's clock: how long ago its last restart was (status)
     if req.get("lock"):
         out["locked"] = take_lock(state, req, req["lock"])
         if not out["locked"]:
@@ -315,6 +317,13 @@ def record_verdict(state, req):
     if "last_verification" in update:
         ledger["last_verification"] = update["last_verification"]
     last = ledger.get("last_restart")
+    if last and (update.get("last_verification") or {}).get("check") != "verify-logs":
+        # the first verdict after a restart (host clock): verify-logs says `traffic` of what ran after
+        # it, and `startup` of what ran before the ready line that this follow saw
+        last.setdefault("verdict_epoch", time.time())
+        ready = getattr(state.following, "ready_epoch", None)
+        if ready is not None and last.get("ready_epoch") is None:
+            last["ready_epoch"] = ready
     if last and req.get("log") and last.get("inode") is not None:
         # how far the verified window reached: a log cut below it no longer holds the evidence
         st = LogFollower._stat(expand(req["log"]))

@@ -73,8 +73,10 @@ def module_name(path):
 
 def make_plan(added, package_parent, watch=(), mode=None):
     """The probe's plan: `added` {path: [line numbers]} of the patched files, `watch` paths
-    (siblings) to report as imported without lines; `package_parent` the directory that holds
-    the package (the files' expected location is package_parent/path)."""
+    (siblings) to report as imported without lines, or {sibling path: [the patched paths it is the
+    sibling of]}: the probe then counts the sibling's functions named like the patched files'
+    functions that hold added lines; `package_parent` the directory that holds the package (the
+    files' expected location is package_parent/path)."""
     modules = {}
     for path in sorted(set(added) | set(watch)):
         if not path.endswith(".py"):
@@ -84,6 +86,9 @@ def make_plan(added, package_parent, watch=(), mode=None):
             "expected": os.path.join(package_parent, path),
             "lines": sorted({int(n) for n in added.get(path, ())}),
         }
+        twins = watch.get(path) if isinstance(watch, dict) else None
+        if twins and not added.get(path):
+            modules[module_name(path)]["twins"] = sorted(twins)
     plan = {"version": 1, "modules": modules}
     if mode:
         plan["mode"] = mode

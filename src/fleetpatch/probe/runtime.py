@@ -14,6 +14,11 @@ plan, each written once:
 - ``F-<module>-<k>.json`` (functions mode, 3.8-3.11, or 3.12+ with no free
   monitoring tool id): a function, class body or module body that holds added
   lines started running; it lists the added lines it holds;
+- ``C-<module>-<function>.json``: a watched function (one that holds added
+  lines, or a sibling file's function of the same name) ran ``count`` times in
+  this process; rewritten at counts 1 to COUNT_EXACT, then at each power of
+  two (above COUNT_EXACT the count is a lower bound), up to COUNT_CAP, where
+  the probe stops counting that function;
 - ``T-...`` like ``L-``/``F-``, for a line or body that torch.compile traced
   or that ran while a CUDA graph was being captured. TorchDynamo steps through
   the bytecode of what it compiles or inlines without running it, and the
@@ -52,6 +57,8 @@ FREE_TOOL_IDS = (4, 3)                # sys.monitoring ids no standard tool clai
 TOOL_NAME = "fleetpatch-probe"
 TORCH_GUARDS = "torch._guards"        # where TorchDynamo says which line it traces (TracingContext.set_current_loc)
 ARGV_KEPT = 24
+COUNT_EXACT = 8       # count records are written at every count up to this one, then at powers of two
+COUNT_CAP = 1 << 16   # a function is counted up to this many calls, then no more (it costs nothing after)
 ARG_CHARS = 300
 
 
@@ -157,13 +164,35 @@ class Records:
 
 
 class Watched:
-    """One planned module: where it must come from and its added lines."""
+    """One planned module: where it must come from, its added lines, and (a sibling file) the
+    patched files it is the sibling of (`twins`), whose functions' namesakes it counts."""
 
     def __init__(self, name, spec):
         self.name = name
         self.path = str(spec.get("path") or "")
         self.expected = spec.get("expected")
         self.lines = frozenset(int(n) for n in spec.get("lines") or ())
+        self.twins = [str(t) for t in spec.get("twins") or ()]
+        self.counted = None   # a sibling: the function names it counts (None: not worked out yet)
+
+
+def count_due(n):
+    """Whether count n is written: every count up to COUNT_EXACT, then each power of two."""
+    return n <= COUNT_EXACT or not n & (n - 1)
+
+
+def holder_names(source, filename, lines):
+    """The names (last part of the qualname) of the functions that hold `lines` in `source`."""
+    tree = ast.parse(source, filename)
+    return {qual.rsplit(".", 1)[-1] for node, qual, _, _ in units_holding(tree, lines)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def function_nodes(tree, names):
+    """The function nodes of `tree` whose name is in `names` (every function when `names` is empty)."""
+    return [(node, qual, first) for node, qual, first, _ in scopes(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (not names or node.name in names)]
 
 
 def scopes(tree):
@@ -276,6 +305,8 @@ class Probe:
         self.traced_files = {}     # lines mode: co_filename -> (module, added lines its code holds)
         self.hook_module = None    # lines mode: TORCH_GUARDS, hooked when the process imports it
         self.dynamo_hook = None    # (TracingContext, its set_current_loc, ours) once hooked
+        self.counting = {}    # lines mode: id(code) -> [code, module, qualname, added lines, first line]
+        self.counts = {}      # (module, qualname) -> calls counted in this process
 
     # ------------------------------------------------------------------ start and stop
 
@@ -310,6 +341,7 @@ class Probe:
             if monitoring.get_tool(tool) is None:
                 monitoring.use_tool_id(tool, TOOL_NAME)
                 monitoring.register_callback(tool, monitoring.events.LINE, self.line_event)
+                monitoring.register_callback(tool, monitoring.events.PY_START, self.start_event)
                 self.tool = tool
                 self.mode = "lines"
                 return
@@ -339,7 +371,10 @@ class Probe:
                 monitoring = sys.monitoring
                 for code, _, _ in self.watch.values():
                     monitoring.set_local_events(self.tool, code, 0)
+                for entry in self.counting.values():
+                    monitoring.set_local_events(self.tool, entry[0], 0)
                 monitoring.register_callback(self.tool, monitoring.events.LINE, None)
+                monitoring.register_callback(self.tool, monitoring.events.PY_START, None)
                 monitoring.free_tool_id(self.tool)
         except Exception:
             pass
@@ -356,6 +391,7 @@ class Probe:
             parent = self.records.dir
             self.records.forget()
             self.done.clear()
+            self.counts.clear()     # the child counts its own calls
             for guards in self.guards.values():
                 for k in range(1, len(guards)):
                     guards[k] = True
@@ -417,7 +453,7 @@ class Probe:
             self.record_import(spec.name, origin, "loaded from another file")
             return None
         self.record_import(spec.name, origin, "")
-        if not watched.lines:
+        if not watched.lines and not self.sibling_names(watched):
             return None
         if self.mode == "lines":
             get_code = getattr(real, "get_code", None)
@@ -431,6 +467,30 @@ class Probe:
             self.record_note(spec.name, "no source to watch its functions")
             return None
         return self.rewrite(watched, source, origin or watched.path, module)
+
+    def sibling_names(self, watched):
+        """A sibling file's functions to count: those named like the functions that hold the added
+        lines of the patched files it is the sibling of (every function if none is). Empty for a
+        module that is no sibling; read once per process, from the patched files' own sources."""
+        if not watched.twins:
+            return set()
+        if watched.counted is None:
+            names = set()
+            for twin in self.modules.values():
+                if twin.path in watched.twins and twin.lines and twin.expected:
+                    try:
+                        with open(twin.expected, "rb") as f:
+                            names |= holder_names(f.read(), twin.expected, twin.lines)
+                    except Exception:   # unreadable or not Python: count all of the sibling's functions
+                        pass
+            watched.counted = names or {"*"}
+        return watched.counted
+
+    def record_count(self, name, qual, lines, first, n):
+        """Write the count record of a watched function at count n (count_due says when)."""
+        self.records.write("C-%s-%s.json" % (name, qual), {
+            "module": name, "path": self.modules[name].path, "unit": qual, "first_line": first,
+            "lines": sorted(lines), "count": n, "pid": os.getpid(), "t": time.time()})
 
     def record_import(self, name, origin, note):
         key = ("M", name)
@@ -448,14 +508,44 @@ class Probe:
     # ------------------------------------------------------------------ lines mode
 
     def watch_code(self, watched, code):
+        """LINE events on the code objects that hold added lines, PY_START (counted) on those and on a
+        sibling's functions to count."""
         monitoring = sys.monitoring
-        line_event = monitoring.events.LINE
+        line_event, start_event = monitoring.events.LINE, monitoring.events.PY_START
+        names = self.sibling_names(watched) if not watched.lines else ()
         for each in nested_codes(code):
             added = watched.lines & code_lines(each)
             if added:
                 self.watch[id(each)] = (each, watched.name, added)
                 self.traced_files.setdefault(each.co_filename, (watched.name, set()))[1].update(added)
-                monitoring.set_local_events(self.tool, each, line_event)
+            counted = bool(added) or (names and each is not code and each.co_flags & 0x1 and
+                                      ("*" in names or each.co_name in names))   # 0x1: CO_OPTIMIZED, a function
+            if counted:
+                qual = getattr(each, "co_qualname", each.co_name)
+                self.counting[id(each)] = [each, watched.name, qual, added, each.co_firstlineno]
+            if added or counted:
+                monitoring.set_local_events(self.tool, each, (line_event if added else 0) | (start_event if counted else 0))
+
+    def start_event(self, code, offset):
+        """A counted function started: count it, write its count when due; stop counting a function
+        whose added line ran already, or that reached COUNT_CAP."""
+        try:
+            entry = self.counting.get(id(code))
+            if entry is None or entry[0] is not code:
+                return sys.monitoring.DISABLE
+            if entry[3] and any(("L", entry[1], line) in self.done for line in entry[3]):
+                return sys.monitoring.DISABLE    # its added line ran: its count says no more
+            key = (entry[1], entry[2])
+            n = self.counts.get(key, 0) + 1
+            self.counts[key] = n
+            if count_due(n):
+                self.record_count(entry[1], entry[2], entry[3], entry[4], n)
+            if n >= COUNT_CAP:
+                return sys.monitoring.DISABLE
+        except Exception as exc:
+            self.disable("counting a call: " + describe_error(exc))
+            return sys.monitoring.DISABLE
+        return None
 
     def line_event(self, code, line):
         try:
@@ -538,8 +628,12 @@ class Probe:
 
     def rewrite(self, watched, source, filename, module):
         tree = ast.parse(source, filename)
-        units = units_holding(tree, watched.lines)
         name = watched.name
+        if watched.lines:
+            units = units_holding(tree, watched.lines)
+        else:   # a sibling: its guards count the calls of the functions named like the patched ones
+            names = self.sibling_names(watched)
+            units = [(node, qual, first, []) for node, qual, first in function_nodes(tree, set(names) - {"*"})]
 
         def hit(k):
             self.unit_hit(name, k)
@@ -560,6 +654,9 @@ class Probe:
 
     def unit_hit(self, name, k):
         try:
+            if not self.modules[name].lines:
+                self.count_hit(name, k)
+                return
             if ("F", name, k) in self.done:
                 return      # ran already, its flag kept set for a compiled graph: the cheapest way out
             guards = self.guards[name]
@@ -581,6 +678,17 @@ class Probe:
                 "lines": sorted(lines), "traced": how, "pid": os.getpid(), "t": time.time()})
         except Exception as exc:
             self.disable("recording a call: " + describe_error(exc))
+
+
+    def count_hit(self, name, k):
+        """A sibling's counted function started (functions mode): its guard stays set until COUNT_CAP."""
+        qual, first, _ = self.units[name][k - 1]
+        n = self.counts.get((name, qual), 0) + 1
+        self.counts[(name, qual)] = n
+        if count_due(n):
+            self.record_count(name, qual, (), first, n)
+        if n >= COUNT_CAP:
+            self.guards[name][k] = False
 
 
 def boot(probe_file):

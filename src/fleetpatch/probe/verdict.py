@@ -12,9 +12,16 @@ records the probe wrote on a host (runtime.py says what they are) into::
 held by a function, class or module body that started running). ``traced``
 holds lines first seen only while torch.compile traced them or a CUDA graph
 was captured: they are not counted as run, and not as never run either.
+``calls`` {path: {function: {"count", "exact", "lines"}}} counts the functions
+that hold added lines and the sibling functions the probe watched (``lines``:
+the added lines it holds, none for a sibling's); ``ran_at`` is the host-clock
+time the first added line ran. `reach` turns a block into how far the code got
+(verified, not-executed, unproven) and what proved it (`Timeline`).
 """
 import json
 import re
+from dataclasses import dataclass
+from typing import Optional
 
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -22,6 +29,7 @@ NEVER_IMPORTED = "never imported"
 NOT_CHANGED = "imported, but this revision does not change it"
 NO_LINE_RAN = "imported, but none of its added lines ran"
 ONLY_TRACED = "imported, its added lines only traced (torch.compile or CUDA graph capture), never run"
+EXACT_COUNTS = 8     # the probe's count records are exact up to this count (runtime.py, COUNT_EXACT)
 
 
 def diff_path(header):
@@ -176,7 +184,8 @@ def pid_of(folder, proc):
 
 def collect(procs, plan_modules, added, pids):
     """Walk every process's records; returns the pieces execution_block reports."""
-    seen = {"ran": {}, "traced": {}, "files": {}, "pids": set(), "modes": set(), "disabled": []}
+    seen = {"ran": {}, "traced": {}, "files": {}, "pids": set(), "modes": set(), "disabled": [],
+            "calls": {}, "ran_at": None}
     for folder, entry in procs.items():
         pid = pid_of(folder, entry["process"])
         if pids is not None and pid not in pids:
@@ -200,13 +209,31 @@ def take_record(seen, name, obj, pid, plan_modules, added):
     if name.startswith("M-"):
         seen["files"].setdefault(module, []).append((obj.get("file"), bool(obj.get("same")), obj.get("note") or ""))
         return
+    if name.startswith("C-"):
+        take_count(seen, path, obj)
+        return
     lines = obj.get("lines") if "lines" in obj else [obj.get("line")]
     wanted = set(added.get(path, ()))
     got = {n for n in lines or () if isinstance(n, int) and n in wanted}
     if name.startswith(("L-", "F-")):
         seen["ran"].setdefault(path, set()).update(got)
+        at = obj.get("t")
+        if got and isinstance(at, (int, float)) and (seen["ran_at"] is None or at < seen["ran_at"]):
+            seen["ran_at"] = float(at)
     elif name.startswith("T-"):
         seen["traced"].setdefault(path, set()).update(got)
+
+
+def take_count(seen, path, obj):
+    """A count record (C-): a watched function ran `count` times in one process (the probe writes
+    it at counts 1 to EXACT_COUNTS, then at each power of two: from EXACT_COUNTS on it is a lower bound)."""
+    unit, count = obj.get("unit"), obj.get("count")
+    if not isinstance(unit, str) or not isinstance(count, int) or count < 1:
+        return
+    entry = seen["calls"].setdefault(path, {}).setdefault(unit, {"count": 0, "exact": True, "lines": []})
+    entry["count"] += count
+    entry["exact"] = entry["exact"] and count < EXACT_COUNTS    # the next write after 8 is at 16
+    entry["lines"] = sorted(set(entry["lines"]) | {n for n in obj.get("lines") or () if isinstance(n, int)})
 
 
 def imported_files(plan_modules, files):
@@ -257,8 +284,20 @@ def execution_block(files, plan, added, pids=None):
             not_run[path] = ONLY_TRACED if path in traced else NO_LINE_RAN
     mode = mode_of(seen)
     return {"mode": mode, "pids": sorted(p for p in seen["pids"] if p is not None), "ran": ran,
-            "imported": imported, "not_run": not_run, "traced": traced,
+            "imported": imported, "not_run": not_run, "traced": traced, "calls": seen["calls"],
+            "ran_at": seen["ran_at"], "siblings": sibling_paths(plan_modules, added),
             "message": summary(mode, seen, ran, traced)}
+
+
+def sibling_paths(plan_modules, added):
+    """{sibling path: [the patched paths it is the sibling of]} that this patch does not change."""
+    out = {}
+    for spec in plan_modules.values():
+        path = spec.get("path")
+        twins = [t for t in spec.get("twins") or () if added.get(t)]
+        if path and twins and not added.get(path):
+            out[path] = sorted(twins)
+    return out
 
 
 def summary(mode, seen, ran, traced):
@@ -281,3 +320,94 @@ def summary(mode, seen, ran, traced):
 def execution_off(mode, message):
     """The block when the probe did not watch: mode 'off' (asked so) or 'unavailable' (could not)."""
     return {"mode": mode, "pids": [], "ran": {}, "imported": {}, "not_run": {}, "traced": {}, "message": message}
+
+
+# ---------------------------------------------------------------------- how far the code got
+
+VERIFIED, NOT_EXECUTED, UNPROVEN = "verified", "not-executed", "unproven"
+PROVE_HOW = ("to prove it, send requests that take that branch: more at once (the patch's prove.concurrency), "
+             "real traffic (--bake S), or verify-logs later")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When things happened on the host, on the host's clock (time.time() there, as the probe's
+    records are stamped), each None where unknown:
+
+    - ready_at: the server logged that it was ready (SGLang logs it after its own warmup request);
+    - smoke_from, smoke_to: fleetpatch's smoke requests began, and the wait after the last answer
+      ended (the smoke step fills these; a deploy's verdict time may stand in for smoke_to).
+
+    An added line that first ran before ready_at was proved by `startup`, from smoke_from (or
+    ready_at) to smoke_to by `smoke`, after smoke_to by `traffic`."""
+
+    ready_at: Optional[float] = None
+    smoke_from: Optional[float] = None
+    smoke_to: Optional[float] = None
+
+    def proved_by(self, ran_at):
+        """'startup', 'smoke' or 'traffic' for a first run at host time `ran_at` (None: unknown)."""
+        if ran_at is None:
+            return None
+        if self.ready_at is not None and ran_at < self.ready_at:
+            return "startup"
+        if self.smoke_to is not None:
+            return "smoke" if ran_at <= self.smoke_to else "traffic"
+        if self.smoke_from is not None and ran_at >= self.smoke_from:
+            return "smoke"
+        return "traffic" if self.ready_at is not None else None
+
+
+def times(entry):
+    """'once', '3 times', 'at least 64 times' of a count entry."""
+    n = entry["count"]
+    if n == 1 and entry["exact"]:
+        return "once"
+    return ("%d times" if entry["exact"] else "at least %d times") % n
+
+
+def short_name(path):
+    return path.rsplit("/", 1)[-1]
+
+
+def reach(block, added, timeline=None):
+    """How far the patch's code got, from its execution `block` (execution_block) and its `added`
+    {path: [lines]}: {"status": verified | not-executed | unproven, "proved_by": startup | smoke |
+    traffic | None, "lines": [message lines]}.
+
+    verified: an added line ran. unproven: a function that holds an added line ran but none of the
+    lines did, or the patched files were imported and nothing on their path ran yet. not-executed:
+    no patched file was imported, or a sibling's function ran while no added line did."""
+    if block.get("ran"):
+        return {"status": VERIFIED, "proved_by": (timeline or Timeline()).proved_by(block.get("ran_at")), "lines": []}
+    calls = block.get("calls") or {}
+    holders = [(path, unit, entry) for path, units in sorted(calls.items()) if added.get(path)
+               for unit, entry in sorted(units.items()) if set(entry["lines"]) & set(added[path])]
+    if holders:
+        path, unit, entry = max(holders, key=lambda h: h[2]["count"])
+        first = min(set(entry["lines"]) & set(added[path]))
+        return {"status": UNPROVEN, "proved_by": None, "lines": [
+            "  %s (%s) ran %s, but no line this patch adds ran: line %d of %s never did (its condition never held)"
+            % (unit, short_name(path), times(entry), first, path), "  " + PROVE_HOW]}
+    sibling = sibling_ran(block, calls)
+    if sibling:
+        return {"status": NOT_EXECUTED, "proved_by": None, "lines": [sibling]}
+    imported = [p for p, why in sorted((block.get("not_run") or {}).items())
+                if added.get(p) and why in (NO_LINE_RAN, ONLY_TRACED)]
+    if imported:
+        return {"status": UNPROVEN, "proved_by": None, "lines": [
+            "  %s: imported, but no function that holds its added lines ran yet (first added line %d)"
+            % (path, min(added[path])) for path in imported] + ["  " + PROVE_HOW]}
+    return {"status": NOT_EXECUTED, "proved_by": None, "lines": []}
+
+
+def sibling_ran(block, calls):
+    """The message line naming the sibling function that ran most, or ''."""
+    ran = [(path, unit, entry) for path, twins in sorted((block.get("siblings") or {}).items())
+           for unit, entry in sorted((calls.get(path) or {}).items())]
+    if not ran:
+        return ""
+    path, unit, entry = max(ran, key=lambda r: r[2]["count"])
+    twins = block["siblings"][path]
+    return "  %s (%s) ran %s; this patch changes only %s" % (
+        unit, short_name(path), times(entry), ", ".join(short_name(t) for t in twins))

@@ -11,6 +11,7 @@ health are judged as before (evidence.py); this only adds to that verdict.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -44,13 +45,14 @@ def added_of(revision, states: dict | None = None) -> dict:
     return probe_verdict.added_lines(revision.diff_text, offsets)
 
 
-def siblings(profile, paths) -> list[str]:
-    """The sibling files of `paths` (the other path's file): reported as imported or never imported."""
-    out = []
+def siblings(profile, paths) -> dict[str, list[str]]:
+    """{sibling file: [the patched files of `paths` it pairs with]}: reported as imported or never
+    imported, and its functions named like the patched ones counted."""
+    out: dict[str, list[str]] = {}
     for a, b in getattr(profile, "sibling_pairs", None) or []:
         for have, other in ((a, b), (b, a)):
-            if have in paths and other not in paths and other not in out:
-                out.append(other)
+            if have in paths and other not in paths and have not in out.setdefault(other, []):
+                out[other].append(have)
     return out
 
 
@@ -151,6 +153,7 @@ class ExecutionView:
         else:
             added = {spec["path"]: spec.get("lines") or [] for spec in (self.plan.get("modules") or {}).values()}
         block = probe_verdict.execution_block(self.records, self.plan, added, pids)
+        block["added"] = added
         block["server_pids"] = sorted(pids) if pids else []
         if self.namespace:
             block["pid_namespace"] = self.namespace
@@ -158,11 +161,34 @@ class ExecutionView:
 
 
 class Context:
-    """What a folded message needs besides the verdict."""
+    """What a folded message needs besides the verdict; `timeline` (probe.verdict.Timeline, host
+    clock) says what proved a line that ran: startup, smoke or traffic."""
 
-    def __init__(self, host: str, label: str, profile, version, settled: bool, timed_out: bool, elapsed: float):
+    def __init__(self, host: str, label: str, profile, version, settled: bool, timed_out: bool, elapsed: float,
+                 timeline=None):
         self.host, self.label, self.profile, self.version = host, label, profile, version
         self.settled, self.timed_out, self.elapsed = settled, timed_out, elapsed
+        self.timeline = timeline or probe_verdict.Timeline()
+
+
+def timeline_of(given, ready_epoch: float | None, smoke_epoch: float | None = None):
+    """The Timeline a follow judges by: `given` (the Watch's, or none) with the ready time this
+    follow saw, and when its smoke requests began, filled in where it has none."""
+    timeline = given or probe_verdict.Timeline()
+    if timeline.ready_at is None and ready_epoch is not None:
+        timeline = dataclasses.replace(timeline, ready_at=float(ready_epoch))
+    if timeline.smoke_from is None and smoke_epoch is not None:
+        timeline = dataclasses.replace(timeline, smoke_from=float(smoke_epoch))
+    return timeline
+
+
+def recorded_timeline(last_restart: dict | None):
+    """The Timeline of the last restart as the ledger keeps it (for verify-logs): its ready time
+    (else the restart's own, so that nothing after it is called start-up) and its first verdict,
+    after which what ran is `traffic`."""
+    last = last_restart or {}
+    ready = last.get("ready_epoch") if last.get("ready_epoch") is not None else last.get("epoch")
+    return probe_verdict.Timeline(ready_at=ready, smoke_to=last.get("verdict_epoch"))
 
 
 def ran_on_path(block: dict, v, ctx: Context) -> dict:
@@ -200,14 +226,20 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
         return _final(v, Status.NOT_EXECUTED, _never_loaded(v, block, ctx))
     ran = ran_on_path(block, v, ctx)
     if ran:
+        block["proved_by"] = ctx.timeline.proved_by(block.get("ran_at"))
         shown = "; ".join(f"{f} line{'s' if len(n) > 1 else ''} {', '.join(map(str, n[:8]))}"
                           for f, n in sorted(ran.items()))
+        by = f"; proved by {block['proved_by']}" if block["proved_by"] else ""
         v.message += (f"\n  executed ({block['mode']} mode): {shown} (pids {', '.join(map(str, block['pids']))}"
-                      f"{_where(block)})")
+                      f"{_where(block)}){by}")
         return v
     if not done:
         return _pending(v, ctx, "a line this patch adds to run")
-    return _final(v, Status.NOT_EXECUTED, _none_ran(v, block, ctx))
+    reached = probe_verdict.reach(block, block.get("added") or {}, ctx.timeline) if not block["ran"] else None
+    if reached and reached["status"] == probe_verdict.UNPROVEN and not _off_path(v, block, ctx):
+        return _final(v, Status.UNPROVEN, [f"FAIL {ctx.host}  {ctx.label} unproven: its code was reached, "
+                                           "none of the lines it adds ran yet"] + reached["lines"] + _runs(v, ctx))
+    return _final(v, Status.NOT_EXECUTED, _none_ran(v, block, ctx) + (reached["lines"] if reached else []))
 
 
 def _rolled_back(v, block: dict):
@@ -240,10 +272,16 @@ def _none_ran(v, block: dict, ctx: Context) -> list:
         lines.append("    (lines seen only while traced or captured: "
                      + ", ".join(f"{p} {n}" for p, n in sorted(block["traced"].items())) + ")")
     lines += _runs(v, ctx)
-    paths = sorted({p for f in block.get("changed_files") or [] for p in ctx.profile.paths_of_file(f) or []})
-    if paths and v.executed_path and v.executed_path not in paths:
+    if _off_path(v, block, ctx):
+        paths = sorted({p for f in block.get("changed_files") or [] for p in ctx.profile.paths_of_file(f) or []})
         lines.append(f"  {ctx.label} changes code of {', '.join(paths)} only")
     return lines
+
+
+def _off_path(v, block: dict, ctx: Context) -> bool:
+    """The profile knows the path that runs, and the patch changes no file of it."""
+    paths = {p for f in block.get("changed_files") or [] for p in ctx.profile.paths_of_file(f) or []}
+    return bool(paths and v.executed_path and v.executed_path not in paths)
 
 
 def _where(block: dict) -> str:

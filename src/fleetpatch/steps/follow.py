@@ -47,6 +47,9 @@ class Watch:
     record_lock: str | None = None
     # execution.ExecutionView while the probe judges execution too (None: markers alone)
     execution: object | None = None
+    # probe.verdict.Timeline (host clock): the ready time, the smoke requests' window, for
+    # execution.proved_by; what is None here is filled from the follow (its ready line, its smoke)
+    timeline: object | None = None
     # the smoke requests the follow sends once the server is ready (smoke_spec), with patch.yaml's
     # prove.wait: how long, after their answers, a patch none of whose lines ran yet is still watched
     smoke: dict | None = None
@@ -182,7 +185,9 @@ class EventLog:
         self.healthy: bool | None = None
         self.server_info: dict | None = None
         self.ready_at: float | None = None
+        self.ready_epoch: float | None = None   # the host's clock when the agent saw the ready line
         self.launch = launch
+        self.smoke_epoch: float | None = None   # the host's clock when the smoke requests began
         self.smoke: dict | None = None          # the follow's `smoke` event: every answer is in
         self.smoke_at: float | None = None      # when it arrived (laptop clock)
 
@@ -197,6 +202,10 @@ class EventLog:
             self.server_info = ev.get("data")
         elif kind == "smoke":
             self.smoke, self.smoke_at = ev, time.monotonic()
+        elif kind == "smoke_started":
+            self.smoke_epoch = ev.get("started")
+        elif kind == "ready" and self.ready_epoch is None:
+            self.ready_epoch = ev.get("at")
         elif kind == "launch" and ev.get("argv"):
             # After a restart the running process is the one to read, not what it was before.
             self.launch = LaunchConfig(argv=ev["argv"], env=ev.get("env") or {}, source="process")
@@ -305,8 +314,6 @@ class Judging:
         from . import execution
         view = self.watch.execution
         block = execution.exe_note(view.block(label), view)
-        self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
-                                                           "message", "pid_namespace") if k in block}
         settle_s = self.run.job.settle_s
         if self.watch.smoke is not None and waits_for_traffic(block):
             # a patched file ran, none of its added lines yet: their condition may hold for a later
@@ -314,8 +321,16 @@ class Judging:
             settle_s = max(settle_s, self.watch.smoke_wait)
         settled = obs.since_ready_s is not None and obs.since_ready_s >= settle_s
         ctx = execution.Context(self.run.name, label, self.run.profile, self.run.version, settled, obs.timed_out,
-                                time.monotonic() - self.t0)
-        return execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
+                                time.monotonic() - self.t0, execution.timeline_of(
+                                    self.watch.timeline,
+                                    # a re-read (verify-logs) sees the ready line now: the ledger's time is the one
+                                    None if self.watch.recorded_as == "verify-logs" else self.events.ready_epoch,
+                                    self.events.smoke_epoch))
+        v = execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
+        self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
+                                                           "proved_by", "calls", "message", "pid_namespace")
+                                     if k in block}
+        return v
 
     # A batch of lines that holds nothing that can decide is judged at most this often:
     # the judgement reads the kept window, which a chatty log does not grow.
@@ -414,7 +429,8 @@ def smoke_failure(event: dict | None, spec: dict | None) -> str | None:
 
 def _smoke_failed(v, host: str, label: str, why: str):
     """A verdict that a failed smoke request overrides: any but a failure already final."""
-    if v.final and v.status not in SUCCESS and v.status not in (Status.PENDING, Status.RESTART_FAILED):
+    if v.final and v.status not in SUCCESS and v.status not in (Status.PENDING, Status.RESTART_FAILED,
+                                                                  Status.UNPROVEN):
         return v
     died = v.status == Status.RESTART_FAILED   # the server died serving them: its last words say why
     v.status, v.final = Status.SMOKE_FAILED, True

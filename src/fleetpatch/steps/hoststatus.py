@@ -31,6 +31,14 @@ def failed_verification(last_v: dict) -> Status | None:
         return Status.ERROR
 
 
+def since_restart(ledger: dict, host_time: float | None) -> str:
+    """' (restarted 12 min ago)', on the host's own clock; '' where either time is unknown."""
+    epoch = (ledger.get("last_restart") or {}).get("epoch")
+    if not isinstance(epoch, (int, float)) or not isinstance(host_time, (int, float)):
+        return ""
+    return f" (restarted {lockview.ago(max(0.0, host_time - epoch))} ago)"
+
+
 def _lock_problem(run: HostRun, view: lockview.LockView, details: dict) -> str | None:
     details["lock_state"] = {"holder": view.holder, "command": view.command, "age_s": view.age_s,
                              "alive": view.alive, "why": view.why, "cell": view.cell()}
@@ -73,7 +81,14 @@ def status(run: HostRun) -> HostResult:
         problems.append("drift in " + ", ".join(drift))
         status_ = Status.DRIFT
     failed = None if run.host.servers else failed_verification(last_v)   # several servers: each judged below
-    if failed is not None:
+    if failed == Status.UNPROVEN:
+        what = ", ".join(last_v.get("labels") or []) or "the patches"
+        problems.append(f"the last verification ({last_v.get('check') or 'deploy'} of {what}, at "
+                        f"{last_v.get('at', '?')}) ended unproven: the patched code was reached, none of its added "
+                        f"lines ran{since_restart(ledger, reply.get('host_time'))}; the server still watches them: "
+                        "`fleetpatch verify-logs` judges what ran since, deploy-patch or rollback fix it")
+        status_ = status_ if drift else failed
+    elif failed is not None:
         what = ", ".join(last_v.get("labels") or []) or "the patches"
         problems.append(f"the last verification ({last_v.get('check') or 'deploy'} of {what}, at "
                         f"{last_v.get('at', '?')}) ended {failed}: the patched code is not proven to run; "

@@ -119,7 +119,7 @@ def _verify_logs_of(run: HostRun, reply: dict) -> HostResult:
     view = execution.ExecutionView() if execution.probe_wanted(job, host, judged) else None
     result = verify(run, Watch(protocol.log_window(last), running_launch(host, reply), [d.patch for d in found],
                                [d.label for d in found], check="verify-logs", execution=view,
-                               record_lock="verify-logs"))
+                               record_lock="verify-logs", timeline=execution.recorded_timeline(last)))
     return with_notes(result, found)
 
 
