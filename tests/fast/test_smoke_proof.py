@@ -58,6 +58,7 @@ def test_a_forward_only_patch_is_verified_by_the_smoke_request_without_a_router(
     result = steps.deploy(job(lh, "forward-quiet", host=host)[0], host)
     assert result.ok and result.status == Status.VERIFIED, result.message
     assert EAGLE in result.details["execution"]["ran"], result.details["execution"]
+    assert result.details["execution"]["proved_by"] == "smoke", result.details["execution"]
     smoke = result.details["smoke"]
     assert smoke["requests"] == 1 and smoke["statuses"] == [200], smoke
     assert smoke["started"] <= smoke["ended"], smoke
@@ -76,7 +77,8 @@ def test_a_gated_line_is_not_verified_by_one_smoke_request(lh_lines):
     lh = lh_lines
     assert steps.deploy(job(lh, "batch-gate")[0], lh.host()).ok
     result = steps.deploy(job(lh, "forward-gated")[0], lh.host())
-    assert not result.ok and result.status != Status.VERIFIED, result.message
+    assert not result.ok and result.status == Status.UNPROVEN, result.message
+    assert "forward_batch_generation (eagle_worker.py) ran" in result.message, result.message
     assert result.details["smoke"]["statuses"] == [200], result.details["smoke"]
 
 
@@ -125,6 +127,7 @@ def test_the_warmup_request_proves_a_forward_line_at_start_up(lh):
     the smoke request began."""
     result = steps.deploy(job(lh, "forward-quiet")[0], lh.host())
     assert result.ok and result.status == Status.VERIFIED, result.message
+    assert result.details["execution"]["proved_by"] == "startup", result.details["execution"]
     log = lh.log.read_text()
     ready = log.index("The server is fired up and ready to roll!")
     assert log.rfind('"GET /model_info HTTP/1.1" 200', 0, ready) >= 0, log
@@ -189,6 +192,7 @@ def test_a_forward_only_patch_is_verified_by_the_smoke_request_behind_a_router(l
         result = steps.deploy(job(lh, "forward-quiet", host=host, drain=Drainer(drain_timeout=10))[0], host)
         assert result.ok and result.status == Status.VERIFIED, result.message
         assert EAGLE in result.details["execution"]["ran"], result.details["execution"]
+        assert result.details["execution"]["proved_by"] == "smoke", result.details["execution"]
         assert result.details["smoke"]["statuses"] == [200] and result.details["router"]["readded"], result.details
         since = lh.log.read_text()[mark:]
         assert since.count('"POST /generate HTTP/1.1" 200') == 1, since   # the verdict's smoke request only
