@@ -230,6 +230,10 @@ def serving_again(result) -> bool:
 
 
 def _after_restart(job, host, remote, routers, info, result, rollback, expect):
+    if result.status == Status.UNPROVEN:
+        # healthy and on the right path, its added lines not run yet: real traffic may prove it (--bake)
+        result.message += "\n  put back into the router: real traffic may still prove it (--bake, verify-logs)"
+        return _readd(host, routers, info, result)
     if not serving_again(result):
         result.message += "\n  not put back into the router: it failed verification"
         return _with_router(result, info)

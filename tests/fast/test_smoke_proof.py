@@ -3,6 +3,7 @@ before its verdict, fleetpatch sends it smoke requests from the host (patch.yaml
 so a line that runs per request, or only for larger batches, gets its chance to run."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -208,3 +209,39 @@ def test_a_server_that_dies_serving_the_smoke_request_is_smoke_failed_not_verifi
     result = steps.deploy(job(lh, "breaks-generate", host=host)[0], host)
     assert not result.ok and result.status == Status.SMOKE_FAILED, result.message
     assert "smoke request to http://127.0.0.1:" in result.message and "no answer" in result.message, result.message
+
+
+def burst(url: str, n: int = 8) -> list[int]:
+    """`n` /generate requests at once: a scheduler step with every one of them in flight."""
+    import concurrent.futures
+    import urllib.request
+
+    def one(_):
+        body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 8}}).encode()
+        req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as res:
+            return res.status
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_bake_turns_an_unproven_host_verified_once_real_traffic_runs_the_line(lh_lines):
+    """deploy-patch --bake: unproven after one smoke request; then a burst of 8 concurrent requests
+    (real traffic) runs the gated line, and the bake's next read of the probe says verified, by traffic."""
+    from fleetpatch.bake import with_bake
+    lh = lh_lines
+    assert steps.deploy(job(lh, "batch-gate")[0], lh.host()).ok
+    seen = {}
+
+    def deploy_then_traffic(j, host):
+        seen["deploy"] = steps.deploy(j, host)
+        seen["burst"] = burst(f"http://127.0.0.1:{lh.port}")
+        return seen["deploy"]
+
+    j = job(lh, "forward-gated", bake_s=20)[0]
+    result = with_bake(deploy_then_traffic, 20)(j, lh.host())
+    assert seen["deploy"].status == Status.UNPROVEN, seen["deploy"].message
+    assert seen["burst"] == [200] * 8
+    assert result.ok and result.status == Status.VERIFIED, result.message
+    assert result.details["bake"]["proved"] is True, result.details["bake"]
+    assert "proved by traffic" in result.message, result.message

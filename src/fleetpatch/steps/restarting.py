@@ -93,7 +93,8 @@ def restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart, undo: Und
         result = verify(run, watch)
     except HostFailure as f:
         return cut_off(run, plan.label, f, "verification")
-    if not result.ok and undo is not None:
+    # an unproven host that --bake will watch under traffic is undone only if the bake does not prove it
+    if not result.ok and undo is not None and not (result.status == Status.UNPROVEN and run.job.bake_s):
         result = undo(result)
     return result
 
