@@ -168,27 +168,50 @@ def router(tmp_path):
         yield rp
 
 
-def test_a_forward_only_patch_is_verified_by_the_smoke_request_behind_a_router(lh, router, tmp_path):
-    """Behind the real router: out, drained, restarted, the smoke request sent before the
-    verdict (which it proves), and back in; the drain sends no second smoke request."""
+def behind(lh, router, tmp_path, first: str = "spec-path-beacon"):
+    """The local host behind the real router with another stand-in worker (so that it may go
+    out), started with --skip-server-warmup, `first` deployed before; its Host and the other worker."""
     import yaml
-    from fleetpatch.drain import Drainer
     from fleetpatch.inventory import parse_inventory
     from fleetpatch.router import Router
     from fleetpatch_demo.routerproc import LocalWorker
     from support.standin_sites import standin_site
 
     other = LocalWorker(standin_site(tmp_path / "site", "0.5.9"), tmp_path / "other.log").start()
+    doc = lh.inventory(start=lh.host().server.restart.start + " --skip-server-warmup")
+    me = doc["hosts"][lh.name]
+    me["server"]["url"] = f"http://127.0.0.1:{lh.port}"
+    me["router"] = {"urls": [router.url]}
+    host = parse_inventory(yaml.safe_dump(doc), file=str(lh.root / "hosts.yaml")).hosts[lh.name]
+    plain = lh.host()
+    assert steps.deploy(job(lh, first, host=plain)[0], plain).ok   # a server up, to put into the router
+    Router(router.url).add(other.url, timeout=20)
+    Router(router.url).add(host.server.url, timeout=20)
+    return host, other
+
+
+def test_an_unproven_host_is_put_back_into_the_router(lh_lines, router, tmp_path):
+    """unproven: healthy and on the right path, so it serves again; still a failure."""
+    from fleetpatch.drain import Drainer
+    from fleetpatch.router import Router
+    host, other = behind(lh_lines, router, tmp_path, first="batch-gate")
     try:
-        doc = lh.inventory(start=lh.host().server.restart.start + " --skip-server-warmup")
-        me = doc["hosts"][lh.name]
-        me["server"]["url"] = f"http://127.0.0.1:{lh.port}"
-        me["router"] = {"urls": [router.url]}
-        host = parse_inventory(yaml.safe_dump(doc), file=str(lh.root / "hosts.yaml")).hosts[lh.name]
-        plain = lh.host()
-        assert steps.deploy(job(lh, host=plain)[0], plain).ok   # a server up, to put into the router
-        Router(router.url).add(other.url, timeout=20)
-        Router(router.url).add(host.server.url, timeout=20)
+        result = steps.deploy(job(lh_lines, "forward-gated", host=host, drain=Drainer(drain_timeout=10))[0], host)
+        assert not result.ok and result.status == Status.UNPROVEN, result.message
+        assert result.details["router"]["readded"] is True, result.details["router"]
+        assert "put back into the router" in result.message, result.message
+        assert any(w.url.rstrip("/") == host.server.url for w in Router(router.url).list_workers())
+    finally:
+        other.stop()
+
+
+def test_a_forward_only_patch_is_verified_by_the_smoke_request_behind_a_router(lh, router, tmp_path):
+    """Behind the real router: out, drained, restarted, the smoke request sent before the
+    verdict (which it proves), and back in; the drain sends no second smoke request."""
+    from fleetpatch.drain import Drainer
+    from fleetpatch.router import Router
+    host, other = behind(lh, router, tmp_path)
+    try:
         mark = len(lh.log.read_text())
         result = steps.deploy(job(lh, "forward-quiet", host=host, drain=Drainer(drain_timeout=10))[0], host)
         assert result.ok and result.status == Status.VERIFIED, result.message
