@@ -47,6 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TRIXIE = "/var/cache/fleetpatch-test/trixie-root"
 PROBED, PLAIN = "fp_bench_probed", "fp_bench_plain"
 FIRST_HITS = 200
+GATED = 6              # functions whose added line never runs: each call is counted (below the count cap)
+GATED_CALLS = 60000    # per gated function: under the probe's COUNT_CAP (65536), after which it stops counting
 
 CPU_MODULE = '''"""The patched module of the CPU bench."""
 
@@ -57,7 +59,9 @@ def hot(x):
 
 def cold(x):
     return x + 1
-''' + "".join("\n\ndef first_%d(x):\n    return x + %d  # added\n" % (i, i) for i in range(FIRST_HITS))
+''' + "".join("\n\ndef first_%d(x):\n    return x + %d  # added\n" % (i, i) for i in range(FIRST_HITS)) \
+    + "".join("\n\ndef gated_%d(x):\n    if x > 10:\n        return x  # added\n    return x + %d\n" % (i, i)
+              for i in range(GATED))
 
 GPU_MODULE = '''"""The patched module of the GPU bench: what the server runs every decode step."""
 import torch
@@ -157,11 +161,15 @@ def cpu_bench(reps):
                "watched_call_plain_ns": round(med["hot_plain_ns"], 2),
                "unwatched_call_ns": round(med["cold_probed_ns"] - med["cold_plain_ns"], 2),
                "unwatched_call_plain_ns": round(med["cold_plain_ns"], 2),
+               "counted_call_ns": round(med["gated_probed_ns"] - med["gated_plain_ns"], 2),
+               "counted_call_plain_ns": round(med["gated_plain_ns"], 2),
                "recorded_lines": len(recorded["executed"]), "disabled": recorded["disabled"]}
         results.append(row)
         print("%-45s %-9s first hit %+8.1f us   watched call %+6.1f ns (of %.1f)   unwatched call %+6.1f ns (of %.1f)"
+              "   counted call %+6.1f ns (of %.1f)"
               % (label, row["mode"], row["first_hit_us"], row["watched_call_ns"], row["watched_call_plain_ns"],
-                 row["unwatched_call_ns"], row["unwatched_call_plain_ns"]), flush=True)
+                 row["unwatched_call_ns"], row["unwatched_call_plain_ns"], row["counted_call_ns"],
+                 row["counted_call_plain_ns"]), flush=True)
     return results
 
 
@@ -285,6 +293,11 @@ def cpu_worker(scratch):
                 t = min(timeit.repeat("f(1)", globals={"f": getattr(mod, fn)}, number=number, repeat=3))
                 key = "%s_%s_ns" % (fn, label)
                 out[key] = min(out.get(key, float("inf")), t / number * 1e9)
+    for i in range(GATED):               # each gated function timed once: its calls stay below the count cap
+        for label, mod in (("probed", probed), ("plain", plain)):
+            t = timeit.timeit("f(1)", globals={"f": getattr(mod, "gated_%d" % i)}, number=GATED_CALLS)
+            key = "gated_%s_ns" % label
+            out[key] = min(out.get(key, float("inf")), t / GATED_CALLS * 1e9)
     print(json.dumps(out))
 
 
