@@ -5,11 +5,17 @@ host (agent op `bake`: the server process alive, its health endpoint 200, no
 new log line holding the patch's `forbid` texts). A host failing its bake is a
 failed host: it counts against --max-failures, and with --on-failure rollback
 it is rolled back (drained first when a router is in front of it). A host with
-several servers (`servers:`) has each of them watched at once, over a connection each."""
+several servers (`servers:`) has each of them watched at once, over a connection each.
+
+A host whose verdict is `unproven` (its patched function ran, none of its added lines
+yet) is watched instead under the traffic it serves: verify-logs again every
+PROVE_EVERY_S until an added line ran (then `verified`, proved by traffic) or S
+seconds passed (still `unproven`). deploy-patch --bake does only that."""
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import time
 
 from . import drain, steps
 from .errors import Status
@@ -47,9 +53,48 @@ def _watch_each(job, host) -> "steps.HostResult":
     return result
 
 
+PROVE_EVERY_S = 1.0   # between two reads of the probe's records while an unproven host is baked
+
+
+def prove_under_traffic(job, host, unproven: "steps.HostResult", seconds: float) -> "steps.HostResult":
+    """--bake S on an unproven host: its verify-logs once an added line ran within S seconds,
+    else `unproven` as it was, saying how long it was watched."""
+    job.progress(host.name, "bake", f"{seconds:g}s: waiting for traffic to run an added line")
+    deadline = time.monotonic() + seconds
+    while not job.interrupt.is_set():
+        time.sleep(max(0.0, min(PROVE_EVERY_S, deadline - time.monotonic())))
+        seen = steps.verify_logs(job, host)
+        if seen.ok:
+            seen.details["bake"] = {"ok": True, "seconds": seconds, "proved": True}
+            seen.message += f"\n  proved under traffic during --bake {seconds:g}"
+            return seen
+        if seen.status != Status.UNPROVEN or time.monotonic() >= deadline:
+            break
+    unproven.details["bake"] = {"ok": False, "seconds": seconds, "proved": False}
+    unproven.message += f"\n  still unproven after --bake {seconds:g} s: no added line ran under the traffic it served"
+    if job.on_failure == "rollback":
+        steps.fold_rollback(unproven, steps.rollback(job, host))
+    return unproven
+
+
+def with_bake(step, seconds: float | None):
+    """deploy-patch's step with --bake S: an unproven host watched under traffic (prove_under_traffic)."""
+    if not seconds:
+        return step
+
+    def run(job, host):
+        result = step(job, host)
+        return prove_under_traffic(job, host, result, seconds) if result.status == Status.UNPROVEN else result
+
+    run.__name__ = getattr(step, "__name__", "deploy")
+    return run
+
+
 def bake_host(job, host, passed: "steps.HostResult", seconds: float) -> "steps.HostResult":
     """The host's result after its bake: `passed` unchanged, or the failure (rolled back
-    with --on-failure rollback)."""
+    with --on-failure rollback); an unproven host, watched under traffic (prove_under_traffic)."""
+    if passed.status == Status.UNPROVEN:
+        return prove_under_traffic(job, host, passed, seconds)
     job.bake_s = seconds
     watched = _watch_each(job, host)
     if watched.ok:

@@ -45,7 +45,8 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
     check_probe_off(patch_obj, selected, no_probe)
     job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
                     on_failure=on_failure, force=force, break_lock=break_lock,
-                    accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe)
+                    accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe,
+                    bake_s=bake_s)
     with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
         canary_group = inv.groups.get("canary")
         if batch_n is None:   # under a router: as many at once as the routers can spare

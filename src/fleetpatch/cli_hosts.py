@@ -9,7 +9,7 @@ import functools
 from pathlib import Path
 
 from .cli_common import (COMMON, HELP, NO_PATCH, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count,
-                         helps, prepare, required, router_settings, run_hosts)
+                         helps, prepare, required, router_settings, run_hosts, seconds)
 
 
 @command(help=helps(*NO_PATCH, dest="where to put the files (default .fleetpatch/sources)"))
@@ -34,19 +34,23 @@ def check_patch(c, patch=None, inventory=None, hosts=None, group=None, report=No
 
 @command(help=helps(*COMMON, "patch", "timeout", "force", "break_lock", *ROUTER,
                     no_restart="write the files but do not restart (the restart stays pending on the host)",
+                    bake="watch a host whose verdict is unproven SECONDS under the traffic it serves: verified as "
+                         "soon as an added line runs",
                     on_failure="keep (default) or rollback the hosts that fail", no_probe=HELP["no_probe"]))
 def deploy_patch(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
                  no_restart=False, timeout=None, on_failure="keep", force=False, break_lock=False,
-                 drain_timeout=None, max_unavailable=None, no_router=False, accept_new_host_keys=False,
+                 drain_timeout=None, max_unavailable=None, no_router=False, bake=None, accept_new_host_keys=False,
                  verbose=False, no_probe=False):
     """Deploy a patch: per host lock, apply, back up, write, restart, and verify the patched path ran."""
     from . import steps
-    run_hosts("deploy-patch", steps.deploy,
+    from .bake import with_bake
+    bake_s = seconds("bake", bake)
+    run_hosts("deploy-patch", with_bake(steps.deploy, bake_s),
               Common(inventory, hosts, group, report, parallel, patches, accept_new_host_keys, verbose),
               patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, no_restart=no_restart,
               timeout=timeout, on_failure=choice("on-failure", on_failure, ("keep", "rollback")), force=force,
               break_lock=break_lock, router=router_settings(drain_timeout, max_unavailable, no_router or no_restart),
-              probe=not no_probe, group_step=steps.deploy_nodes)
+              probe=not no_probe, group_step=steps.deploy_nodes, bake_s=bake_s)
 
 
 @command(help=helps(*COMMON, "patch", "timeout", no_probe=HELP["no_probe"]))

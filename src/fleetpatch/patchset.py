@@ -49,6 +49,7 @@ __all__ = [
     "PatchError",
     "NoRevisionFits",
     "Marker",
+    "Prove",
     "Revision",
     "Superseded",
     "Patch",
@@ -63,11 +64,12 @@ __all__ = [
 MANIFEST = "patch.yaml"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TOP_KEYS = ("name", "summary", "engine", "revisions", "markers", "executed", "expect", "smoke_expect", "forbid",
-             "allow_single_path", "superseded", "unported")
+             "allow_single_path", "superseded", "unported", "prove")
 _REV_KEYS = ("rev", "diff", "engine_versions")
 _MARKER_KEYS = ("regex",)
 _SUPERSEDED_KEYS = ("engine_versions", "use")
 _UNPORTED_KEYS = ("engine_versions", "why")
+_PROVE_KEYS = ("requests", "concurrency", "max_new_tokens", "wait")
 EXECUTED = ("any", "off")   # patch.yaml's `executed:`: the probe may judge execution, or markers alone
 
 
@@ -163,6 +165,17 @@ class Revision:
 
 
 @dataclass(frozen=True)
+class Prove:
+    """patch.yaml's `prove:`: the smoke requests each restarted server gets before its verdict,
+    so that lines which run per request (or only for larger batches) get their chance to run."""
+
+    requests: int = 1                      # 0 sends none
+    concurrency: int = 1                   # how many at once
+    max_new_tokens: Optional[int] = None   # None: server.smoke's
+    wait: float = 10.0                     # seconds to keep watching after the last answer, while unproven
+
+
+@dataclass(frozen=True)
 class Unported:
     """patch.yaml's `unported:`: engine versions no revision fits, and why (what a port must deal with)."""
 
@@ -194,6 +207,7 @@ class Patch:
     executed: str = "any"
     superseded: Optional[Superseded] = None
     unported: Optional[Unported] = None
+    prove: Prove = field(default_factory=Prove)
 
     @property
     def manifest(self) -> Path:
@@ -408,6 +422,23 @@ def _executed(file: str, value: Any) -> str:
         return "off"
     raise _perr(file, "executed", f"expected any (the default: the probe may judge execution) or off (markers "
                                   f"alone), got {value_shown(value)}")
+
+
+def _prove(file: str, node: Any) -> Prove:
+    """`prove: {requests, concurrency, max_new_tokens, wait}`, each optional."""
+    if node is None:
+        return Prove()
+    if not isinstance(node, dict):
+        raise _perr(file, "prove", "expected a mapping {requests: 1, concurrency: 1, max_new_tokens: 8, wait: 10}, "
+                                   f"got {value_shown(node)}")
+    _refuse_unknown_keys(file, "prove", node, _PROVE_KEYS)
+    least = {"requests": 0, "concurrency": 1, "max_new_tokens": 1, "wait": 0}
+    for key, value in node.items():
+        number = (int, float) if key == "wait" else (int,)
+        if isinstance(value, bool) or not isinstance(value, number) or value < least[key]:
+            what = "a number of seconds" if key == "wait" else "a whole number"
+            raise _perr(file, f"prove.{key}", f"expected {what}, at least {least[key]}, got {value_shown(value)}")
+    return Prove(**{k: (float(v) if k == "wait" else v) for k, v in node.items()})
 
 
 def _superseded(file: str, node: Any) -> Optional[Superseded]:
@@ -642,6 +673,7 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     executed = _executed(file, doc.get("executed"))
     superseded = _superseded(file, doc.get("superseded"))
     unported = _unported(file, doc.get("unported"))
+    prove = _prove(file, doc.get("prove"))
 
     expect = _str_list(file, "expect", doc.get("expect"))
     forbid = _str_list(file, "forbid", doc.get("forbid"))
@@ -667,4 +699,4 @@ def _load_folder(folder: Path, name: str, profile) -> Patch:
     revisions.sort(key=lambda r: r.rev)
     return Patch(name=pname, summary=summary, engine=engine, revisions=revisions, markers=markers,
                  expect=expect, forbid=forbid, allow_single_path=asp, source_dir=folder, smoke_expect=smoke_expect,
-                 executed=executed, superseded=superseded, unported=unported)
+                 executed=executed, superseded=superseded, unported=unported, prove=prove)

@@ -166,6 +166,17 @@ class FollowRequest(Request, total=False):
     # True: the window is the restart's of the request answered just before this one
     # (the follow is sent with it, a round trip sooner); without one it is `skipped`
     after_restart: bool
+    # the smoke requests to send once the server is ready (patch.yaml's `prove`); none: send none
+    smoke: "SmokeSpec"
+
+
+class SmokeSpec(TypedDict, total=False):
+    url: str                # the server's base URL, as the host reaches it
+    prompt: str
+    max_new_tokens: int
+    requests: int
+    concurrency: int
+    timeout: float          # per request
 
 
 class LedgerUpdate(TypedDict, total=False):

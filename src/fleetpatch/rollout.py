@@ -97,6 +97,12 @@ class Stop:
         self.interrupted = self.interrupted or interrupted
         self.event.set()
 
+    def lift(self) -> None:
+        """Go on after all (a bake proved the unproven hosts that stopped it), unless interrupted."""
+        if not self.interrupted:
+            self.reason = None
+            self.event.clear()
+
     def describe(self, results: dict) -> str | None:
         """The `stopped:` line, counted over the final results: hosts in flight when
         the stop came may have failed too, and the line says so truthfully."""
@@ -193,7 +199,8 @@ def run_all(hosts: list[Host], fn: UnitFn, parallel: int | None,
 def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult], results: dict, stop: Stop,
                 budget: int) -> None:
     """Watch the stage's successful hosts at once; failures join the stage's results."""
-    good = [h for h in stage if results[h.name].ok]
+    # an unproven host serves, on the right path: its bake may prove it under traffic
+    good = [h for h in stage if results[h.name].ok or results[h.name].status == Status.UNPROVEN]
     baked: dict = {}
     watching = Stop(interrupt=stop.interrupt, tell=stop.tell)
     run_stage(good, each_host(lambda h: bake(h, results[h.name])), max(1, len(good)), baked, watching)
@@ -204,6 +211,8 @@ def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult
     failures = _failed_units(results)
     if failures > budget and stop.reason is None:
         stop.set(f"more than --max-failures {budget}: {_plural(failures, 'host')} had failed (bake included)")
+    elif failures <= budget and any(r.ok for r in baked.values()):
+        stop.lift()   # the bake proved what had failed the budget
 
 
 def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int | None,

@@ -146,14 +146,22 @@ def check_smoke_answer(status: int, body: bytes) -> Optional[str]:
     """None if a /generate answer is well-formed (HTTP 200, JSON object with a string
     'text'), else the reason."""
     if status != 200:
-        return f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+        return f"HTTP {status}: {first_line(body)}"
     try:
         doc = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return f"not JSON: {body[:200].decode('utf-8', 'replace')!r}"
     if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
         return "no string 'text' field in the answer"
+    if not doc["text"]:
+        return f"HTTP 200 with no text: {first_line(body)}"
     return None
+
+
+def first_line(body: bytes) -> str:
+    """The first non-empty line of an answer's body, at most 200 characters."""
+    text = body.decode("utf-8", "replace").strip()
+    return (text.splitlines() or [""])[0].strip()[:200]
 
 
 # --------------------------------------------------------------------------- the client
@@ -459,7 +467,7 @@ class RouterConf:
 @dataclass(frozen=True)
 class SmokeConf:
     prompt: str = "The capital of France is"
-    max_new_tokens: int = 4
+    max_new_tokens: int = 8
 
 
 Fail = Callable[[Optional[str], str], Exception]   # (dotted key, reason) -> the error to raise

@@ -752,6 +752,8 @@ class Fleet:
         if STANDIN_SOURCE.is_file():
             shutil.copy2(STANDIN_SOURCE, h.site_packages / "sglang_standin.py")
             _make_writable(h.site_packages / "sglang_standin.py")
+            # its scheduler loop and warmup request, imported by that name
+            shutil.copy2(STANDIN_SOURCE.with_name("standin_steps.py"), h.site_packages / "sglang_standin_steps.py")
         # A real venv (pyvenv.cfg, bin/python a link to this Python): its site-packages is a
         # site directory of its own, read at start, as on a real host, so the probe's .pth goes
         # there and never into this machine's shared one. The system site-packages stay visible

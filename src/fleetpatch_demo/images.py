@@ -204,6 +204,7 @@ def _lay_out(rootfs: Path, tree: Path, version: str, pyver: str) -> None:
     record.write(f"{dist}/RECORD,,\n")
     (site / dist / "RECORD").write_text(record.getvalue())
     shutil.copyfile(STANDIN_SOURCE, site / "sglang_standin.py")
+    shutil.copyfile(STANDIN_SOURCE.with_name("standin_steps.py"), site / "sglang_standin_steps.py")
     for dirpath, dirnames, filenames in os.walk(rootfs):
         for d in dirnames:
             os.chmod(os.path.join(dirpath, d), 0o755)

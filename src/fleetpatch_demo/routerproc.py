@@ -139,6 +139,7 @@ def standin_site(dest: Path, version: str = "0.5.9") -> Path:
     if not (dest / "sglang_standin.py").exists():
         shutil.copytree(sglang_tree(version), dest, dirs_exist_ok=True)
         shutil.copyfile(standin_file, dest / "sglang_standin.py")
+        shutil.copyfile(Path(standin_file).with_name("standin_steps.py"), dest / "sglang_standin_steps.py")
     return dest
 
 

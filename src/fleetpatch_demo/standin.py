@@ -61,10 +61,13 @@ What runs for real (from the host's tree) and what is simulated:
   ``--max-running-requests`` (default 48) run; the rest wait. ``GET /v1/loads``
   (``aggregate.total_running_reqs`` / ``total_waiting_reqs``) and the
   deprecated ``GET /get_load`` (logs its deprecation warning) count them.
-  For each request the constructed worker of every TP rank runs its REAL
-  ``forward_batch_generation`` twice (an EXTEND batch for the prefill, then a
-  DECODE batch holding every running request), under one lock like the
-  scheduler loop. Only the model-running steps it calls (draft, verify,
+  One scheduler loop (standin_steps.py, installed beside this file as
+  ``sglang_standin_steps.py``): at each step the constructed worker of every TP
+  rank runs its REAL ``forward_batch_generation`` once, with an EXTEND batch of
+  the requests that arrived since the last step, then a DECODE batch holding
+  every running request (one token each per step). Before its ready line the
+  server sends itself 0.5.9's warmup request (``GET /model_info``, then
+  ``POST /generate``), unless started with ``--skip-server-warmup``. Only the model-running steps it calls (draft, verify,
   forward_target_extend, the draft-extend helpers; _GPU_STEPS) are stubbed on
   the instance, so a line a patch logs in forward_batch_generation (or in a
   helper of its own) really executes. An exception there is logged as
@@ -177,6 +180,11 @@ try:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 except ImportError:  # pragma: no cover - Python < 3.7
     from http.server import BaseHTTPRequestHandler, HTTPServer as ThreadingHTTPServer
+
+try:
+    import sglang_standin_steps as _steps   # on a host: installed beside the stand-in
+except ImportError:
+    from fleetpatch_demo import standin_steps as _steps
 
 logger = logging.getLogger("sglang.srt.entrypoints.engine")
 
@@ -1955,6 +1963,8 @@ def rotate_log(path):
 
 class _State(object):
     ready = False
+    warming = False         # the warmup request is being served (before ready)
+    loop = None             # standin_steps.StepLoop: the scheduler loop
     server_args = None
     scheduler_info = {}
     version = "unknown"
@@ -2272,8 +2282,13 @@ class _Handler(BaseHTTPRequestHandler):
         if _State.fatal is not None:
             self.close_connection = True
             return
-        if not _State.ready:
+        if not (_State.ready or _State.warming):
             self._send(503, b'{"detail":"server is not ready"}')
+            return
+        refused = os.environ.get("FLEETPATCH_STANDIN_GENERATE_STATUS")
+        if refused:   # a test's server that answers /generate with this status
+            self._send(int(refused), b"the stand-in refuses /generate (FLEETPATCH_STANDIN_GENERATE_STATUS)\n"
+                                     b"second line")
             return
         try:
             req = json.loads(raw.decode("utf-8") or "null")
@@ -2289,6 +2304,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._generate(req, n)
 
     def _generate(self, req, n):
+        """One request through the scheduler loop (standin_steps.StepLoop): prefilled in the
+        next step's EXTEND batch, then one token per DECODE step with everything in flight."""
         rid = "%032x" % random.getrandbits(128)
         prompt = req.get("text") if isinstance(req.get("text"), str) else ""
         prompt_tokens = max(1, len(prompt.split()))
@@ -2296,31 +2313,27 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.time()
         _SCHED.enter(rid)
         try:
-            logging.getLogger("sglang.srt.managers.scheduler").info(
-                "Prefill batch, #new-seq: 1, #new-token: %d, #cached-token: 0, token usage: 0.00, "
-                "#running-req: %d, #queue-req: %d, " % ((prompt_tokens,) + _SCHED.counts()))
-            if not _forward([_Req(rid, n)], extend=True):
-                return self._die()
+            request = _steps.Request(_Req(rid, n), n)
+            request.prompt_tokens = prompt_tokens
+            _State.loop.submit(request)
             if stream:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream; charset=utf-8")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-            text, delay = "", _token_seconds()
-            for i in range(n):
-                time.sleep(delay)
-                if i == 0:
-                    with _SCHED.lock:
-                        running = [_Req(r, n) for r in _SCHED.running]
-                    if not _forward(running, extend=False):
-                        return self._die()
-                text += _WORDS[i % len(_WORDS)]
-                if stream:
-                    done = i == n - 1
-                    self._chunk(b"data: " + json.dumps(self._out(rid, text, i + 1, prompt_tokens, started, done)).encode() + b"\n\n")
+            text = ""
+            while True:
+                kind, count = request.events.get()
+                if kind == "failed":
+                    return self._die()
+                if count:
+                    text += _WORDS[(count - 1) % len(_WORDS)]
+                done = kind == "done"
+                if stream and (count or done):
+                    self._chunk(b"data: " + json.dumps(self._out(rid, text, count, prompt_tokens, started, done)).encode() + b"\n\n")
+                if done:
+                    break
             if stream:
-                if n == 0:
-                    self._chunk(b"data: " + json.dumps(self._out(rid, text, 0, prompt_tokens, started, True)).encode() + b"\n\n")
                 self._chunk(b"data: [DONE]\n\n")
                 self._chunk(b"")
             else:
@@ -2786,14 +2799,32 @@ def rust_server_serves():
     return wanted and _version_tuple() >= (0, 5, 22)
 
 
-def _python_ready():
-    # _wait_and_warmup: one request through the server before "ready"
-    access = logging.getLogger("uvicorn.access")
-    access.info('INFO:     127.0.0.1:%d - "GET /model_info HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+def _prefill_log(new, running):
+    """The scheduler's line for a prefill (EXTEND) batch of `new` requests."""
     logging.getLogger("sglang.srt.managers.scheduler").info(
-        "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
-        "#running-req: 0, #queue-req: 0, ")
-    access.info('INFO:     127.0.0.1:%d - "POST /generate HTTP/1.1" 200 OK' % random.randint(40000, 60000))
+        "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: 0, token usage: 0.00, "
+        "#running-req: %d, #queue-req: %d, " % (len(new), sum(getattr(r, "prompt_tokens", 1) for r in new),
+                                                running, _SCHED.counts()[1]))
+
+
+def _warmed_up(server_args, shown_host, port):
+    """_wait_and_warmup: SGLang's warmup request through the server itself (standin_steps.warmup)
+    before "ready", unless --skip-server-warmup. False: it failed (logged), the server exits."""
+    if getattr(server_args, "skip_server_warmup", False):
+        return True
+    _State.warming = True
+    try:
+        ok = _steps.warmup("http://%s:%s" % (shown_host, port), getattr(server_args, "api_key", None),
+                           logging.getLogger("sglang.srt.entrypoints.http_server"))
+    finally:
+        _State.warming = False
+    if not ok:
+        _flush()
+        _State.fatal = _State.fatal or 1
+    return ok and _State.fatal is None
+
+
+def _python_ready():
     _State.ready = True
     logging.getLogger("sglang.srt.entrypoints.http_server").info("The server is fired up and ready to roll!")
     _flush()
@@ -2803,9 +2834,6 @@ def _rust_ready():
     """The Rust server's ready line (sglang-server's api_server/http/app.rs): the
     same text as Python's, in tracing-subscriber's format, on stdout. The wheel
     holds the text; the format is the stand-in's reading of the crate (tracing)."""
-    logging.getLogger("sglang.srt.managers.scheduler").info(
-        "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
-        "#running-req: 0, #queue-req: 0, ")
     _State.ready = True
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%06dZ" % int((now % 1) * 1e6)
@@ -2928,6 +2956,7 @@ def main(argv=None):
                 return 1
         configure_logging(server_args)
         _SCHED.setup(server_args.max_running_requests or 48)
+        _State.loop = _steps.StepLoop(_forward, _prefill_log, _token_seconds())
         if node.rank > 0:
             return follow(node, server_args)
 
@@ -2952,6 +2981,8 @@ def main(argv=None):
         if _env_true("FLEETPATCH_STANDIN_NEVER_READY"):
             while True:
                 time.sleep(0.2)
+        if not _warmed_up(server_args, shown_host, httpd.server_address[1]):
+            return 1
         if rust:
             _rust_ready()
         else:

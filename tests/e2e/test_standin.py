@@ -62,6 +62,7 @@ def make_site(tmp_path: Path, version: str = "0.5.9") -> Path:
     site = tmp_path / ("site-" + version)
     shutil.copytree(sglang_tree(version), site)
     shutil.copyfile(standin.__file__, site / "sglang_standin.py")
+    shutil.copyfile(Path(standin.__file__).with_name("standin_steps.py"), site / "sglang_standin_steps.py")
     return site
 
 
@@ -585,7 +586,8 @@ def test_generate_plain_and_streaming_runs_forward_per_request(tmp_path):
     site = make_site(tmp_path)
     insert_in_forward(site, "EAGLEWorker", "logging.getLogger(__name__).info('PATCHED FORWARD RAN')")
     port = free_port()
-    server = Server(site, [a if a != "0" else str(port) for a in EAGLE3_TOPK4])
+    # without SGLang's warmup request: nothing runs forward_batch_generation before the first request
+    server = Server(site, [a if a != "0" else str(port) for a in EAGLE3_TOPK4] + ["--skip-server-warmup"])
     try:
         assert READY in server.wait_ready_or_exit()
         assert "PATCHED FORWARD RAN" not in server.text()
@@ -595,14 +597,14 @@ def test_generate_plain_and_streaming_runs_forward_per_request(tmp_path):
         assert status == 200 and isinstance(answer["text"], str) and answer["text"]
         assert answer["meta_info"]["completion_tokens"] == 5
         assert answer["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
-        assert server.text().count("PATCHED FORWARD RAN") == 2  # prefill + decode step
+        assert server.text().count("PATCHED FORWARD RAN") == 6  # the prefill step, then a decode step per token
         status, body = post(port, {"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 3}})
         events = [line for line in body.decode().split("\n") if line]
         assert status == 200 and events[-1] == "data: [DONE]" and len(events) == 4
         chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
         assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3]
         assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
-        assert server.text().count("PATCHED FORWARD RAN") == 4
+        assert server.text().count("PATCHED FORWARD RAN") == 10
         assert post(port, {"text": "x", "sampling_params": {"max_new_tokens": -1}})[0] == 422
         assert post(port, ["not", "an", "object"])[0] == 422
         assert time.monotonic() - t0 < 5
@@ -615,7 +617,8 @@ def test_error_in_forward_batch_generation_kills_the_server(tmp_path):
     site = make_site(tmp_path)
     insert_in_forward(site, "EAGLEWorker", "undefined_name_from_a_patch")
     port = free_port()
-    server = Server(site, [a if a != "0" else str(port) for a in EAGLE3_TOPK4])
+    # without SGLang's warmup request (which would die of it before the ready line)
+    server = Server(site, [a if a != "0" else str(port) for a in EAGLE3_TOPK4] + ["--skip-server-warmup"])
     try:
         assert READY in server.wait_ready_or_exit()
         with pytest.raises((urllib.error.URLError, ConnectionError, http_client.HTTPException)):

@@ -74,3 +74,32 @@ def test_a_failed_node_group_counts_once_against_the_failure_budget():
                                parallel=1, max_failures=1)
     assert "more than --max-failures 1: 2 units (a host, or a node group counted once) had failed" in stop.reason
     assert results["a2"].status == results["a3"].status == Status.SKIPPED
+
+
+def test_an_unproven_canary_stops_the_rollout_unless_its_bake_proved_it():
+    """issue 31: unproven is a failure, so the canary stops the rollout; a bake that proves it
+    (an added line ran under traffic) lets the batches go on. An unproven host is baked."""
+    from fleetpatch.errors import Status
+    from fleetpatch.rollout import by_unit, rollout
+    from fleetpatch.steps import HostResult
+    fleet = [H("c0"), H("a1"), H("a2")]
+
+    def host_step(h):
+        return HostResult(h.name, h.name != "c0", Status.VERIFIED if h.name != "c0" else Status.UNPROVEN)
+
+    planned, canary = plan_stages(fleet, None, 1, None)
+    results, stop, _ = rollout(fleet, by_unit(host_step, None), stages=planned, has_canary=canary, parallel=1,
+                               max_failures=0)
+    assert "the canary failed (c0: unproven)" in stop.reason
+    assert results["a1"].status == Status.SKIPPED
+
+    baked = []
+
+    def bake(h, result):   # what bake_host does with an unproven host whose traffic proved it
+        baked.append((h.name, result.status))
+        return HostResult(h.name, True, Status.VERIFIED) if result.status == Status.UNPROVEN else result
+
+    results, stop, _ = rollout(fleet, by_unit(host_step, None), stages=planned, has_canary=canary, parallel=1,
+                               max_failures=0, bake=bake)
+    assert stop.reason is None and all(results[n].ok for n in ("c0", "a1", "a2")), (stop.reason, results)
+    assert ("c0", Status.UNPROVEN) in baked

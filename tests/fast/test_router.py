@@ -77,8 +77,9 @@ def test_parse_worker_loads_of_v1_loads_and_get_load():
 
 def test_smoke_answer_must_be_200_json_with_text():
     assert check_smoke_answer(200, b'{"text": " Paris", "meta_info": {}}') is None
-    assert check_smoke_answer(200, b'{"text": ""}') is None
+    assert "no text" in check_smoke_answer(200, b'{"text": ""}')   # an answer with no text fails (issue 31)
     assert "HTTP 503" in check_smoke_answer(503, b"")
+    assert check_smoke_answer(503, b"\n  overloaded  \nsecond line") == "HTTP 503: overloaded"   # its first line
     assert "not JSON" in check_smoke_answer(200, b"data: [DONE]")
     assert "text" in check_smoke_answer(200, b'{"error": "x"}')
     assert "text" in check_smoke_answer(200, b'{"text": 3}')

@@ -480,6 +480,7 @@ def standin_dir(tmp_path_factory):
         pytest.skip("fleetpatch_demo/standin.py is not there yet")
     d = tmp_path_factory.mktemp("standin")
     shutil.copy(STANDIN, d / "sglang_standin.py")
+    shutil.copy(STANDIN.with_name("standin_steps.py"), d / "sglang_standin_steps.py")
     return d
 
 

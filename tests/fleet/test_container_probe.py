@@ -8,6 +8,7 @@ the next start; a server started by `docker exec -d` is watched too. On a real D
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
@@ -214,7 +215,7 @@ def generate(op, name: str, n: int = 1) -> None:
 def test_how_far_the_code_got_unproven_then_proven_by_traffic_and_the_sibling_that_ran(container_operator):
     """Lines mode (the container's Python 3.13). A line in a branch of EAGLEWorker.__init__ that never
     holds: unproven, naming the function, its count and the line (exit 1). A line on the prefill path:
-    unproven until a request comes, then verify-logs proves it (proved_by traffic). The one-path
+    proved at start-up by SGLang's warmup request (proved_by startup). The one-path
     mistake on the forward path: verify-logs names the sibling function that ran and how often."""
     op, f = container_operator, container_operator.fleet
     run = op.run("deploy-patch", "--patch", "gated-init", *FIX, "--hosts", "c1", "--timeout", "60")
@@ -227,23 +228,22 @@ def test_how_far_the_code_got_unproven_then_proven_by_traffic_and_the_sibling_th
             f"{EAGLE} never did (its condition never held)") in host["message"], host["message"]
     assert "prove.concurrency" in host["message"] and "--bake" in host["message"]
 
+    # A line on the prefill path runs for SGLang's warmup request, before the ready line (issue 31:
+    # the container's server does not skip it): proved at start-up.
     run = op.run("deploy-patch", "--patch", "forward-extend", *FIX, "--hosts", "c2", "--timeout", "60")
-    assert run.code == 1 and run.host("c2")["status"] == "unproven", run
-    assert (f"{EAGLE_V2}: imported, but no function that holds its added lines ran yet"
-            in run.host("c2")["message"]), run.host("c2")["message"]
-    generate(op, "c2")   # the probe is out of the site dir; the running server still watches
-    later = op.run("verify-logs", "--patch", "forward-extend", *FIX, "--hosts", "c2")
-    assert later.code == 0, later
-    ex = later.host("c2")["execution"]
-    assert later.host("c2")["status"] == "verified" and ex["proved_by"] == "traffic", later
+    assert run.code == 0 and run.host("c2")["status"] == "verified", run
+    ex = run.host("c2")["execution"]
+    assert ex["proved_by"] == "startup", ex
     assert ex["ran"] == {EAGLE_V2: [added_line(f, "c2", EAGLE_V2, "self.fleetpatch_extend")]}, ex
 
     back = op.run("rollback", "--hosts", "c1", *FIX)
     assert back.code == 0, back
     run = op.run("deploy-patch", "--patch", "v2-only-forward", *FIX, "--hosts", "c1", "--force", "--timeout", "60")
     assert run.code == 1 and run.host("c1")["status"] == "not-executed", run
-    generate(op, "c1")   # one request: a prefill step and a decode step
+    generate(op, "c1")   # a request more: a prefill step, then decode steps
     later = op.run("verify-logs", "--patch", "v2-only-forward", *FIX, "--hosts", "c1")
     assert later.code == 1 and later.host("c1")["status"] == "not-executed", later
-    assert ("EAGLEWorker.forward_batch_generation (eagle_worker.py) ran 2 times; this patch changes only "
-            "eagle_worker_v2.py") in later.host("c1")["message"], later.host("c1")["message"]
+    # the warmup request, the smoke request and this one, one step each token (issue 31): counted
+    # exactly up to 8, then at powers of two
+    assert re.search(r"EAGLEWorker\.forward_batch_generation \(eagle_worker\.py\) ran at least \d+ times; this "
+                     r"patch changes only eagle_worker_v2\.py", later.host("c1")["message"]), later.host("c1")["message"]

@@ -51,11 +51,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def template_env(root: Path) -> Path:
-    """A venv without pip, made once per session and copied per host (symlinks kept)."""
+def template_env(root: Path, python: str = sys.executable) -> Path:
+    """A venv of `python` without pip, made once per session and copied per host (symlinks kept)."""
     env = root / "template-env"
     if not env.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+        subprocess.run([python, "-m", "venv", "--without-pip", str(env)], check=True)
     return env
 
 
@@ -67,12 +67,13 @@ class LocalHost:
         self.root, self.name, self.version, self.spec_v2 = root, name, version, spec_v2
         self.env = root / "env"
         shutil.copytree(template, self.env, symlinks=True)
-        self.site = self.env / "lib" / PY / "site-packages"
+        self.site = next((self.env / "lib").glob("python3.*")) / "site-packages"   # the venv's Python
         shutil.copytree(sglang_tree(version), self.site, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(".complete", "__pycache__"))
         for p in self.site.rglob("*"):
             p.chmod(p.stat().st_mode | 0o200)
         shutil.copy2(STANDIN, self.site / "sglang_standin.py")
+        shutil.copy2(STANDIN.with_name("standin_steps.py"), self.site / "sglang_standin_steps.py")
         for sub in ("logs", "run", "state", "models/demo"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         self.port = free_port()

@@ -16,4 +16,5 @@ def standin_site(folder: Path, version: str) -> Path:
         if p.is_file():
             p.chmod(0o644)
     shutil.copyfile(standin.__file__, folder / "sglang_standin.py")
+    shutil.copyfile(Path(standin.__file__).with_name("standin_steps.py"), folder / "sglang_standin_steps.py")
     return folder

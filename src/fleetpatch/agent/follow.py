@@ -10,6 +10,7 @@ from .logs import LogFollower, LogWatch, open_follower
 from .probing import RecordReader
 from .procs import pid_alive, proc_launch
 from .restart import server_pid
+from .smoke import SmokeRequests
 from .state import RequestReader
 
 
@@ -24,6 +25,7 @@ class Follow(object):
     # slower: at 50 ms it was most of a follow's iterations, and of its CPU, on a busy host.
     WATCHED_POLL_S = 0.25
     DECISION_WAIT_S = 10.0
+    SMOKE_AFTER_DEATH_S = 2.0
 
     def __init__(self, state, req):
         self.state = state
@@ -39,6 +41,8 @@ class Follow(object):
         self.env_prefixes = req.get("launch_env_prefixes") or ()
         self.records = RecordReader(req) if req.get("probe") else None
         self.records_watched = {}   # records dir -> its watch descriptor
+        # sent once the server is ready and healthy: the verdict comes after their answers
+        self.smoke = SmokeRequests(req["smoke"]) if req.get("smoke") else None
         self.next_records = 0.0
         self.started = time.monotonic()
         self.deadline = self.started + float(req.get("timeout", 60)) + 5
@@ -60,9 +64,15 @@ class Follow(object):
             # a manager that reports no main process means the server is not running
             alive = pid_alive(self.pid) if self.pid else (False if self.managed else None)
             if alive is False:
-                # What a dying server wrote last (its traceback) must reach the verdict before its death does.
+                # What a dying server wrote last (its traceback) must reach the verdict before its death does,
+                # and so must the smoke requests it died serving (their connections end with it).
                 self.send_lines()
-            self.send_state(now, alive, self.check_health(now, alive))
+                if self.smoke is not None and self.smoke.thread is not None:
+                    self.smoke.thread.join(self.SMOKE_AFTER_DEATH_S)
+                    self.send_smoke(None)
+            healthy = self.check_health(now, alive)
+            self.send_state(now, alive, healthy)
+            self.send_smoke(healthy)
             self.send_records(now)
             if now > self.deadline:
                 return self.at_deadline()
@@ -98,6 +108,22 @@ class Follow(object):
                 # host clock, as the probe's records are: what ran before it ran at start-up
                 self.ready_epoch = time.time()
                 self.state.emit({"t": "ready", "at": self.ready_epoch})
+
+    def send_smoke(self, healthy):
+        """Start the smoke requests at the first health check that passes after the ready
+        line; say when they are all answered."""
+        if self.smoke is None:
+            return
+        if self.smoke.thread is None:
+            if self.ready and (healthy or (healthy is None and not self.health_url)):
+                self.smoke.start()
+                self.state.emit({"t": "smoke_started", "started": self.smoke.started})
+                self.last_emit = time.monotonic()
+            return
+        ev = self.smoke.event()
+        if ev is not None:
+            self.state.emit(ev)
+            self.last_emit = time.monotonic()
 
     RECORDS_EVERY_S = 0.25
 
@@ -183,6 +209,8 @@ class Follow(object):
         if self.watch is None or self.watch.fd is None:
             return self.POLL_S
         wait = self.WATCHED_POLL_S
+        if self.smoke is not None and self.smoke.thread is not None and not self.smoke.told:
+            wait = self.POLL_S   # their end writes nothing to the log, and the verdict waits on it
         if self.health_url:   # a health check falls due: that is not a log write
             # at least POLL_S: a check that is overdue and not made (the server is dead) must
             # not turn the wait into a spin until the laptop decides

@@ -171,12 +171,14 @@ class Context:
         self.timeline = timeline or probe_verdict.Timeline()
 
 
-def timeline_of(given, ready_epoch: float | None):
+def timeline_of(given, ready_epoch: float | None, smoke_epoch: float | None = None):
     """The Timeline a follow judges by: `given` (the Watch's, or none) with the ready time this
-    follow saw filled in where it has none."""
+    follow saw, and when its smoke requests began, filled in where it has none."""
     timeline = given or probe_verdict.Timeline()
     if timeline.ready_at is None and ready_epoch is not None:
         timeline = dataclasses.replace(timeline, ready_at=float(ready_epoch))
+    if timeline.smoke_from is None and smoke_epoch is not None:
+        timeline = dataclasses.replace(timeline, smoke_from=float(smoke_epoch))
     return timeline
 
 

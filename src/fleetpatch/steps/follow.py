@@ -10,6 +10,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
+from urllib.parse import urlsplit, urlunsplit
 
 from .. import lockview, protocol
 from ..engines import LaunchConfig
@@ -22,6 +23,8 @@ if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the fir
     from .. import evidence
 
 SUCCESS = (Status.VERIFIED, Status.ROLLED_BACK)
+
+SMOKE_TIMEOUT_S = 60.0   # one smoke request's answer
 
 # How long a decided failure waits for the rest of the server's last words
 # (the agent reports every 50 ms; a dying process's traceback lands within that).
@@ -45,8 +48,12 @@ class Watch:
     # execution.ExecutionView while the probe judges execution too (None: markers alone)
     execution: object | None = None
     # probe.verdict.Timeline (host clock): the ready time, the smoke requests' window, for
-    # execution.proved_by; what is None here is filled from the follow (its ready line)
+    # execution.proved_by; what is None here is filled from the follow (its ready line, its smoke)
     timeline: object | None = None
+    # the smoke requests the follow sends once the server is ready (smoke_spec), with patch.yaml's
+    # prove.wait: how long, after their answers, a patch none of whose lines ran yet is still watched
+    smoke: dict | None = None
+    smoke_wait: float = 0.0
 
     @property
     def recorded_as(self) -> str:
@@ -63,8 +70,8 @@ class Needles:
 
     def __init__(self, profile, version: str | None, patches: list, ready_line: str):
         self.profile, self.version = profile, version
-        texts: list[str] = [ready_line] + [t for p in patches
-                                           for t in list(p.expect or []) + list(p.forbid or []) if t]
+        texts: list[str] = [ready_line] + [t for p in patches for t in list(p.expect or []) + list(p.forbid or [])
+                                           + list(getattr(p, "smoke_expect", None) or []) if t]
         patterns: list[str] = []
         self.odd_markers = []   # markers with neither a literal nor a regex: matched line by line
         for m in (m for p in patches for m in (p.markers or {}).values()):
@@ -180,6 +187,9 @@ class EventLog:
         self.ready_at: float | None = None
         self.ready_epoch: float | None = None   # the host's clock when the agent saw the ready line
         self.launch = launch
+        self.smoke_epoch: float | None = None   # the host's clock when the smoke requests began
+        self.smoke: dict | None = None          # the follow's `smoke` event: every answer is in
+        self.smoke_at: float | None = None      # when it arrived (laptop clock)
 
     def add(self, ev: dict) -> None:
         kind = ev.get("t")
@@ -190,6 +200,10 @@ class EventLog:
             self.alive, self.healthy = ev.get("alive"), ev.get("healthy")
         elif kind == "server_info":
             self.server_info = ev.get("data")
+        elif kind == "smoke":
+            self.smoke, self.smoke_at = ev, time.monotonic()
+        elif kind == "smoke_started":
+            self.smoke_epoch = ev.get("started")
         elif kind == "ready" and self.ready_epoch is None:
             self.ready_epoch = ev.get("at")
         elif kind == "launch" and ev.get("argv"):
@@ -228,9 +242,12 @@ class EventLog:
         nos = sorted(merged)
         return nos, [merged[no] for no in nos]
 
-    def observation(self, timed_out: bool) -> evidence.Observation:
+    def observation(self, timed_out: bool, smoke_sent: bool = False) -> evidence.Observation:
+        """`smoke_sent`: the server settles from the smoke requests' last answer, not from its ready line."""
         from .. import evidence
         since_ready = None if self.ready_at is None else time.monotonic() - self.ready_at
+        if smoke_sent and since_ready is not None:
+            since_ready = 0.0 if self.smoke_at is None else time.monotonic() - max(self.smoke_at, self.ready_at)
         nos, lines = self.window()
         return evidence.Observation(lines=lines, first_line_no=self.first_line_no or 1,
                                     server_info=self.server_info, alive=self.alive, healthy=self.healthy,
@@ -270,19 +287,26 @@ class Judging:
 
     def judge(self, timed_out: bool) -> list[evidence.Verdict]:
         from .. import evidence
-        obs = self.events.observation(timed_out)
+        obs = self.events.observation(timed_out, smoke_sent=self.watch.smoke is not None)
         subject = evidence.Subject(self.run.profile, self.run.version, self.events.launch, self.run.name,
                                    self.run.job.settle_s)
         view = self.watch.execution
         vs = [evidence.judge(obs, subject, self._check(p, label)) for p, label in zip(self.watch.patches,
                                                                                        self.watch.labels)]
-        return vs if view is None else [self._with_execution(v, label, obs) for v, label in zip(vs, self.watch.labels)]
+        if view is not None:
+            vs = [self._with_execution(v, label, obs) for v, label in zip(vs, self.watch.labels)]
+        failed = smoke_failure(self.events.smoke, self.watch.smoke)
+        if failed is not None:
+            vs = [_smoke_failed(v, self.run.name, label, failed) for v, label in zip(vs, self.watch.labels)]
+        return vs
 
     def _check(self, patch, label: str):
         from .. import evidence
         check = evidence.Check.of(patch, label, self.watch.want_markers, self.watch.execution is not None)
         if self.run.host.node_rank:   # the expect lines are rank 0's to log: it alone runs the HTTP side
             check.expect = []
+        elif self.watch.smoke is not None:   # with the smoke requests sent, their lines are judged with the rest
+            check.expect = check.expect + [e for e in getattr(patch, "smoke_expect", None) or [] if e]
         return check
 
     def _with_execution(self, v: evidence.Verdict, label: str, obs: evidence.Observation) -> evidence.Verdict:
@@ -290,12 +314,18 @@ class Judging:
         from . import execution
         view = self.watch.execution
         block = execution.exe_note(view.block(label), view)
-        settled = obs.since_ready_s is not None and obs.since_ready_s >= self.run.job.settle_s
+        settle_s = self.run.job.settle_s
+        if self.watch.smoke is not None and waits_for_traffic(block):
+            # a patched file ran, none of its added lines yet: their condition may hold for a later
+            # request, so they are watched prove.wait after the smoke answers (a proof ends it at once)
+            settle_s = max(settle_s, self.watch.smoke_wait)
+        settled = obs.since_ready_s is not None and obs.since_ready_s >= settle_s
         ctx = execution.Context(self.run.name, label, self.run.profile, self.run.version, settled, obs.timed_out,
                                 time.monotonic() - self.t0, execution.timeline_of(
                                     self.watch.timeline,
                                     # a re-read (verify-logs) sees the ready line now: the ledger's time is the one
-                                    None if self.watch.recorded_as == "verify-logs" else self.events.ready_epoch))
+                                    None if self.watch.recorded_as == "verify-logs" else self.events.ready_epoch,
+                                    self.events.smoke_epoch))
         v = execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
         self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
                                                            "proved_by", "calls", "message", "pid_namespace")
@@ -329,10 +359,17 @@ class Judging:
         self.run.progress("verify", f"{elapsed:4.1f}s " + (
             "waiting for " + ", ".join(v.missing[0] if v.missing else "the server" for v in waiting) if waiting
             else "decided"))
-        if waiting or self._in_failure_grace(vs, timed_out):  # a host in flight always finishes its verdict
-            return None
+        if waiting or self._in_failure_grace(vs, timed_out) or self._smoke_unanswered(vs, timed_out):
+            return None   # a host in flight always finishes its verdict
         self.decided(vs, elapsed)
         return vs
+
+    def _smoke_unanswered(self, vs: list[evidence.Verdict], timed_out: bool) -> bool:
+        """A success waits for the smoke requests' answers (a proof at start-up included: the
+        server must also answer requests); a failure does not."""
+        if self.watch.smoke is None or self.events.smoke is not None or timed_out or self.events.alive is False:
+            return False
+        return all(v.status in SUCCESS for v in vs)
 
     def _in_failure_grace(self, vs: list[evidence.Verdict], timed_out: bool) -> bool:
         """A decided restart failure waits a moment for the rest of the traceback (the
@@ -356,6 +393,84 @@ class Judging:
         return all(v.status in SUCCESS for v in self.verdicts or [])
 
 
+def waits_for_traffic(block: dict) -> bool:
+    """Whether a patched file was imported and none of its added lines ran (the probe's view)."""
+    from ..probe.verdict import NO_LINE_RAN
+    return any(why == NO_LINE_RAN for why in (block.get("not_run") or {}).values())
+
+
+def server_base_url(host: Host) -> str | None:
+    """The server's base URL as the host reaches it: server.url, else its health URL's scheme and address."""
+    if host.server.url:
+        return host.server.url
+    if not host.server.health_url:
+        return None
+    parts = urlsplit(host.server.health_url)
+    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
+def smoke_failure(event: dict | None, spec: dict | None) -> str | None:
+    """Why the smoke requests failed (how many, the first bad answer's status and first body
+    line), or None: not all answered yet, or every one answered with text. Pure."""
+    if not event:
+        return None
+    from ..router import check_smoke_answer, first_line
+    statuses = event.get("statuses") or []
+    for shown in event.get("bodies") or []:
+        body = protocol.unpack(shown["body"])
+        why = check_smoke_answer(shown["status"], body) if shown.get("status") is not None else \
+            f"no answer ({first_line(body)})"
+        if why:
+            bad = sum(1 for st in statuses if st != 200) or 1
+            return (f"{bad} of {len(statuses)} smoke request{'s' if len(statuses) > 1 else ''} to "
+                    f"{(spec or {}).get('url', 'the server')}/generate failed; the first: {why}")
+    return None
+
+
+def _smoke_failed(v, host: str, label: str, why: str):
+    """A verdict that a failed smoke request overrides: any but a failure already final."""
+    if v.final and v.status not in SUCCESS and v.status not in (Status.PENDING, Status.RESTART_FAILED,
+                                                                  Status.UNPROVEN):
+        return v
+    died = v.status == Status.RESTART_FAILED   # the server died serving them: its last words say why
+    v.status, v.final = Status.SMOKE_FAILED, True
+    v.message = (f"FAIL {host}  {label} smoke-failed: the server does not answer requests\n  {why}"
+                 + ("\n" + v.message if died else ""))
+    return v
+
+
+def smoke_spec(host: Host, patch) -> protocol.SmokeSpec | None:
+    """The smoke requests a restarted server gets before its verdict (patch.yaml's `prove`), or
+    None: prove.requests 0, no server.url, or a rank above 0 of a node group (rank 0 serves HTTP)."""
+    prove = getattr(patch, "prove", None)
+    requests = prove.requests if prove is not None else 1
+    url = server_base_url(host)
+    if host.node_rank or not url or requests <= 0:
+        return None
+    conf = host.server.smoke
+    return protocol.SmokeSpec(url=url, prompt=conf.prompt,
+                              max_new_tokens=(prove.max_new_tokens if prove and prove.max_new_tokens
+                                              else conf.max_new_tokens),
+                              requests=requests, concurrency=prove.concurrency if prove is not None else 1,
+                              timeout=SMOKE_TIMEOUT_S)
+
+
+def prove_wait(patch) -> float:
+    """patch.yaml's prove.wait: how long after the smoke answers a patch none of whose lines ran is watched."""
+    return float(getattr(getattr(patch, "prove", None), "wait", 10.0))
+
+
+def smoke_timeline(events: EventLog, spec: dict | None) -> dict | None:
+    """The smoke requests as the report keeps them: how many, and when they began and ended
+    (the host's clock, as the probe's records are stamped)."""
+    if spec is None:
+        return None
+    ev = events.smoke or {}
+    return {"requests": spec.get("requests"), "concurrency": spec.get("concurrency"),
+            "max_new_tokens": spec.get("max_new_tokens"), "started": ev.get("started"),
+            "ended": ev.get("ended"), "statuses": ev.get("statuses")}
+
+
 def ledger_update(judging: Judging, check: str = "deploy") -> protocol.LedgerUpdate:
     """The verdict as the ledger records it; `check` is which one it was (deploy, rollback, verify-logs)."""
     vs = judging.verdicts
@@ -370,8 +485,10 @@ def ledger_update(judging: Judging, check: str = "deploy") -> protocol.LedgerUpd
     return update
 
 
-def follow_request(host: Host, job: Job, start: dict, timeout: float, probe: bool = False) -> protocol.FollowRequest:
-    """The follow of the log window `start` (or protocol.AFTER_RESTART); `probe`: stream the probe's records too."""
+def follow_request(host: Host, job: Job, start: dict, timeout: float, probe: bool = False,
+                   smoke: protocol.SmokeSpec | None = None) -> protocol.FollowRequest:
+    """The follow of the log window `start` (or protocol.AFTER_RESTART); `probe`: stream the probe's
+    records too; `smoke`: the smoke requests to send once the server is ready."""
     req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
                                  pid=start.get("pid"), timeout=timeout, ready_line=profile_of(host).ready_line,
                                  # a rank above 0 answers only the dummy /health
@@ -380,15 +497,17 @@ def follow_request(host: Host, job: Job, start: dict, timeout: float, probe: boo
         req["after_restart"] = True
     if probe:
         req["probe"] = True
+    if smoke:
+        req["smoke"] = smoke
     return req
 
 
-def follow_ahead(job: Job, host: Host, probe: bool = False) -> dict:
+def follow_ahead(job: Job, host: Host, probe: bool = False, smoke: protocol.SmokeSpec | None = None) -> dict:
     """The follow to send with a request that restarts: the agent runs it on that
     restart's window as soon as the restart is done, without waiting for the laptop
     to read the answer and ask (a round trip). A Watch from protocol.AFTER_RESTART takes it up."""
     timeout = job.timeout if job.timeout is not None else float(host.server.ready_timeout)
-    return dict(follow_request(host, job, protocol.AFTER_RESTART, timeout, probe), op="follow")
+    return dict(follow_request(host, job, protocol.AFTER_RESTART, timeout, probe, smoke), op="follow")
 
 
 def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict], dict]:
@@ -399,7 +518,8 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
     needles = Needles(run.profile, run.version, watch.patches, run.profile.ready_line)
     judging = Judging(run, watch, EventLog(run.profile.ready_line, watch.launch, needles))
     lock = run.lock
-    req = follow_request(run.host, run.job, watch.start, run.timeout, probe=watch.execution is not None)
+    req = follow_request(run.host, run.job, watch.start, run.timeout, probe=watch.execution is not None,
+                         smoke=watch.smoke)
 
     def on_event(ev: dict) -> list | None:
         decided = judging.on_event(ev)
@@ -427,6 +547,8 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
     if refused is not None:
         raise HostFailure(Status.LOCKED, not_recorded(run, refused.get("lock") or {}, judging))
     judging.timings["server_facts"] = judging.events.facts()
+    if watch.smoke is not None:
+        judging.timings["smoke"] = smoke_timeline(judging.events, watch.smoke)
     # every line since the restart was judged; these were kept for the verdict
     judging.timings["log_lines"] = judging.events.total
     judging.timings["log_lines_kept"] = len(judging.events.kept)

@@ -27,7 +27,7 @@ from ..inventory import Host
 from . import execution
 from .context import HeldLock, HostRun, Job, connect, deploy_command, finish_run, new_run, probe, rollback_command
 from .deploying import already_applied, apply_request, interrupted_before_writing, probe_spec, refusal
-from .follow import Watch, follow_ahead
+from .follow import Watch, follow_ahead, prove_wait, smoke_spec
 from .lock import HostLock
 from .plan import make_plan, revision_files
 from .recorded import deployed, wanted_name
@@ -304,7 +304,8 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
         if spec is not None:
             request["probe"] = spec
         try:
-            outs.append(run.remote.call("restart", request, ahead=follow_ahead(run.job, run.host, spec is not None)))
+            outs.append(run.remote.call("restart", request, ahead=follow_ahead(run.job, run.host, spec is not None,
+                                                                               smoke_spec(run.host, run.job.patch))))
         except HostFailure as f:
             return _start_failed(group, run, f, label, started)
         started.append(run)
@@ -312,7 +313,8 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
     def judge(run: HostRun, out: dict, plan, spec: dict | None) -> HostResult:
         watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [label],
                       ends_work=lambda ok: True,
-                      execution=execution.ExecutionView(out.get("probe")) if spec is not None else None)
+                      execution=execution.ExecutionView(out.get("probe")) if spec is not None else None,
+                      smoke=smoke_spec(run.host, run.job.patch), smoke_wait=prove_wait(run.job.patch))
         try:
             return verify(run, watch)
         except HostFailure as f:

@@ -15,7 +15,7 @@ from ..hostcalls import HostResult
 from ..inventory import Host
 from . import execution
 from .context import HostRun, inventory_launch
-from .follow import Watch, follow_ahead
+from .follow import Watch, follow_ahead, prove_wait, smoke_spec
 from .plan import Plan
 from .verify import cut_off, verify
 
@@ -72,8 +72,9 @@ def restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart, undo: Und
     the rollback is part of the block)."""
     run.progress("restart", restart.reason)   # here, after the drain: the order things happen in
     probing = "probe" in restart.request
+    smoke = smoke_spec(run.host, run.job.patch)
     try:
-        out = run.remote.call(restart.op, restart.request, ahead=follow_ahead(run.job, run.host, probing))
+        out = run.remote.call(restart.op, restart.request, ahead=follow_ahead(run.job, run.host, probing, smoke))
     except HostFailure as f:
         if f.status != Status.RESTART_FAILED:
             return cut_off(run, plan.label, f, restart.phase)
@@ -86,14 +87,16 @@ def restart_and_verify_now(run: HostRun, plan: Plan, restart: Restart, undo: Und
     # With a rollback to follow a failure, the lock stays held until the rollback ends.
     watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [plan.label],
                   ends_work=(lambda ok: ok) if undo is not None else (lambda ok: True),
-                  execution=execution.ExecutionView(out.get("probe")) if probing else None)
+                  execution=execution.ExecutionView(out.get("probe")) if probing else None,
+                  smoke=smoke, smoke_wait=prove_wait(run.job.patch))
     try:
         result = verify(run, watch)
     except HostFailure as f:
         return cut_off(run, plan.label, f, "verification")
     if out.get("timings"):   # the host's own account of the write and the restart (bench/README.md)
         result.details["apply_timings"] = dict(out["timings"], stop_s=(out.get("restart") or {}).get("stop_s"))
-    if not result.ok and undo is not None:
+    # an unproven host that --bake will watch under traffic is undone only if the bake does not prove it
+    if not result.ok and undo is not None and not (result.status == Status.UNPROVEN and run.job.bake_s):
         result = undo(result)
     return result
 
