@@ -41,7 +41,8 @@ HELP = {
                        "on at once); a run that could take more, or a router's last healthy worker, is refused",
     "no_probe": "judge execution by the patch's markers alone: no probe in the server's interpreter "
                 "(the patch must then have a marker for every code path it changes)",
-    "no_router": "restart as if the inventory had no router section (no drain, no smoke request)",
+    "no_router": ("restart as if the inventory had no router section (no drain; the smoke requests "
+                  "still go to the server itself)"),
     "verbose": "print each host's evidence: the log lines seen (with their line numbers) and the server "
                "facts (launch flags and env, /server_info) that decided the path",
 }
