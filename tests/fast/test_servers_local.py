@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from support.localhost import free_port, job
-from fleetpatch_demo.routerproc import RouterProcess, router_command
 from fleetpatch import steps
 from fleetpatch.drain import Drainer
 from fleetpatch.errors import Status
@@ -195,13 +194,6 @@ def test_on_failure_rollback_of_a_redeploy_that_restarted_nothing_restarts_every
     finally:
         stop_all(lh)
 
-
-@pytest.fixture
-def router(tmp_path):
-    if router_command() is None:
-        pytest.skip("sglang-router is not installed (test extra)")
-    with RouterProcess(tmp_path / "router.log") as rp:
-        yield rp
 
 
 def up_pristine_behind(lh, router):

@@ -159,14 +159,6 @@ def test_prove_requests_0_sends_none(lh, tmp_path):
     assert log.count('"POST /generate HTTP/1.1"') == 1, log   # the warmup's only
 
 
-@pytest.fixture
-def router(tmp_path):
-    from fleetpatch_demo.routerproc import RouterProcess, router_command
-    if router_command() is None:
-        pytest.skip("sglang-router is not installed (test extra)")
-    with RouterProcess(tmp_path / "router.log") as rp:
-        yield rp
-
 
 def behind(lh, router, tmp_path, first: str = "spec-path-beacon"):
     """The local host behind the real router with another stand-in worker (so that it may go
