@@ -18,14 +18,13 @@ import yaml
 from support.forkcli import run_many
 from support.listeners import Listener
 from support.paths import REPO
+from support.terminal import on_a_terminal, program_env
 
 COMMANDS = ["fetch", "check-patch", "deploy-patch", "verify-logs", "rollback", "status", "rollout", "demo"]
 FLEET_COMMANDS = [c for c in COMMANDS if c != "demo"]
 
 
-def env(**extra):
-    e = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FLEETPATCH_INVENTORY")}
-    return {**e, **extra}
+env = program_env
 
 
 def fleetpatch(*args, cwd=None, timeout=180, **kw):
@@ -105,27 +104,10 @@ def test_help_fits_the_terminal_or_80_columns_piped(columns):
 
 
 def test_on_a_terminal_help_is_wrapped_to_its_width():
-    import fcntl
-    import pty
-    import struct
-    import termios
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 60, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "demo", "--help"], cwd=REPO, stdin=slave,
-                            stdout=slave, stderr=slave, env=env(TERM="xterm"))
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    assert proc.wait(timeout=60) == 0
-    os.close(master)
-    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    code, out = on_a_terminal([sys.executable, "-m", "fleetpatch", "demo", "--help"], REPO, columns=60, lines=40,
+                              env=env(TERM="xterm"))
+    assert code == 0
+    text = out.replace("\r\n", "\n")
     assert max(len(line) for line in text.splitlines()) <= 60, text
     assert "a one-path patch caught twice." in " ".join(text.split()), text
 
@@ -353,30 +335,15 @@ def test_off_a_tty_nothing_is_cut_or_wrapped(tmp_path):
 
 
 def test_on_a_tty_the_live_view_shows_each_host_s_stage(tmp_path):
-    import pty
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     write_inventory(tmp_path / "hosts.yaml", port, names=("c1", "b1", "b2", "b3"))
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "rollout", "--patch", "spec-path-beacon",
-                             "--group", "all", "--batch", "2", "--max-failures", "9", "--on-failure", "keep"],
-                            cwd=tmp_path, stdin=slave, stdout=slave, stderr=slave,
-                            env=env(COLUMNS="160", LINES="50", TERM="xterm"))
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=60)
-    os.close(master)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
+    code, out = on_a_terminal([sys.executable, "-m", "fleetpatch", "rollout", "--patch", "spec-path-beacon",
+                               "--group", "all", "--batch", "2", "--max-failures", "9", "--on-failure", "keep"],
+                              tmp_path, env=env(COLUMNS="160", LINES="50", TERM="xterm"), timeout=60)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
     assert "stage" in text
     assert re.search(r"c1\s+│\s+canary", text), text
     assert re.search(r"b1\s+│\s+batch 1 of 2", text) and re.search(r"b3\s+│\s+batch 2 of 2", text), text

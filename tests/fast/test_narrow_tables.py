@@ -8,15 +8,10 @@ whole, on one line, and nothing anywhere ends in "…".
 from __future__ import annotations
 
 import io
-import os
-import pty
 import re
 import socket
-import struct
 import subprocess
 import sys
-import termios
-import fcntl
 from pathlib import Path
 
 import pytest
@@ -28,6 +23,7 @@ from fleetpatch.hostcalls import HostResult
 from fleetpatch.report import View, status_table, summary_table
 
 from support.paths import REPO  # noqa: E402
+from support.terminal import on_a_terminal, program_env  # noqa: E402
 LONG = "gpu-node-a01.rack7.example"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -137,11 +133,6 @@ def dead_port():
     return port
 
 
-def program_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FLEETPATCH_INVENTORY")}
-    return {**env, **extra}
-
-
 def test_status_piped_through_cat_with_columns_40(tmp_path, dead_port):
     write_inventory(tmp_path, dead_port)
     proc = subprocess.run(f"{sys.executable} -m fleetpatch status | cat", shell=True, cwd=tmp_path,
@@ -152,22 +143,9 @@ def test_status_piped_through_cat_with_columns_40(tmp_path, dead_port):
 
 def test_status_on_a_40_column_terminal(tmp_path, dead_port):
     write_inventory(tmp_path, dead_port)
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 40, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "status"], cwd=tmp_path, stdin=slave,
-                            stdout=slave, stderr=slave, env=program_env(COLUMNS="40", LINES="50", TERM="xterm"))
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    assert proc.wait(timeout=120) == 1
-    os.close(master)
-    text = ANSI.sub("", b"".join(chunks).decode("utf-8", "replace")).replace("\r\n", "\n")
+    code, out = on_a_terminal([sys.executable, "-m", "fleetpatch", "status"], tmp_path, columns=40, lines=50,
+                              env=program_env(COLUMNS="40", LINES="50", TERM="xterm"))
+    assert code == 1
+    text = ANSI.sub("", out).replace("\r\n", "\n")
     whole_on_a_line(text, LONG, "v1b", "no (unreachable)")
     assert "fleetpatch status" in text, text
