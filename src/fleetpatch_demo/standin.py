@@ -176,10 +176,13 @@ import time
 import traceback
 import types
 
-try:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-except ImportError:  # pragma: no cover - Python < 3.7
-    from http.server import BaseHTTPRequestHandler, HTTPServer as ThreadingHTTPServer
+from fleetpatch_standin_common.httpserver import UvicornHandler, make_http_server
+from fleetpatch_standin_common.output import env_float as _env_float, env_true as _env_true
+from fleetpatch_standin_common.output import flush_streams as _flush, line_buffer_streams, rotate_log
+from fleetpatch_standin_common.serving import Stop as _Stop, serve_until_stopped, stop_on_signals
+from fleetpatch_standin_common.stubs import MISSING as _MISSING, Stub as _Stub, StubBase as _StubBase
+from fleetpatch_standin_common.stubs import StubRules, is_dunder as _is_dunder
+from fleetpatch_standin_common.stubs import install_stubs as _install_stub_rules
 
 try:
     import sglang_standin_steps as _steps   # on a host: installed beside the stand-in
@@ -230,12 +233,6 @@ def _standin_resolves(fullname):
     return rest not in REAL_ARG_GROUPS and not rest.startswith(".fields.")
 
 
-def _is_stdlib(top):
-    # A stub for a platform module of the stdlib (msvcrt, _winapi, ...) would make
-    # the stdlib take its other platform's branch: subprocess imports msvcrt to
-    # decide whether it runs on Windows.
-    names = getattr(sys, "stdlib_module_names", None)
-    return names is not None and top in names
 
 # Calls of `is_*` helpers return False (not NPU, not HIP, not CPU, ...) except
 # these, so the CUDA code path is taken.
@@ -246,276 +243,8 @@ TRUE_PREDICATES = {
     "is_initialized",
 }
 
-_MISSING = object()
-
-
-def _is_dunder(name):
-    return name.startswith("__") and name.endswith("__")
-
-
-def _leaf(name):
-    return name.rsplit(".", 1)[-1].split("(")[0].split("[")[0]
-
-
-class _Stub(object):
-    """Anything a missing module provides: usable as value, callable,
-    decorator, base class, context manager, container, number, enum member."""
-
-    def __init__(self, name="stub"):
-        object.__setattr__(self, "_stub_name", name)
-
-    # attribute access -----------------------------------------------------
-    def __getattr__(self, attr):
-        if _is_dunder(attr):
-            raise AttributeError(attr)
-        value = _concrete(attr)
-        if value is _MISSING:
-            value = _Stub(self._stub_name + "." + attr)
-        object.__setattr__(self, attr, value)
-        return value
-
-    def __setattr__(self, attr, value):
-        object.__setattr__(self, attr, value)
-
-    def __delattr__(self, attr):
-        try:
-            object.__delattr__(self, attr)
-        except AttributeError:
-            pass
-
-    # calls, decorators ----------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        leaf = _leaf(self._stub_name)
-        if leaf in TRUE_PREDICATES:
-            return True
-        if leaf.startswith(("is_", "_is_")):
-            return False
-        if len(args) == 1 and not kwargs and (
-            inspect.isfunction(args[0]) or inspect.isclass(args[0])
-            or inspect.ismethod(args[0]) or isinstance(args[0], (staticmethod, classmethod, property))
-        ):
-            return args[0]  # used as a decorator: keep the real function/class
-        return _Stub(self._stub_name + "()")
-
-    # base class -----------------------------------------------------------
-    def __mro_entries__(self, bases):
-        cls = self.__dict__.get("_stub_class")
-        if cls is None:
-            cls = _make_stub_class(self._stub_name)
-            object.__setattr__(self, "_stub_class", cls)
-        return (cls,)
-
-    def __instancecheck__(self, obj):
-        cls = self.__dict__.get("_stub_class")
-        return cls is not None and isinstance(obj, cls)
-
-    def __subclasscheck__(self, sub):
-        cls = self.__dict__.get("_stub_class")
-        return cls is not None and isinstance(sub, type) and issubclass(sub, cls)
-
-    # containers -----------------------------------------------------------
-    def __getitem__(self, key):
-        return _Stub(self._stub_name + "[]")
-
-    def __setitem__(self, key, value):
-        pass
-
-    def __delitem__(self, key):
-        pass
-
-    def __iter__(self):
-        return iter(())
-
-    def __reversed__(self):
-        return iter(())
-
-    def __len__(self):
-        return 0
-
-    def __contains__(self, item):
-        return False
-
-    def __bool__(self):
-        return True
-
-    # context managers -----------------------------------------------------
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        return False
-
-    # comparisons ----------------------------------------------------------
-    def __eq__(self, other):
-        return self is other
-
-    def __ne__(self, other):
-        return self is not other
-
-    def __lt__(self, other):
-        return False
-
-    __le__ = __gt__ = __ge__ = __lt__
-
-    def __hash__(self):
-        return id(self)
-
-    # numbers --------------------------------------------------------------
-    def _same(self, *args):
-        return self
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _same
-    __mod__ = __rmod__ = __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _same
-    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _same
-    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _same
-    __neg__ = __pos__ = __abs__ = __invert__ = _same
-
-    def __int__(self):
-        return 0
-
-    def __index__(self):
-        return 0
-
-    def __float__(self):
-        return 0.0
-
-    def __complex__(self):
-        return 0j
-
-    def __round__(self, n=None):
-        return 0
-
-    __trunc__ = __floor__ = __ceil__ = __round__
-
-    def __format__(self, spec):
-        if not spec:
-            return str(self)
-        for zero in (0, 0.0):
-            try:
-                return format(zero, spec)
-            except (ValueError, TypeError):
-                pass
-        return str(self)
-
-    def __repr__(self):
-        return "<stub %s>" % self._stub_name
-
-    __str__ = __repr__
-
-    def __fspath__(self):
-        return "/nonexistent/" + self._stub_name
-
-
-class _StubMeta(type(__import__("abc").ABC)):
-    """Metaclass of classes derived from stubs: missing class attributes are stubs."""
-
-    def __getattr__(cls, attr):
-        if _is_dunder(attr) or attr.startswith("_abc"):
-            raise AttributeError(attr)
-        value = _concrete(attr)
-        if value is _MISSING:
-            value = _Stub(cls.__name__ + "." + attr)
-        type.__setattr__(cls, attr, value)
-        return value
-
-
-class _StubBase(object, metaclass=_StubMeta):
-    """Base of every class made from a stub: __init__ is a no-op and missing
-    attributes are stubs, so a subclass's own real __init__ runs unchanged."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-    def __getattr__(self, attr):
-        if _is_dunder(attr):
-            raise AttributeError(attr)
-        value = _concrete(attr)
-        if value is _MISSING:
-            value = _Stub(type(self).__name__ + "." + attr)
-        try:
-            object.__setattr__(self, attr, value)
-        except Exception:
-            pass
-        return value
-
-    def __call__(self, *args, **kwargs):
-        return _Stub(type(self).__name__ + "()")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _make_stub_class(name):
-    leaf = _leaf(name) or "Stub"
-    if not leaf.isidentifier():
-        leaf = "Stub"
-    module = name.rsplit(".", 1)[0] if "." in name else name
-    return _StubMeta(leaf, (_StubBase,), {"__module__": module, "__qualname__": leaf})
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, attr):
-        if _is_dunder(attr):
-            raise AttributeError(attr)
-        value = _MODULE_ATTRS.get(self.__name__, {}).get(attr, _MISSING)
-        if value is _MISSING:
-            value = _concrete(attr)
-        if value is _MISSING:
-            value = _Stub(self.__name__ + "." + attr)
-        setattr(self, attr, value)
-        return value
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves a _StubModule for a module that is not on disk.
-
-    Appended to the end of sys.meta_path (so real files are found first); a
-    second instance in front serves the FORCE_STUB packages."""
-
-    def __init__(self, force):
-        self.force = force
-
-    def find_spec(self, fullname, path=None, target=None):
-        top = fullname.split(".", 1)[0]
-        if self.force:
-            if top not in FORCE_STUB and not _standin_resolves(fullname):
-                return None
-        else:
-            if top.startswith("_") or _is_stdlib(top):
-                return None  # C accelerators etc.: keep stdlib's ImportError fallbacks
-            for prefix in NEVER_STUB:
-                if fullname.startswith(prefix + "."):
-                    return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec):
-        return _StubModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-        module.__all__ = []
-        module.__file__ = None
-        for key, value in _MODULE_ATTRS.get(module.__name__, {}).items():
-            setattr(module, key, value)
-
-
 def install_stubs():
-    if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _StubFinder(force=True))
-        sys.meta_path.append(_StubFinder(force=False))
+    _install_stub_rules(STUB_RULES)
 
 
 # ---------------------------------------------------------------------------
@@ -1017,10 +746,6 @@ def _runtime_config(*args, **kwargs):
 _BY_NAME.update(ParallelState=ParallelState, resolving_view=resolving_view,
                 **{name: _runtime_config for name in ("get_spec", "get_context", "get_exec", "get_model",
                                                       "get_parallel", "get_schedule")})
-
-
-def _concrete(name):
-    return _BY_NAME.get(name, _MISSING)
 
 
 # --- simulated model config / target worker ---------------------------------
@@ -1625,18 +1350,13 @@ _MODULE_ATTRS = {
     "msgspec.structs": _MSGSPEC_STRUCTS,
 }
 
+STUB_RULES = StubRules(force_stub=FORCE_STUB, never_stub=NEVER_STUB, true_predicates=TRUE_PREDICATES,
+                       concrete=_BY_NAME, module_attrs=_MODULE_ATTRS, also_stub=_standin_resolves)
+
 
 # ---------------------------------------------------------------------------
 # Output helpers
 # ---------------------------------------------------------------------------
-
-def _flush():
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-
 
 def configure_logging(server_args, prefix=""):
     """Like sglang.srt.utils.common.configure_logger."""
@@ -1662,20 +1382,6 @@ def _rank_prefix(server_args, tp_rank, dp_rank):
 # ---------------------------------------------------------------------------
 # Startup
 # ---------------------------------------------------------------------------
-
-def _env_true(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "y", "on")
-
-
-def _env_float(name, default):
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        return default
-
 
 def build_server_args(argv):
     """Parse the launch flags with the tree's real parser and build ServerArgs
@@ -1942,19 +1648,6 @@ def _sglang_version():
             return importlib.import_module("sglang.version").__version__
         except Exception:
             return "unknown"
-
-
-def rotate_log(path):
-    """logrotate-style: move the file away and continue in a fresh one."""
-    _flush()
-    try:
-        os.replace(path, path + ".1")
-    except OSError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 # ---------------------------------------------------------------------------
@@ -2228,47 +1921,35 @@ def server_info():
     return info
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "uvicorn"
-    sys_version = ""
-    protocol_version = "HTTP/1.1"
-
-    def _send(self, code, body=b"", ctype="application/json"):
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
+class _Handler(UvicornHandler):
     def do_GET(self):
         path = self.path.split("?", 1)[0]
         if path in ("/health", "/health_generate"):
             if _State.terminating:
                 logging.getLogger("sglang.srt.entrypoints.http_server").info(
                     "Health check request received during shutdown. Returning 503.")
-                self._send(503)
+                self.send_body(503)
             else:
-                self._send(200 if _State.ready else 503)
+                self.send_body(200 if _State.ready else 503)
         elif path == "/v1/loads":
-            self._send(200, json.dumps(_loads_v1()).encode())
+            self.send_body(200, json.dumps(_loads_v1()).encode())
         elif path == "/get_load":
             logging.getLogger("sglang.srt.entrypoints.http_server").warning(
                 "Endpoint '/get_load' is deprecated and will be removed in a future version. "
                 "Please use '/v1/loads' instead.")
-            self._send(200, json.dumps(_load_deprecated()).encode())
+            self.send_body(200, json.dumps(_load_deprecated()).encode())
         elif path in ("/server_info", "/get_server_info"):
             if path == "/get_server_info":
                 logging.getLogger("sglang.srt.entrypoints.http_server").warning(
                     "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
                     "Please use '/server_info' instead.")
-            self._send(200, json.dumps(server_info()).encode())
+            self.send_body(200, json.dumps(server_info()).encode())
         elif path in ("/model_info", "/get_model_info"):
             sa = _State.server_args
-            self._send(200, json.dumps({"model_path": sa.model_path, "tokenizer_path": sa.tokenizer_path,
+            self.send_body(200, json.dumps({"model_path": sa.model_path, "tokenizer_path": sa.tokenizer_path,
                                         "is_generation": True}).encode())
         else:
-            self._send(404, b'{"detail":"Not Found"}')
+            self.send_body(404, b'{"detail":"Not Found"}')
 
     do_HEAD = do_GET
 
@@ -2277,17 +1958,17 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
         if path != "/generate":
-            self._send(404, b'{"detail":"Not Found"}')
+            self.send_body(404, b'{"detail":"Not Found"}')
             return
         if _State.fatal is not None:
             self.close_connection = True
             return
         if not (_State.ready or _State.warming):
-            self._send(503, b'{"detail":"server is not ready"}')
+            self.send_body(503, b'{"detail":"server is not ready"}')
             return
         refused = os.environ.get("FLEETPATCH_STANDIN_GENERATE_STATUS")
         if refused:   # a test's server that answers /generate with this status
-            self._send(int(refused), b"the stand-in refuses /generate (FLEETPATCH_STANDIN_GENERATE_STATUS)\n"
+            self.send_body(int(refused), b"the stand-in refuses /generate (FLEETPATCH_STANDIN_GENERATE_STATUS)\n"
                                      b"second line")
             return
         try:
@@ -2299,7 +1980,7 @@ class _Handler(BaseHTTPRequestHandler):
             if n < 0:
                 raise ValueError("max_new_tokens must be >= 0")
         except (ValueError, TypeError, AttributeError) as e:
-            self._send(422, json.dumps({"detail": "invalid request: %s" % e}).encode())
+            self.send_body(422, json.dumps({"detail": "invalid request: %s" % e}).encode())
             return
         self._generate(req, n)
 
@@ -2330,14 +2011,14 @@ class _Handler(BaseHTTPRequestHandler):
                     text += _WORDS[(count - 1) % len(_WORDS)]
                 done = kind == "done"
                 if stream and (count or done):
-                    self._chunk(b"data: " + json.dumps(self._out(rid, text, count, prompt_tokens, started, done)).encode() + b"\n\n")
+                    self.send_chunk(b"data: " + json.dumps(self._out(rid, text, count, prompt_tokens, started, done)).encode() + b"\n\n")
                 if done:
                     break
             if stream:
-                self._chunk(b"data: [DONE]\n\n")
-                self._chunk(b"")
+                self.send_chunk(b"data: [DONE]\n\n")
+                self.send_chunk(b"")
             else:
-                self._send(200, json.dumps(self._out(rid, text, n, prompt_tokens, started, True)).encode())
+                self.send_body(200, json.dumps(self._out(rid, text, n, prompt_tokens, started, True)).encode())
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away: abort, as SGLang does
         finally:
@@ -2349,10 +2030,6 @@ class _Handler(BaseHTTPRequestHandler):
                               "prompt_tokens": prompt_tokens, "completion_tokens": n, "cached_tokens": 0,
                               "e2e_latency": round(time.time() - started, 4)}}
 
-    def _chunk(self, data):
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
     def _die(self):
         # the scheduler died: the connection is dropped, no answer
         self.close_connection = True
@@ -2361,29 +2038,7 @@ class _Handler(BaseHTTPRequestHandler):
         # uvicorn's access log line (the Rust server logs none)
         if _State.rust_server:
             return
-        try:
-            code = int(getattr(code, "value", code))
-        except (TypeError, ValueError):
-            pass
-        reason = self.responses.get(code, ("",))[0] if isinstance(code, int) else ""
-        logging.getLogger("uvicorn.access").info(
-            'INFO:     %s:%d - "%s" %s %s' % (self.client_address[0], self.client_address[1],
-                                              self.requestline, code, reason))
-
-    def log_message(self, fmt, *args):
-        pass
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-def _make_http_server(host, port, handler=_Handler):
-    cls = _HTTPServer
-    if ":" in host:
-        cls = type("_HTTPServer6", (_HTTPServer,), {"address_family": socket.AF_INET6})
-    return cls((host, port), handler)
+        logging.getLogger("uvicorn.access").info("INFO:     " + self.access_text(code))
 
 
 # ---------------------------------------------------------------------------
@@ -2643,9 +2298,9 @@ class _DummyHealthHandler(_Handler):
 
     def do_GET(self):
         if self.path.split("?", 1)[0] in self.ROUTES:
-            self._send(200)
+            self.send_body(200)
         else:
-            self._send(404, b'{"detail":"Not Found"}')
+            self.send_body(404, b'{"detail":"Not Found"}')
 
     do_HEAD = do_GET
 
@@ -2654,9 +2309,9 @@ class _DummyHealthHandler(_Handler):
         if length:
             self.rfile.read(length)
         if self.path.split("?", 1)[0] in self.ROUTES:
-            self._send(405, b'{"detail":"Method Not Allowed"}')
+            self.send_body(405, b'{"detail":"Method Not Allowed"}')
         else:
-            self._send(404, b'{"detail":"Not Found"}')
+            self.send_body(404, b'{"detail":"Not Found"}')
 
     def log_request(self, code="-", size="-"):
         pass
@@ -2683,7 +2338,7 @@ def follow(node, server_args):
     """A node R >= 1 after its workers are built (engine.py, node_rank >= 1): the
     dummy health server on --port, then the steps node 0 sends, until it goes."""
     host = server_args.host or "127.0.0.1"
-    httpd = _make_http_server(host, int(server_args.port), _DummyHealthHandler)
+    httpd = make_http_server(host, int(server_args.port), _DummyHealthHandler)
     threading.Thread(target=httpd.serve_forever, name="health-check-server", daemon=True).start()
     logging.getLogger("sglang.srt.utils.common").info(
         "Dummy health check server started in background thread at %s" % _host_port(host, server_args.port))
@@ -2731,14 +2386,6 @@ def follow(node, server_args):
 # main
 # ---------------------------------------------------------------------------
 
-class _Stop(BaseException):
-    pass
-
-
-def _on_signal(signum, frame):
-    raise _Stop()
-
-
 def _on_sigterm_serving(signum, frame):
     # SGLang's SignalHandler.sigterm_handler: only a flag; the watchdog exits
     if not _State.terminating:
@@ -2756,36 +2403,29 @@ def _serve_until_stopped(exit_after, reason="FLEETPATCH_STANDIN_EXIT_AFTER_READY
     requests are counted and logged; the server exits 0 once there are none.
     Meanwhile /health answers 503 and new /generate requests are served."""
     signal.signal(signal.SIGTERM, _on_sigterm_serving)
-    poll = max(0.05, _env_float("FLEETPATCH_STANDIN_SIGTERM_POLL", 0.5))
-    deadline = None if exit_after is None else time.time() + exit_after
-    next_check = None
     log = logging.getLogger("sglang.srt.managers.tokenizer_manager")
-    while True:
-        time.sleep(0.05)
-        if _State.fatal is not None:
-            return _State.fatal
-        if _State.terminating:
-            now = time.time()
-            if next_check is None:
-                next_check = now + poll
-            if now >= next_check:
-                rids = _SCHED.unfinished()
-                log.info("Gracefully exiting... Remaining number of requests %d. Remaining requests "
-                         "remaining_rids=%r." % (len(rids), rids))
-                _flush()
-                if not rids:
-                    return 0
-                next_check = now + poll
-        if deadline is not None and time.time() >= deadline:
-            try:
-                raise RuntimeError("stand-in scheduler died (%s)" % reason)
-            except RuntimeError:
-                logging.getLogger("sglang.srt.managers.scheduler").error(
-                    "Scheduler hit an exception: %s" % get_exception_traceback())
-                logging.getLogger("sglang.srt.entrypoints.engine").error(
-                    "Received sigquit from a child process. It usually means the child failed.")
-                _flush()
-                return 1
+
+    def drained():
+        rids = _SCHED.unfinished()
+        log.info("Gracefully exiting... Remaining number of requests %d. Remaining requests "
+                 "remaining_rids=%r." % (len(rids), rids))
+        _flush()
+        return not rids
+
+    def died():
+        try:
+            raise RuntimeError("stand-in scheduler died (%s)" % reason)
+        except RuntimeError:
+            logging.getLogger("sglang.srt.managers.scheduler").error(
+                "Scheduler hit an exception: %s" % get_exception_traceback())
+            logging.getLogger("sglang.srt.entrypoints.engine").error(
+                "Received sigquit from a child process. It usually means the child failed.")
+            _flush()
+            return 1
+
+    return serve_until_stopped(fatal=lambda: _State.fatal, terminating=lambda: _State.terminating,
+                               drained=drained, poll=max(0.05, _env_float("FLEETPATCH_STANDIN_SIGTERM_POLL", 0.5)),
+                               exit_after=exit_after, on_deadline=died)
 
 
 def rust_server_serves():
@@ -2891,13 +2531,8 @@ def spawn_scheduler(argv, tp_rank, dp_rank):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    for stream in (sys.stdout, sys.stderr):  # the launcher appends both to a file
-        try:
-            stream.reconfigure(line_buffering=True)
-        except Exception:
-            pass
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    line_buffer_streams()
+    stop_on_signals()
     httpd = None
     try:
         install_stubs()
@@ -2961,7 +2596,7 @@ def main(argv=None):
             return follow(node, server_args)
 
         host = server_args.host or "127.0.0.1"
-        httpd = _make_http_server(host, int(server_args.port))
+        httpd = make_http_server(host, int(server_args.port), _Handler)
         threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
         shown_host = "[%s]" % host if ":" in host else host
         rust = _State.rust_server = rust_server_serves()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetpatch_demo import standin
+from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 
 READY = "The server is fired up and ready to roll!"
@@ -61,8 +61,7 @@ WORKERS = {  # class -> file
 def make_site(tmp_path: Path, version: str = "0.5.9") -> Path:
     site = tmp_path / ("site-" + version)
     shutil.copytree(sglang_tree(version), site)
-    shutil.copyfile(standin.__file__, site / "sglang_standin.py")
-    shutil.copyfile(Path(standin.__file__).with_name("standin_steps.py"), site / "sglang_standin_steps.py")
+    install_sglang_standin(site)
     return site
 
 
