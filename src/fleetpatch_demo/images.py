@@ -13,7 +13,7 @@
   finder module ``__editable___sglang_X_finder`` that maps ``sglang`` to the checkout,
   and ``sglang-X.dist-info`` (the wheel's METADATA, ``direct_url.json`` with
   ``"editable": true``, INSTALLER, RECORD).  The stand-in server is
-  ``dist-packages/sglang_standin.py``, as on a plain demo host; it imports the worker
+  ``dist-packages/sglang_standin/`` (with ``fleetpatch_standin_common/``), as on a plain demo host; it imports the worker
   from /sgl-workspace.  No CMD, as in the official image: the container's command is
   ``python3 -m sglang_standin ...`` (where an operator writes ``python3 -m
   sglang.launch_server ...``).
@@ -48,7 +48,7 @@ TAR_EXCLUDES = ("./tmp/*", "./proc/*", "./sys/*", "./dev/*", "./run/*",
                 "./var/cache/apt/archives/*.deb", "./var/cache/apt/*.bin")
 BASE_REPO = "fleetpatch-demo/trixie-python3"
 ENGINE_REPO = "fleetpatch-demo/sglang"
-IMAGE_RECIPE = "1"   # bump when the layout below changes
+IMAGE_RECIPE = "2"   # bump when the layout below changes
 SGL_CHECKOUT = "/sgl-workspace/sglang/python"
 IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 

@@ -3,7 +3,7 @@
 The router is PyPI ``sglang-router`` (the ``test`` extra). It starts with no
 workers; they are added over its API (fleetpatch.router). Facts about the
 binary are in fleetpatch.router's docstring. `LocalWorker` runs the stand-in
-(fleetpatch_demo.standin) from a copied SGLang tree without an sshd host:
+(fleetpatch_demo/standins/sglang) from a copied SGLang tree without an sshd host:
 for router tests and benchmarks that need many workers quickly.
 """
 from __future__ import annotations

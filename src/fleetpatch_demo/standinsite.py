@@ -12,13 +12,13 @@ from pathlib import Path
 STANDINS = Path(__file__).with_name("standins")
 COMMON_SOURCE = STANDINS / "common"
 COMMON_PACKAGE = "fleetpatch_standin_common"
-SGLANG_SOURCE = Path(__file__).with_name("standin.py")
-SGLANG_MODULE = "sglang_standin"
+SGLANG_SOURCE = STANDINS / "sglang"
+SGLANG_PACKAGE = "sglang_standin"
 
 
 def sglang_standin_available() -> bool:
     """Whether this checkout holds the SGLang stand-in."""
-    return SGLANG_SOURCE.is_file()
+    return (SGLANG_SOURCE / "__main__.py").is_file()
 
 
 def install_package(source: Path, site: Path, name: str) -> Path:
@@ -33,15 +33,10 @@ def install_package(source: Path, site: Path, name: str) -> Path:
 
 def install_sglang_standin(site: Path) -> list[Path]:
     """The SGLang stand-in and the common package installed in `site`; what was written."""
-    site = Path(site)
-    written = [install_package(COMMON_SOURCE, site, COMMON_PACKAGE)]
-    shutil.copyfile(SGLANG_SOURCE, site / "sglang_standin.py")
-    # its scheduler loop and warmup request, imported by that name
-    shutil.copyfile(SGLANG_SOURCE.with_name("standin_steps.py"), site / "sglang_standin_steps.py")
-    written += [site / "sglang_standin.py", site / "sglang_standin_steps.py"]
-    return written
+    return [install_package(COMMON_SOURCE, site, COMMON_PACKAGE),
+            install_package(SGLANG_SOURCE, site, SGLANG_PACKAGE)]
 
 
 def sglang_standin_installed(site: Path) -> bool:
     """Whether `site` holds the SGLang stand-in."""
-    return (Path(site) / "sglang_standin.py").is_file()
+    return (Path(site) / SGLANG_PACKAGE / "__main__.py").is_file()

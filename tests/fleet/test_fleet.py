@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and /usr/sbin/sshd")
 
 HAVE_STANDIN = sglang_standin_available()
-needs_standin = pytest.mark.skipif(not HAVE_STANDIN, reason="demo/standin.py not written yet")
+needs_standin = pytest.mark.skipif(not HAVE_STANDIN, reason="fleetpatch_demo/standins/sglang is missing")
 
 PY = "'/srv/fleetpatch-host/sglang env/bin/python'"
 
