@@ -182,7 +182,7 @@ def warmed_up(server_args, shown_host, port):
     State.warming = True
     try:
         ok = steps.warmup("http://%s:%s" % (shown_host, port), getattr(server_args, "api_key", None),
-                           logging.getLogger("sglang.srt.entrypoints.http_server"))
+                          logging.getLogger("sglang.srt.entrypoints.http_server"))
     finally:
         State.warming = False
     if not ok:

@@ -123,7 +123,7 @@ def main(argv=None):
                        server_args.max_running_requests or 48, server_args.context_length or 131072,
                        get_available_gpu_memory()))
                 State.scheduler_info = {"status": "ready", "max_total_num_tokens": max_total,
-                                         "max_req_input_len": max_total - 6}
+                                        "max_req_input_len": max_total - 6}
             except Exception:
                 sched_log.error("Scheduler hit an exception: %s" % get_exception_traceback())
                 configure_logging(server_args)

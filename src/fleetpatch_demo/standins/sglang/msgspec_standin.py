@@ -188,8 +188,8 @@ def struct_replace(obj, **changes):
 
 
 MSGSPEC_STRUCTS = {"fields": struct_fields, "asdict": struct_asdict, "astuple": struct_astuple,
-                    "replace": struct_replace, "FieldInfo": FieldInfo}
+                   "replace": struct_replace, "FieldInfo": FieldInfo}
 
 
 MSGSPEC = {"Struct": Struct, "field": msgspec_field, "NODEFAULT": NODEFAULT,
-            "defstruct": defstruct}
+           "defstruct": defstruct}

@@ -6,6 +6,9 @@ import time
 
 
 class State(object):
+    """The server process's state (one server per process), set by main and read by the
+    handler, the scheduler loop and the nodes."""
+
     ready = False
     warming = False         # the warmup request is being served (before ready)
     loop = None             # steps.StepLoop: the scheduler loop

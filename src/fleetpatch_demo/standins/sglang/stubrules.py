@@ -125,8 +125,8 @@ BY_NAME = {
 
 
 BY_NAME.update(ParallelState=ParallelState, resolving_view=resolving_view,
-                **{name: runtime_config for name in ("get_spec", "get_context", "get_exec", "get_model",
-                                                      "get_parallel", "get_schedule")})
+               **{name: runtime_config for name in ("get_spec", "get_context", "get_exec", "get_model",
+                                                    "get_parallel", "get_schedule")})
 
 
 # the same helpers in sglang.srt.utils and sglang.srt.utils.common
