@@ -26,6 +26,8 @@ import pytest
 
 from fleetpatch.engines import vllm as vllm_profile
 from fleetpatch.engines.base import LaunchConfig
+from fleetpatch.probe import install as probe_install
+from fleetpatch.probe.verdict import parse_records
 from fleetpatch_demo.standins.vllm import install
 
 pytestmark = pytest.mark.pypi
@@ -392,3 +394,61 @@ def test_compile_cache_traces_once_then_loads_from_the_cache(host, serve, releas
     third = serve(site, home, args)
     assert third.ready, third.log
     assert third.marks() and "Directly load the compiled graph(s)" not in third.log
+
+
+# --------------------------------------------------------------------------- fleetpatch's probe
+
+def venv_site(tmp_path):
+    """A virtual environment (the server's interpreter reads its site-packages at start, .pth
+    files included, as on a host); returns (python, site-packages)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    out = subprocess.run([str(python), "-c", probe_install.SITE_QUERY], check=True, capture_output=True, text=True)
+    return python, Path(probe_install.site_dir_from(json.loads(out.stdout)))
+
+
+@pytest.mark.parametrize("release,method,multiproc", [("0.34.0", "fork", "1"), ("0.10.2", "spawn", "1"),
+                                                      ("0.33.0", "fork", "0")])
+def test_the_probe_records_in_the_processes_that_ran_the_patched_drafter(pristine, tmp_path, release, method,
+                                                                          multiproc):
+    python, site = venv_site(tmp_path)
+    shutil.copytree(pristine[release], site, dirs_exist_ok=True)
+    source = V2_PROPOSE.get(release) or V1_PROPOSE[release]
+    add_mark(site, source, "propose", "patched")
+    text = (site / source).read_text().splitlines()
+    added = {source: [i + 1 for i, line in enumerate(text) if "STANDIN_MARK" in line]}
+    plan = probe_install.make_plan(added, str(site))
+    probe_install.install(str(site), str(tmp_path / "probe"), "abc123def456", plan)
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "STANDIN_MARK": str(home / "mark"),
+           "VLLM_WORKER_MULTIPROC_METHOD": method, "VLLM_ENABLE_V1_MULTIPROCESSING": multiproc}
+    log = home / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(python), "-m", "vllm_standin", "serve", model_dir(home), "--speculative-config",
+                                 EAGLE, "--enforce-eager", "--tensor-parallel-size", "2", "--port", str(port)],
+                                cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
+    s = Server.__new__(Server)
+    s.proc, s.port, s.log_path, s.mark = proc, port, log, home / "mark"
+    try:
+        assert s.wait_ready(), s.log
+        s.complete(max_tokens=1)
+        ran_in = {pid for _, pid in s.marks()}
+    finally:
+        assert s.stop() == 0
+    procs = parse_records(probe_install.read_records(str(tmp_path / "probe")))
+    recorded = {str(p["process"]["pid"]): p for p in procs.values() if p["process"]}
+    with_lines = {pid for pid, p in recorded.items() if any(n.startswith(("L-", "F-")) for n, _ in p["records"])}
+    assert len(ran_in) == 2 and with_lines == ran_in, (ran_in, recorded.keys(), s.log)
+    workers = {s.pid_of("Worker_TP0"), s.pid_of("Worker_TP1")}
+    assert workers == ran_in and str(proc.pid) not in workers
+    # every process of the server started the probe: API server, EngineCore (unless in-process), workers
+    expected = workers | {str(proc.pid)} | ({s.pid_of(engine_core_name(release))} if multiproc == "1" else set())
+    assert expected <= set(recorded), (expected, recorded.keys())
+    assert not any(n.endswith("disabled") for p in procs.values() for n, _ in p["records"])
+
+
+def engine_core_name(release):
+    return "EngineCore_DP0" if release == "0.10.2" else "EngineCore"
