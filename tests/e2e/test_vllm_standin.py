@@ -452,3 +452,37 @@ def test_the_probe_records_in_the_processes_that_ran_the_patched_drafter(pristin
 
 def engine_core_name(release):
     return "EngineCore_DP0" if release == "0.10.2" else "EngineCore"
+
+
+# --------------------------------------------------------------------------- which drafter file runs
+
+def mark_every_propose(site):
+    """Mark every `propose` of the V1 drafters and V2 speculators with its own file's path."""
+    for d in ("vllm/v1/spec_decode", "vllm/v1/worker/gpu/spec_decode"):
+        for f in sorted((Path(site) / d).rglob("*.py")):
+            if "def propose(" in f.read_text(encoding="utf-8"):
+                rel = str(f.relative_to(site))
+                add_mark(site, rel, "propose", rel)
+
+
+METHOD_CASES = [
+    ("0.10.2", "ngram", {}, {"vllm/v1/spec_decode/ngram_proposer.py"}),
+    ("0.10.2", "eagle3", {}, {"vllm/v1/spec_decode/eagle.py"}),
+    ("0.20.2", "eagle3", {"VLLM_USE_V2_MODEL_RUNNER": "1"}, {"vllm/v1/worker/gpu/spec_decode/eagle/speculator.py"}),
+    ("0.33.0", "ngram", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, {"vllm/v1/spec_decode/ngram_proposer.py"}),
+    ("0.33.0", "ngram", {}, {"vllm/v1/worker/gpu/spec_decode/ngram/speculator.py"}),
+    ("0.33.0", "mtp", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, {"vllm/v1/spec_decode/llm_base_proposer.py"}),
+    ("0.34.0", "mtp", {}, {"vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py"}),
+]
+
+
+@pytest.mark.parametrize("release,method,env,files", METHOD_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{'-'.join(c[2].values()) or 'default'}" for c in METHOD_CASES])
+def test_the_method_picks_its_own_drafter_file(host, serve, release, method, env, files):
+    site, home = host(release)
+    mark_every_propose(site)
+    s = serve(site, home, [model_dir(home), "--speculative-config",
+                           json.dumps({"method": method, "num_speculative_tokens": 2}), "--enforce-eager"], env)
+    assert s.ready, s.log
+    s.complete(max_tokens=1)
+    assert {t for t, _ in s.marks()} == files, s.log

@@ -49,6 +49,7 @@ TRUE_PREDICATES = {"is_cuda", "is_cuda_alike", "is_available", "is_initialized",
                    "is_first_rank", "is_pin_memory_available"}
 
 MISSING = object()
+COMPILERS = ("numba", "triton")     # their decorators compile the function: it never runs as Python
 
 
 class Registry(object):
@@ -99,6 +100,9 @@ class Stub(object):
             return False
         if len(args) == 1 and not kwargs:
             if inspect.isfunction(args[0]) or inspect.ismethod(args[0]):
+                if self._stub_name.split(".", 1)[0] in COMPILERS:
+                    # numba.jit / triton.jit: compiled code, no Python line of it runs
+                    return Stub("%s(%s)" % (self._stub_name, args[0].__name__))
                 return Decorated(args[0])   # a decorator: the real function runs
             if inspect.isclass(args[0]) or isinstance(args[0], (staticmethod, classmethod, property, Decorated)):
                 return args[0]
@@ -151,11 +155,13 @@ class Stub(object):
     def __exit__(self, *exc):
         return False
 
+    # equal to itself and to any concrete value (`hidden_states.shape[-1] == self.hidden_size`
+    # holds); two different stubs differ (`mode == CUDAGraphMode.NONE` does not)
     def __eq__(self, other):
-        return self is other
+        return self is other or not isinstance(other, (Stub, StubBase, type(None)))
 
     def __ne__(self, other):
-        return self is not other
+        return not self.__eq__(other)
 
     # a stub compares as a large positive number: `n > 0` holds, `n < limit` does not
     def __lt__(self, other):
