@@ -11,7 +11,7 @@ Layout of a host, as the host sees it (``mount_point``, default
 
     sglang env/bin/python                      # a venv: pyvenv.cfg, python linked to this Python
     sglang env/lib/pythonX.Y/site-packages/    # sglang/ + dist-info (copied from the real wheel)
-                                   sglang_standin.py   # copy of fleetpatch_demo/standin.py
+                                   sglang_standin/ fleetpatch_standin_common/   # the stand-in (standinsite.py)
     logs/sglang.log   run/sglang.pid   state/   home/   models/demo/
     etc/supervisord.conf   run/supervisor.sock   run/supervisord.pid   # restart_kind="supervisor"
 
@@ -73,12 +73,12 @@ from fleetpatch.agent.procs import proc_stat
 
 from . import containerhost
 from .dockerd import Dockerd, DockerError, docker_unavailable, sock_from_env
+from .standinsite import SGLANG_SOURCE, install_sglang_standin, sglang_standin_available, sglang_standin_installed
 from .wheels import sglang_tree
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 DEFAULT_MOUNT_POINT = "/srv/fleetpatch-host"
-STANDIN_SOURCE = Path(__file__).with_name("standin.py")
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOKEN_FILE = ".fleetpatch-fleet-host"
 STATE_FILE = "fleet.json"
@@ -631,7 +631,7 @@ class Fleet:
 
     @property
     def standin_available(self) -> bool:
-        return STANDIN_SOURCE.is_file()
+        return sglang_standin_available()
 
     # -- start --------------------------------------------------------------
 
@@ -648,7 +648,7 @@ class Fleet:
         if not os.path.exists(SSHD):
             raise FleetError(f"{SSHD} not found (install openssh-server)")
         if any(s.start_server for s in self.specs) and not self.standin_available:
-            raise FleetError(f"{STANDIN_SOURCE} is missing; use start_server=False")
+            raise FleetError(f"{SGLANG_SOURCE} is missing; use start_server=False")
         if self.container_hosts:
             reason = docker_unavailable(self.docker_sock)
             if reason:
@@ -749,11 +749,9 @@ class Fleet:
         shutil.copytree(tree, h.site_packages, symlinks=True,
                         ignore=shutil.ignore_patterns(".complete", "__pycache__"))
         _make_writable(h.site_packages)
-        if STANDIN_SOURCE.is_file():
-            shutil.copy2(STANDIN_SOURCE, h.site_packages / "sglang_standin.py")
-            _make_writable(h.site_packages / "sglang_standin.py")
-            # its scheduler loop and warmup request, imported by that name
-            shutil.copy2(STANDIN_SOURCE.with_name("standin_steps.py"), h.site_packages / "sglang_standin_steps.py")
+        if sglang_standin_available():
+            for path in install_sglang_standin(h.site_packages):
+                _make_writable(path)
         # A real venv (pyvenv.cfg, bin/python a link to this Python): its site-packages is a
         # site directory of its own, read at start, as on a real host, so the probe's .pth goes
         # there and never into this machine's shared one. The system site-packages stay visible
@@ -994,8 +992,8 @@ class Fleet:
                 return pid
             if h.containerized:
                 return self._start_container(name)
-            if not (h.site_packages / "sglang_standin.py").is_file():
-                raise FleetError(f"{name}: sglang_standin.py is missing from its site-packages")
+            if not sglang_standin_installed(h.site_packages):
+                raise FleetError(f"{name}: the stand-in (sglang_standin) is missing from its site-packages")
             if h.supervised:
                 return self._start_supervised(name)
             argv = [tok.replace("{python}", h.remote_python) for tok in shlex.split(h.start_command_of(server))]
