@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 
+from fleetpatch_standin_common.output import env_float, flush_streams, line_buffer_streams
+
 from . import host as hostmod, http_api, logs, processes, routing
 
 INFO, WARNING = logging.INFO, logging.WARNING
@@ -75,7 +77,7 @@ def _typed(v):
 
 def fail(log, kind, message, source=None, line=None):
     """A start-up error as Python prints an uncaught exception (vLLM lets it propagate)."""
-    sys.stdout.flush()
+    flush_streams()
     where = '  File "%s", line %s\n' % (log.quoter.path(source), line) if source else ""
     sys.stderr.write("Traceback (most recent call last):\n%s%s: %s\n" % (where, kind, message))
     sys.stderr.flush()
@@ -83,6 +85,7 @@ def fail(log, kind, message, source=None, line=None):
 
 
 def run(argv):
+    line_buffer_streams()
     host = hostmod.Host()
     envs, log = hostmod.set_up(host, "APIServer")
     model, values, bare = routing.parse_argv(argv)
@@ -149,7 +152,7 @@ def serve(host, envs, log, engine, model, values):
         log.quoted(INFO, "vllm/entrypoints/openai/api_server.py", "Starting vLLM server on", address)
     logs.uvicorn("Started server process [%d]" % os.getpid())
     logs.uvicorn("Waiting for application startup.")
-    delay = float(os.environ.get("FLEETPATCH_STANDIN_STARTUP_DELAY", "0") or 0)
+    delay = env_float("FLEETPATCH_STANDIN_STARTUP_DELAY", 0.0)
     if delay:
         time.sleep(delay)
     state.ready = True
@@ -170,7 +173,7 @@ def serve(host, envs, log, engine, model, values):
     engine.stop()
     logs.uvicorn("Application shutdown complete.")
     logs.uvicorn("Finished server process [%d]" % os.getpid())
-    sys.stdout.flush()
+    flush_streams()
     return code["exit"]
 
 
