@@ -486,3 +486,30 @@ def test_the_method_picks_its_own_drafter_file(host, serve, release, method, env
     assert s.ready, s.log
     s.complete(max_tokens=1)
     assert {t for t, _ in s.marks()} == files, s.log
+
+
+# --------------------------------------------------------------------------- failures
+
+def test_a_patch_that_raises_in_the_drafter_kills_the_engine_and_the_server(host, serve):
+    site, home = host("0.33.0")
+    path = site / V2_PROPOSE["0.33.0"]
+    text = path.read_text()
+    add_mark(site, V2_PROPOSE["0.33.0"], "propose", "v2")
+    path.write_text(path.read_text().replace(MARK.format(tag="v2"), 'raise RuntimeError("patched drafter failed")'))
+    assert path.read_text() != text
+    s = serve(site, home, [model_dir(home), "--speculative-config", EAGLE, "--enforce-eager"])
+    assert s.ready, s.log
+    with pytest.raises(urllib.error.HTTPError) as err:
+        s.complete(max_tokens=1)
+    assert err.value.code == 500
+    assert s.proc.wait(60) == 1
+    assert "EngineCore encountered a fatal error." in s.log
+    assert "RuntimeError: patched drafter failed" in s.log
+
+
+def test_0_20_v2_refuses_a_method_it_has_no_speculator_for(host, serve):
+    site, home = host("0.20.2")
+    s = serve(site, home, [model_dir(home), "--speculative-config", json.dumps({"method": "ngram"})],
+              {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert not s.ready and s.proc.wait(30) == 1
+    assert "ValueError: VLLM_USE_V2_MODEL_RUNNER does not yet support: speculative method 'ngram'" in s.log

@@ -253,8 +253,10 @@ def _runner(route, release, envs, quoter, model, values, bare):
         runner = "v2" if use_v2 else "v1"
         if runner == "v2" and route.spec is not None and not route.spec.test("use_eagle"):
             hit = quoter.quote("vllm/config/vllm.py", "does not yet support")
+            what = quoter.quote("vllm/config/vllm.py", "speculative method '")
             raise StartupError("ValueError", (hit[0] if hit else "VLLM_USE_V2_MODEL_RUNNER does not yet support: ")
-                               + "speculative method %s" % route.method, "vllm/config/vllm.py", hit[1] if hit else None)
+                               + (what[0] if what else "speculative method '%s'").replace("%s", str(route.method)),
+                               "vllm/config/vllm.py", hit[1] if hit else None)
         return runner
     if use_v2 is not None:
         return "v2" if use_v2 else "v1"
