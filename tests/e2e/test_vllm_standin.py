@@ -513,3 +513,33 @@ def test_0_20_v2_refuses_a_method_it_has_no_speculator_for(host, serve):
               {"VLLM_USE_V2_MODEL_RUNNER": "1"})
     assert not s.ready and s.proc.wait(30) == 1
     assert "ValueError: VLLM_USE_V2_MODEL_RUNNER does not yet support: speculative method 'ngram'" in s.log
+
+
+def test_sigterm_before_ready_stops_the_server_and_its_processes(host, tmp_path):
+    site, home = host("0.34.0")
+    s = Server.__new__(Server)
+    s.port, s.log_path, s.mark = free_port(), home / "server.log", home / "mark"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(site),
+           "FLEETPATCH_STANDIN_STARTUP_DELAY": "300"}
+    with open(s.log_path, "wb") as out:
+        s.proc = subprocess.Popen([sys.executable, "-m", "vllm_standin", "serve", model_dir(home),
+                                   "--speculative-config", EAGLE, "--tensor-parallel-size", "2",
+                                   "--port", str(s.port)], cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 120
+        while "Waiting for application startup." not in s.log and s.proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        workers = [s.pid_of("Worker_TP0"), s.pid_of("Worker_TP1")]
+        core = s.pid_of("EngineCore")
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert "Application startup complete." not in s.log and "Application shutdown complete." in s.log
+    for pid in workers + [core]:
+        end = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower() \
+                and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()

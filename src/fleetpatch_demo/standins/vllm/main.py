@@ -26,6 +26,7 @@ import threading
 import time
 
 from fleetpatch_standin_common.output import env_float, flush_streams, line_buffer_streams
+from fleetpatch_standin_common.serving import Stop, stop_on_signals
 
 from . import host as hostmod, http_api, logs, processes, routing
 
@@ -86,6 +87,7 @@ def fail(log, kind, message, source=None, line=None):
 
 def run(argv):
     line_buffer_streams()
+    stop_on_signals()
     host = hostmod.Host()
     envs, log = hostmod.set_up(host, "APIServer")
     model, values, bare = routing.parse_argv(argv)
@@ -109,6 +111,9 @@ def run(argv):
         engine = processes.EngineClient(launch, host, envs, log, bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING))
         try:
             ok = engine.start()
+        except Stop:            # SIGTERM/SIGINT while the engine starts: stop it, exit 0
+            engine.stop()
+            raise
         except Exception as e:
             processes.log_exception(log, "EngineCore failed to start.", e)
             ok = False
@@ -152,18 +157,17 @@ def serve(host, envs, log, engine, model, values):
         log.quoted(INFO, "vllm/entrypoints/openai/api_server.py", "Starting vLLM server on", address)
     logs.uvicorn("Started server process [%d]" % os.getpid())
     logs.uvicorn("Waiting for application startup.")
-    delay = env_float("FLEETPATCH_STANDIN_STARTUP_DELAY", 0.0)
-    if delay:
-        time.sleep(delay)
-    state.ready = True
-    logs.uvicorn("Application startup complete.")
-    logs.uvicorn("Uvicorn running on %s (Press CTRL+C to quit)" % address)
 
     def on_term(signum, frame):
         done.set()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    # the model's load and warm-up (a test control): a stop signal meanwhile ends the start
+    if not done.wait(env_float("FLEETPATCH_STANDIN_STARTUP_DELAY", 0.0)):
+        state.ready = True
+        logs.uvicorn("Application startup complete.")
+        logs.uvicorn("Uvicorn running on %s (Press CTRL+C to quit)" % address)
     while not done.wait(0.5):
         pass
     logs.uvicorn("Shutting down")
@@ -184,4 +188,8 @@ def main(argv=None):
     elif argv and not argv[0].startswith("-"):
         sys.stderr.write("usage: python -m vllm_standin serve MODEL [--flags]\n")
         return 2
-    return run(argv)
+    try:
+        return run(argv)
+    except Stop:
+        flush_streams()
+        return 0
