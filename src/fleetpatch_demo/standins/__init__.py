@@ -8,6 +8,8 @@ fleetpatch_demo.standinsite; nothing here is imported by the demo itself):
   Installed as ``fleetpatch_standin_common``; the engines' packages import it by that name.
 * ``sglang/``: the SGLang stand-in, installed as ``sglang_standin`` and started as
   ``python -m sglang_standin <SGLang's launch flags>``.
+* ``vllm/``: the vLLM stand-in, installed as ``vllm_standin`` (``vllm/install.py``) and started as
+  ``python -m vllm_standin serve MODEL <vLLM's flags>``.
 
 Host-side code: stdlib only, Python 3.8+.
 """
