@@ -110,6 +110,9 @@ def make_scratch(root, source, mode, argv=None):
                                                "lines": added_lines(source)}}}
     if mode:
         plan["mode"] = mode
+    if argv:    # the modules' bytecode cache, as a server's installed package has it: the start
+        # without the probe must not pay a compile that the probe's (the agent's compiled module) skips
+        subprocess.run(argv + ["-m", "compileall", "-q", inner + "/mods"], check=True, stdout=subprocess.DEVNULL)
     server_code = None
     if root and argv:
         server_code = probe_install.compiled_by(argv, probe_install.runtime_source(), inner + "/probe/runtime.py")

@@ -239,51 +239,63 @@ def probe_plan(plan, probe_dir, runtime_code):
         return ready
     runtime = {"__file__": runtime_code.co_filename, "__builtins__": builtins}
     exec(runtime_code, runtime)     # defines the runtime's functions; starts nothing (no boot flag)
+    parsed = {}     # path -> (its stat, its ast) or None: each file read and parsed once
     for name, spec in sorted(modules.items()):
         twins = spec.get("twins")
         if twins and not spec.get("lines"):
-            counted = sibling_counts(runtime, modules, twins)
+            counted = sibling_counts(runtime, modules, twins, parsed)
             if counted is not None:
                 spec["counted"] = counted
     if plan.get("mode") != "functions" and sys.version_info >= (3, 12):
         return ready        # lines mode in a server of this build: nothing to compile
     for name, spec in sorted(modules.items()):
         if spec.get("lines") or spec.get("counted"):
-            spec["compiled"] = compile_module(runtime, name, spec, probe_dir)
+            spec["compiled"] = compile_module(runtime, name, spec, probe_dir, parsed)
             if spec["compiled"] is None:
                 del spec["compiled"]
     return ready
 
 
-def sibling_counts(runtime, modules, twins):
+def parse_file(path, parsed):
+    """(os.stat, ast) of a Python file, once per path (`parsed` keeps them), or None where this
+    Python cannot read or parse it (it may be older than the server's)."""
+    import ast
+    if path not in parsed:
+        try:
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                parsed[path] = (st, ast.parse(f.read(), path))
+        except Exception:
+            parsed[path] = None
+    return parsed[path]
+
+
+def sibling_counts(runtime, modules, twins, parsed):
     """The names a sibling counts (["*"]: every function), or None where a patched file cannot be
-    read or parsed here (this Python may be older than the server's): the runtime then tries."""
+    read or parsed here: the runtime then tries."""
     names = set()
     for twin in modules.values():
         if twin.get("path") in twins and twin.get("lines") and twin.get("expected"):
-            try:
-                with open(twin["expected"], "rb") as f:
-                    names |= runtime["holder_names"](f.read(), twin["expected"], twin["lines"])
-            except Exception:
+            found = parse_file(twin["expected"], parsed)
+            if found is None:
                 return None
+            names |= runtime["holder_names_in"](found[1], twin["lines"])
     return sorted(names or {"*"})
 
 
-def compile_module(runtime, name, spec, probe_dir):
+def compile_module(runtime, name, spec, probe_dir, parsed):
     """{"file", "stat", "table"}: module `name` rewritten with its guards, compiled for this build into
     <name>.code; None where it cannot be done here (the runtime then rewrites it at import)."""
-    import ast
     path = spec.get("expected")
-    if not path:
+    found = parse_file(path, parsed) if path else None
+    if found is None:
         return None
+    st, tree = found
+    parsed[path] = None     # rewritten below: no later use of this tree
     try:
-        st = os.stat(path)
-        with open(path, "rb") as f:
-            source = f.read()
-        tree = ast.parse(source, path)
         table = runtime["rewrite_tree"](tree, frozenset(spec.get("lines") or ()), spec.get("counted") or ())
         code = compile(tree, path, "exec", dont_inherit=True)
-    except Exception:   # not Python this interpreter reads (newer syntax, a bad file): the runtime's turn
+    except Exception:   # the runtime's turn, at import
         return None
     file_name = name + MODULE_CODE_SUFFIX
     write_atomic(os.path.join(probe_dir, file_name), code_stamp() + b"\0" + marshal.dumps(code), 0o644, sync=False)

@@ -221,7 +221,12 @@ def count_due(n):
 def holder_names(source, filename, lines):
     """The names (last part of the qualname) of the functions that hold `lines` in `source`."""
     import ast
-    tree = ast.parse(source, filename)
+    return holder_names_in(ast.parse(source, filename), lines)
+
+
+def holder_names_in(tree, lines):
+    """holder_names of a parsed module."""
+    import ast
     return {qual.rsplit(".", 1)[-1] for node, qual, _, _ in units_holding(tree, lines)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
@@ -235,19 +240,22 @@ def function_nodes(tree, names):
 
 
 def scopes(tree):
-    """(node, qualname, first line, last line) of the module and of every class and function in it."""
+    """(node, qualname, first line, last line) of the module and of every class and function in it.
+
+    Only statement lists are walked (a def or class is a statement, never inside an expression):
+    a walk of every node took the agent 20 ms for a 1000-line module."""
     import ast
     out = [(tree, "<module>", 1, float("inf"))]
-    todo = [(tree, "")]
+    todo = [(tree.body, "")]
     while todo:
-        node, prefix = todo.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                qual = prefix + child.name
-                out.append((child, qual, child.lineno, child.end_lineno))
-                todo.append((child, qual + ("." if isinstance(child, ast.ClassDef) else ".<locals>.")))
+        body, prefix = todo.pop()
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qual = prefix + stmt.name
+                out.append((stmt, qual, stmt.lineno, stmt.end_lineno))
+                todo.append((stmt.body, qual + ("." if isinstance(stmt, ast.ClassDef) else ".<locals>.")))
             else:
-                todo.append((child, prefix))
+                todo.extend((block, prefix) for block in sub_bodies(stmt))
     return out
 
 
