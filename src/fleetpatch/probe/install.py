@@ -196,7 +196,8 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     Returns {"pth": path, "probe_dir": path}. The probe dir's parents must be
     traversable by the server's user. `probe_dir_seen`: the probe dir as the
     server sees it, where that differs (a chroot or container mount). `server_code`: CODE_NAME's
-    content as the server's own build compiled it (`compiled_by`), where that is not this one."""
+    content as the server's build compiled it (`compiled_by`; this one's: the agent's cache), for
+    the runtime at `runtime_path` as the server sees it (None: compiled here)."""
     if not TOKEN_RE.match(token):
         raise ProbeInstallError("bad probe token %r" % token)
     if not os.path.isdir(site_dir):
@@ -212,13 +213,18 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     source = source if source is not None else runtime_source()
     write_atomic(runtime_path, source, 0o644, sync=False)
     seen = os.path.join(probe_dir_seen, RUNTIME_NAME) if probe_dir_seen else runtime_path
-    code = compile(source, seen, "exec")
+    # the files the agent reads are the ones the server imports only where both see the same paths
+    local = probe_dir_seen is None or os.path.normpath(probe_dir_seen) == os.path.normpath(probe_dir)
+    code = None
+    if server_code is not None:
+        stamp, _, body = server_code.partition(b"\0")
+        code = marshal.loads(body) if stamp == code_stamp() else None
+    if code is None and (server_code is None or local):
+        code = compile(source, seen, "exec")
     write_atomic(os.path.join(probe_dir, CODE_NAME), server_code or code_stamp() + b"\0" + marshal.dumps(code), 0o644,
                  sync=False)
     write_atomic(os.path.join(probe_dir, PLAN_NAME), json.dumps(plan, sort_keys=True).encode("utf-8"), 0o644,
                  sync=False)
-    # the files the agent reads are the ones the server imports only where both see the same paths
-    local = probe_dir_seen is None or os.path.normpath(probe_dir_seen) == os.path.normpath(probe_dir)
     ready = probe_plan(plan, probe_dir, code if local else None)
     write_atomic(os.path.join(probe_dir, PROBE_PLAN_NAME), marshal.dumps(ready, PLAN_MARSHAL_VERSION), 0o644,
                  sync=False)
