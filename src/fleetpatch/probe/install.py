@@ -167,9 +167,17 @@ def pth_line(runtime_path):
     return "import sys; exec(%r)\n" % body
 
 
+GUARDS_NAME = "guards.py"    # functions mode's rewrite: the first part of the runtime's source
+
+
 def runtime_source():
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), RUNTIME_NAME), "rb") as f:
-        return f.read()
+    """The probe's source as the server runs it: guards.py, then runtime.py (which uses it)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    parts = []
+    for name in (GUARDS_NAME, RUNTIME_NAME):
+        with open(os.path.join(here, name), "rb") as f:
+            parts.append(f.read())
+    return b"\n\n".join(parts)
 
 
 def write_atomic(path, data, mode, sync=True):
