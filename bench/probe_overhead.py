@@ -38,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -89,9 +90,11 @@ def added_lines(source):
 
 # ---------------------------------------------------------------------------------------- driver
 
-def make_scratch(root, source, mode):
+def make_scratch(root, source, mode, argv=None):
     """A scratch dir (seen as `inner` by the interpreter; `root` its chroot or ''):
-    mods/ with the probed and plain copies, site/ with the probe's .pth, probe/ its records."""
+    mods/ with the probed and plain copies, site/ with the probe's .pth, probe/ its records.
+    `argv`: the interpreter; where it is not this one's build (the chroot's), the runtime is
+    compiled by it, as the agent does on such a host (probing.runtime_code_for)."""
     sys.path.insert(0, os.path.join(HERE, "..", "src"))
     from fleetpatch.probe import install as probe_install
     inner = tempfile.mkdtemp(prefix="fp-probe-bench-", dir=(root + "/tmp") if root else None)
@@ -107,7 +110,14 @@ def make_scratch(root, source, mode):
                                                "lines": added_lines(source)}}}
     if mode:
         plan["mode"] = mode
-    probe_install.install(host + "/site", host + "/probe", "bench", plan, probe_dir_seen=inner + "/probe")
+    if argv:    # the modules' bytecode cache, as a server's installed package has it: the start
+        # without the probe must not pay a compile that the probe's (the agent's compiled module) skips
+        subprocess.run(argv + ["-m", "compileall", "-q", inner + "/mods"], check=True, stdout=subprocess.DEVNULL)
+    server_code = None
+    if root and argv:
+        server_code = probe_install.compiled_by(argv, probe_install.runtime_source(), inner + "/probe/runtime.py")
+    probe_install.install(host + "/site", host + "/probe", "bench", plan, probe_dir_seen=inner + "/probe",
+                          server_code=server_code)
     return inner, host
 
 
@@ -195,11 +205,11 @@ def start_cpu(argv_prefix, inner, n):
     watched module and runs one added line, its site dir read with `-S` + site.addsitedir."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTHONPATH", None)
-    r0 = os.times()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)   # not os.times(): its clock ticks are 10 ms
     for _ in range(n):
         subprocess.run(argv_prefix + ["-S", "-c", START_SCRIPT, inner], env=env, check=True)
-    r1 = os.times()
-    return 1000.0 * ((r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)) / n
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return 1000.0 * ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)) / n
 
 
 def start_bench(reps, starts=10):
@@ -207,8 +217,8 @@ def start_bench(reps, starts=10):
     and without (an empty site dir), `reps` interleaved rounds of `starts` processes each."""
     results = []
     for label, argv, root, mode in cpu_interpreters():
-        probed_inner, probed_host = make_scratch(root, CPU_MODULE, mode)
-        plain_inner, plain_host = make_scratch(root, CPU_MODULE, mode)
+        probed_inner, probed_host = make_scratch(root, CPU_MODULE, mode, argv)
+        plain_inner, plain_host = make_scratch(root, CPU_MODULE, mode, argv)
         for name in os.listdir(plain_host + "/site"):      # the same tree, no probe
             os.remove(os.path.join(plain_host, "site", name))
         try:

@@ -56,3 +56,27 @@ def test_a_kept_answer_whose_site_dir_is_gone_is_asked_again(tmp_path):
     assert not probing.still_holds(info)
     again = probing.cached_site_info(req, python, env)
     assert runs() == 2 and gone not in again["site_packages"]
+
+
+def test_the_runtime_is_compiled_once_per_interpreter_and_by_the_servers_own_build(tmp_path):
+    """The runtime's compiled code is kept in the state dir (issue 34): a deploy loads it instead of
+    compiling 600 lines; for a server of another build, that build compiles it (one run of it),
+    and the code it gives is the one that build loads (its stamp)."""
+    import marshal
+    from fleetpatch.probe import install as probe_install
+    python, runs = counting_python(tmp_path)
+    req = {"state_dir": str(tmp_path / "state")}
+    os.makedirs(req["state_dir"])
+    source = probe_install.runtime_source()
+    seen = str(tmp_path / "probe" / "runtime.py")
+
+    own = probing.runtime_code_for(req, python, source, seen, False)
+    assert runs() == 0 and own.partition(b"\0")[0] == probe_install.code_stamp()
+    assert marshal.loads(own.partition(b"\0")[2]).co_filename == seen
+    assert probing.runtime_code_for(req, python, source + b"\nCHANGED = 1\n", seen, False) != own   # another runtime
+
+    other = probing.runtime_code_for(req, python, source, str(tmp_path / "elsewhere.py"), True)
+    assert runs() == 1 and marshal.loads(other.partition(b"\0")[2]).co_filename == str(tmp_path / "elsewhere.py")
+    assert probing.runtime_code_for(req, python, source, str(tmp_path / "elsewhere.py"), True) == other
+    assert runs() == 1      # kept: asked once
+    assert probe_install.compiled_by(["/nonexistent/python"], source, seen) is None

@@ -250,8 +250,44 @@ def test_the_probe_records_the_lines_that_ran_in_the_server_and_its_spawned_chil
 
     counts = {json.loads(data)["unit"]: json.loads(data)["count"] for name, data in files.items()
               if name.startswith(f"{server_pid}-") and "/C-toypkg.hot-" in name}
-    if want_mode == "lines":   # step() ran 20000 times: it is counted only until its added line ran (its 2nd call)
-        assert counts["loop"] == 1 and counts["step"] == 2, counts
+    # step() ran 20000 times: it is counted only until its added line ran (its 2nd call), in both
+    # modes (functions mode: the guard at its start counts, the one before `return i * 2` stops it)
+    assert counts["loop"] == 1 and counts["step"] == 2, counts
+
+
+LOADS = '''import sys
+import toypkg.hot as hot
+hot.loop(3)
+loaded = sorted(m for m in ("ast", "json", "dis", "tokenize", "re", "enum") if m in sys.modules and m not in before)
+import json
+print(json.dumps({"probe": sorted(k for k in vars(hot) if "probe" in k), "loaded": loaded}))
+'''
+
+
+def test_a_start_loads_no_module_of_its_own_where_the_agent_prepared_it(interp, work):
+    """What the probe costs each server start (issue 34): the plan comes as marshal, the records go
+    out without `json`, lines mode needs no `ast`, and in functions mode the agent rewrote and
+    compiled the module for its own build, so a server of that build (this machine's 3.11) parses
+    nothing. A server of another build (trixie's 3.13, functions mode asked for) rewrites it itself.
+    `before`: the modules loaded before site read the .pth."""
+    inner, host = work
+    (host / "loads.py").write_text(LOADS)
+    site_inner, token, plan, added = deploy(interp, inner, host)
+    try:
+        done = interp.run(["-S", "-c", "import sys; before = set(sys.modules); import site; "
+                           "site.addsitedir(sys.argv[1]); sys.argv[1:] = []; "
+                           f"exec(open({inner + '/loads.py'!r}).read())", site_inner],
+                          env={"PYTHONPATH": f"{inner}/inst"})
+    finally:
+        probe_install.remove(str(interp.host(site_inner)), token)
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["probe"] == (["__fleetpatch_probe__"] if interp.name.endswith("functions") else []), got
+    block = execution_block(probe_install.read_records(str(host / "probe")), plan, added)
+    assert block["ran"]["toypkg/hot.py"] == [LINE_OF["total += step"], LINE_OF["return i * 2"], LINE_OF["LEVEL = 7"]]
+    if interp.name == "py3.13-functions":
+        assert "ast" in got["loaded"], got      # the agent's 3.11 could not compile for 3.13: the runtime did
+    else:
+        assert got["loaded"] == [], got
 
 
 def test_a_module_loaded_from_another_file_is_named_with_both_paths(interp, work):
@@ -274,7 +310,7 @@ def test_a_module_loaded_from_another_file_is_named_with_both_paths(interp, work
 def test_a_bad_plan_turns_the_probe_off_and_the_server_runs_as_without_it(interp, work):
     inner, host = work
     site_inner, token, plan, added = deploy(interp, inner, host)
-    (host / "probe" / "plan.json").write_text("{not json")
+    (host / "probe" / probe_install.PROBE_PLAN_NAME).write_bytes(b"{not a plan")   # what the runtime reads
     try:
         result, stderr = run_server(interp, inner, f"{inner}/inst")
     finally:
@@ -283,7 +319,7 @@ def test_a_bad_plan_turns_the_probe_off_and_the_server_runs_as_without_it(interp
     assert "Traceback" not in stderr
     files = probe_install.read_records(str(host / "probe"))
     reasons = [json.loads(data)["reason"] for name, data in files.items() if name.endswith("/disabled")]
-    assert reasons and all("starting: JSONDecodeError" in r for r in reasons), reasons
+    assert reasons and all("starting: ValueError: bad marshal data" in r for r in reasons), reasons
     block = execution_block(files, plan, added)
     assert block["mode"] == "unavailable" and "turned itself off" in block["message"]
     assert block["not_run"]["toypkg/hot.py"] == NEVER_IMPORTED
@@ -627,7 +663,7 @@ def test_a_gated_line_is_unproven_then_the_running_server_proves_it_after_the_pr
     """Lines mode: the function ran 3 times with a batch of 1, its `if n >= 4` line never did:
     unproven, naming the function, its count and the line. The .pth goes out (as after a verdict);
     the running server keeps watching, and a batch of 8 later proves it (proved_by traffic).
-    Functions mode counts the function's start as its lines' run: verified at once."""
+    Functions mode (3.8-3.11) tells the same: its guard for the line is inside the `if`."""
     import time as clock
     from fleetpatch.probe.verdict import Timeline, reach
     inner, host = work
@@ -654,9 +690,6 @@ def test_a_gated_line_is_unproven_then_the_running_server_proves_it_after_the_pr
     assert json.loads(stdout.splitlines()[-1]) == {"first": [1, 1, 1], "second": [108]}, stderr
     later = reach(execution_block(probe_install.read_records(str(host / "probe")), plan, added), added,
                   Timeline(ready_at=verdict_at - 60, smoke_to=verdict_at))
-    if interp.name.endswith("functions"):
-        assert first["status"] == "verified"
-        return
     assert first["status"] == "unproven", first
     assert first["lines"][0] == ("  EAGLEWorkerV2.forward_batch_generation (worker_v2.py) ran 3 times, but no line "
                                  "this patch adds ran: line 5 of toypkg/worker_v2.py never did (its condition "

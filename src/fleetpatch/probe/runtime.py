@@ -2,7 +2,7 @@
 
 A ``.pth`` line in the interpreter's site directory executes this file at every
 interpreter start (spawned children included: multiprocessing spawn runs site
-again). It reads ``plan.json`` beside this file: per patched module, the file it
+again). It reads ``plan.marshal`` beside this file: per patched module, the file it
 must be loaded from and the line numbers that the revision adds or changes.
 It records, as small JSON files below ``records/<pid>-<start ns>/`` beside the
 plan, each written once:
@@ -12,8 +12,9 @@ plan, each written once:
 - ``L-<module>-<line>.json`` (lines mode, Python 3.12+ ``sys.monitoring``):
   an added line ran;
 - ``F-<module>-<k>.json`` (functions mode, 3.8-3.11, or 3.12+ with no free
-  monitoring tool id): a function, class body or module body that holds added
-  lines started running; it lists the added lines it holds;
+  monitoring tool id): a statement that holds added lines started running (guard
+  k, `line_spot` says which statement stands for a line); it lists those lines,
+  so the records say which added lines ran, as lines mode's do;
 - ``C-<module>-<function>.json``: a watched function (one that holds added
   lines, or a sibling file's function of the same name) ran ``count`` times in
   this process; rewritten at counts 1 to COUNT_EXACT, then at each power of
@@ -33,11 +34,16 @@ find the spec and wraps its loader, so that the module's code object is
 prepared before it runs. Lines mode sets LINE events locally on the code
 objects that hold added lines, under a free tool id, and the callback returns
 DISABLE after each line's first event, so a hot loop pays once. Functions
-mode compiles the module from its source with one guard statement at the
-start of each body that holds an added line (``if P[k]: P[0](k)``, P a list
-in the module's globals under ``__fleetpatch_probe__``); the guard's flag is
-cleared on the first call, so later calls pay one list look-up. Nothing else
+mode compiles the module from its source with guard statements
+(``if P[k]: P[0](k)``, P a list in the module's globals under
+``__fleetpatch_probe__``): one at the start of each body that holds added lines,
+which counts its calls until one of its added lines ran, and one right before
+each statement that holds added lines, in that statement's own block, whose
+flag is cleared on its first run, so later runs pay one list look-up. Nothing else
 in the process pays, and no global trace function is set.
+
+What the server runs is guards.py (functions mode's rewrite: PROBE_NAME, `rewrite_tree`,
+`holder_names`) followed by this file, as one source (install.runtime_source).
 
 It never raises into the server: an error of its own turns it off and is
 recorded in ``disabled``. It never writes bytecode caches and never changes
@@ -46,13 +52,13 @@ what a module computes. Records are created 0o666 in per-process directories
 that runs as another user can write them and the installer's user can clear
 them.
 """
-import ast
-import json
+import marshal
 import os
 import sys
 import time
 
-PROBE_NAME = "__fleetpatch_probe__"   # the guard list in a patched module's globals (functions mode)
+# PROBE_NAME, holder_names and rewrite_tree come from guards.py, which runs first in the same source.
+PLAN_NAME = "plan.marshal"             # the plan as the agent wrote it for the probe (install.py), marshal version 2
 FREE_TOOL_IDS = (4, 3)                # sys.monitoring ids no standard tool claims (0 debugger, 1 coverage, 2 profiler, 5 optimizer)
 TOOL_NAME = "fleetpatch-probe"
 TORCH_GUARDS = "torch._guards"        # where TorchDynamo says which line it traces (TracingContext.set_current_loc)
@@ -133,6 +139,37 @@ def nested_codes(code):
     return found
 
 
+JSON_ESCAPES = dict([(i, "\\u%04x" % i) for i in range(32)] + [(ord('"'), '\\"'), (ord("\\"), "\\\\")])
+
+
+def json_char(c):
+    """A non-ASCII character as JSON's \\u escape (a pair of them beyond the BMP)."""
+    n = ord(c)
+    if n > 0xFFFF:
+        n -= 0x10000
+        return "\\u%04x\\u%04x" % (0xD800 | (n >> 10), 0xDC00 | (n & 0x3FF))
+    return "\\u%04x" % n
+
+
+def to_json(obj):
+    """The JSON of a record (str, int, float, bool, None, lists, dicts with str keys; keys sorted).
+    Not `json`: importing it (and `re` with it) cost 3 ms at every start of every process."""
+    if isinstance(obj, str):
+        text = obj.translate(JSON_ESCAPES)
+        if not text.isascii():
+            text = "".join(c if c < "\x7f" else json_char(c) for c in text)
+        return '"' + text + '"'
+    if obj is None or obj is True or obj is False:
+        return {None: "null", True: "true", False: "false"}[obj]
+    if isinstance(obj, int):
+        return str(int(obj))
+    if isinstance(obj, float):
+        return repr(obj) if obj == obj and obj not in (float("inf"), float("-inf")) else "null"
+    if isinstance(obj, dict):
+        return "{" + ", ".join(to_json(str(k)) + ": " + to_json(obj[k]) for k in sorted(obj)) + "}"
+    return "[" + ", ".join(to_json(v) for v in obj) + "]"
+
+
 class Records:
     """This process's records directory, made on first use (again after a fork)."""
 
@@ -154,7 +191,7 @@ class Records:
     def write(self, name, obj):
         folder = self.mine()
         tmp = os.path.join(folder, "." + name + ".tmp")
-        data = json.dumps(obj, sort_keys=True).encode("utf-8")
+        data = to_json(obj).encode("ascii")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             os.fchmod(fd, 0o666)
@@ -174,81 +211,14 @@ class Watched:
         self.expected = spec.get("expected")
         self.lines = frozenset(int(n) for n in spec.get("lines") or ())
         self.twins = [str(t) for t in spec.get("twins") or ()]
-        self.counted = None   # a sibling: the function names it counts (None: not worked out yet)
+        counted = spec.get("counted")   # worked out by the agent (install.py), else here on first need
+        self.counted = set(counted) if counted is not None else None   # a sibling: the function names it counts
+        self.compiled = spec.get("compiled")   # functions mode: the agent's rewritten module (install.py)
 
 
 def count_due(n):
     """Whether count n is written: every count up to COUNT_EXACT, then each power of two."""
     return n <= COUNT_EXACT or not n & (n - 1)
-
-
-def holder_names(source, filename, lines):
-    """The names (last part of the qualname) of the functions that hold `lines` in `source`."""
-    tree = ast.parse(source, filename)
-    return {qual.rsplit(".", 1)[-1] for node, qual, _, _ in units_holding(tree, lines)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
-def function_nodes(tree, names):
-    """The function nodes of `tree` whose name is in `names` (every function when `names` is empty)."""
-    return [(node, qual, first) for node, qual, first, _ in scopes(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and (not names or node.name in names)]
-
-
-def scopes(tree):
-    """(node, qualname, first line, last line) of the module and of every class and function in it."""
-    out = [(tree, "<module>", 1, float("inf"))]
-    todo = [(tree, "")]
-    while todo:
-        node, prefix = todo.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                qual = prefix + child.name
-                out.append((child, qual, child.lineno, child.end_lineno))
-                todo.append((child, qual + ("." if isinstance(child, ast.ClassDef) else ".<locals>.")))
-            else:
-                todo.append((child, prefix))
-    return out
-
-
-def units_holding(tree, lines):
-    """[(node, qualname, first line, [added lines it holds directly])] for bodies holding added lines.
-
-    A line belongs to the innermost class or function whose span holds it;
-    decorators and lambdas belong to the body around them."""
-    all_scopes = scopes(tree)
-    held = {}
-    for line in sorted(lines):
-        inside = [s for s in all_scopes if s[2] <= line <= s[3]]
-        if inside:
-            best = max(inside, key=lambda s: s[2])
-            held.setdefault(id(best[0]), (best, []))[1].append(line)
-    return [(s[0], s[1], s[2], found) for s, found in held.values()]
-
-
-def guard_statement(k, line):
-    """``if P[k]: P[0](k)`` placed at `line` (the line of the statement it precedes)."""
-    guard = ast.parse("if %s[%d]:\n    %s[0](%d)\n" % (PROBE_NAME, k, PROBE_NAME, k)).body[0]
-    for node in ast.walk(guard):
-        if "lineno" in node._attributes:
-            node.lineno = node.end_lineno = line
-            node.col_offset = node.end_col_offset = 0
-    return guard
-
-
-def insert_guard(node, k):
-    """Put the guard first in the body, after a docstring and (module) __future__ imports."""
-    body = node.body
-    at = 0
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        at = 1
-    if isinstance(node, ast.Module):
-        while at < len(body) and isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__":
-            at += 1
-    line = body[at].lineno if at < len(body) else body[-1].lineno
-    body.insert(at, guard_statement(k, line))
 
 
 class Finder:
@@ -301,7 +271,8 @@ class Probe:
         self.watch = {}       # lines mode: id(code) -> (code, module, added lines in it)
         self.done = set()     # what this process recorded: ("L", module, line), ("F", module, k), ...
         self.guards = {}      # functions mode: module -> guard list [callback, flag1, flag2, ...]
-        self.units = {}       # functions mode: module -> [(qualname, first line, lines)], index k-1
+        self.units = {}       # functions mode: module -> rewrite_tree's guard table, index k-1
+        self.stopped = set()  # functions mode: (module, k) of counted bodies counted no more
         self.traced_units = set()  # functions mode: (module, k) whose guard torch.compile traced
         self.traced_files = {}     # lines mode: co_filename -> (module, added lines its code holds)
         self.hook_module = None    # lines mode: TORCH_GUARDS, hooked when the process imports it
@@ -313,8 +284,8 @@ class Probe:
     # ------------------------------------------------------------------ start and stop
 
     def start(self):
-        with open(os.path.join(self.home, "plan.json"), "rb") as f:
-            plan = json.loads(f.read().decode("utf-8"))
+        with open(os.path.join(self.home, PLAN_NAME), "rb") as f:
+            plan = marshal.loads(f.read())
         self.modules = {name: Watched(name, spec) for name, spec in plan["modules"].items()}
         self.pick_mode(plan.get("mode"))
         self.write_process()
@@ -394,6 +365,7 @@ class Probe:
             self.records.forget()
             self.done.clear()
             self.counts.clear()     # the child counts its own calls
+            self.stopped.clear()
             for entry in self.counting.values():
                 entry[5], entry[6] = False, 0
             for guards in self.guards.values():
@@ -464,6 +436,9 @@ class Probe:
             code = get_code(spec.name) if get_code is not None else None
             if code is not None:
                 self.watch_code(watched, code)
+            return code
+        code = self.precompiled(watched, origin, module)
+        if code is not None:
             return code
         get_source = getattr(real, "get_source", None)
         source = get_source(spec.name) if get_source is not None else None
@@ -642,15 +617,30 @@ class Probe:
 
     # ------------------------------------------------------------------ functions mode
 
-    def rewrite(self, watched, source, filename, module):
-        tree = ast.parse(source, filename)
-        name = watched.name
-        if watched.lines:
-            units = units_holding(tree, watched.lines)
-        else:   # a sibling: its guards count the calls of the functions named like the patched ones
-            names = self.sibling_names(watched)
-            units = [(node, qual, first, []) for node, qual, first in function_nodes(tree, set(names) - {"*"})]
+    def precompiled(self, watched, origin, module):
+        """The module as the agent rewrote and compiled it, when this interpreter is the agent's
+        exact build and the file is the one the agent read (same path, inode, size and mtime);
+        else None, and the module is rewritten here (ast: about 14 ms a start on 3.11)."""
+        done = watched.compiled
+        if not done or origin != watched.expected:
+            return None
+        st = os.stat(origin)
+        if [st.st_ino, st.st_size, st.st_mtime_ns] != list(done["stat"]):
+            return None
+        with open(os.path.join(self.home, done["file"]), "rb") as f:
+            stamp, _, body = f.read().partition(b"\0")
+        if stamp != repr((sys.version, sys.implementation.cache_tag)).encode("utf-8"):
+            return None
+        return self.arm(watched.name, [tuple(entry) for entry in done["table"]], marshal.loads(body), module)
 
+    def rewrite(self, watched, source, filename, module):
+        import ast      # only here: a start that finds the agent's compiled module (`precompiled`) pays no ast
+        tree = ast.parse(source, filename)
+        table = rewrite_tree(tree, watched.lines, () if watched.lines else self.sibling_names(watched))
+        return self.arm(watched.name, table, compile(tree, filename, "exec", dont_inherit=True), module)
+
+    def arm(self, name, table, code, module):
+        """Give the rewritten module its guard list; returns its code."""
         def hit(k):
             self.unit_hit(name, k)
 
@@ -659,18 +649,18 @@ class Probe:
         # once per trace and knows it is traced. Unmarked, Dynamo would inline it, and fail:
         # it imports the module named by the function's globals, which is no module.
         hit._dynamo_marked_constant = True
-        guards = [hit] + [True] * len(units)
-        for k, (node, _, _, _) in enumerate(units, 1):
-            insert_guard(node, k)
-        code = compile(tree, filename, "exec", dont_inherit=True)
-        self.units[name] = [(qual, first, lines) for _, qual, first, lines in units]
+        guards = [hit] + [True] * len(table)
+        self.units[name] = table
         self.guards[name] = guards
         module.__dict__[PROBE_NAME] = guards
         return code
 
     def unit_hit(self, name, k):
+        """Guard k of module `name` fired: a body started ("S", "C": counted) or a statement that
+        holds added lines did ("L": they ran, recorded once)."""
         try:
-            if not self.modules[name].lines:
+            kind, qual, first, lines, start_k = self.units[name][k - 1]
+            if kind != "L":
                 self.count_hit(name, k)
                 return
             if ("F", name, k) in self.done:
@@ -688,22 +678,32 @@ class Probe:
             if key in self.done:
                 return
             self.done.add(key)
-            qual, first, lines = self.units[name][k - 1]
+            if not how:     # an added line of its body ran: the body is counted no more
+                self.stopped.add((name, start_k))
+                if (name, start_k) not in self.traced_units:
+                    guards[start_k] = False
             self.records.write("%s-%s-%d.json" % (kind, name, k), {
                 "module": name, "path": self.modules[name].path, "unit": qual, "first_line": first,
-                "lines": sorted(lines), "traced": how, "pid": os.getpid(), "t": time.time()})
+                "lines": lines, "traced": how, "pid": os.getpid(), "t": time.time()})
         except Exception as exc:
             self.disable("recording a call: " + describe_error(exc))
 
-
     def count_hit(self, name, k):
-        """A sibling's counted function started (functions mode): its guard stays set until COUNT_CAP."""
-        qual, first, _ = self.units[name][k - 1]
+        """A counted body started (functions mode): a sibling's function (its guard stays set until
+        COUNT_CAP), or a body that holds added lines, until one of them ran. A start that
+        torch.compile traces is no run: not counted, and its flag then stays set for the graph."""
+        if (name, k) in self.stopped:
+            return
+        _, qual, first, lines, _ = self.units[name][k - 1]
+        if lines and traced_now():
+            self.traced_units.add((name, k))
+            return
         n = self.counts.get((name, qual), 0) + 1
         self.counts[(name, qual)] = n
         if count_due(n):
-            self.record_count(name, qual, (), first, n)
+            self.record_count(name, qual, lines, first, n)
         if n >= COUNT_CAP:
+            self.stopped.add((name, k))
             self.guards[name][k] = False
 
 
