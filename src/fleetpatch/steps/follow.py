@@ -305,7 +305,8 @@ class Judging:
         check = evidence.Check.of(patch, label, self.watch.want_markers, self.watch.execution is not None)
         if self.run.host.node_rank:   # the expect lines are rank 0's to log: it alone runs the HTTP side
             check.expect = []
-        elif self.watch.smoke is not None:   # with the smoke requests sent, their lines are judged with the rest
+        elif self.watch.smoke is not None and self.watch.want_markers:
+            # with the smoke requests sent, their lines are judged with the rest (not after a rollback: gone)
             check.expect = check.expect + [e for e in getattr(patch, "smoke_expect", None) or [] if e]
         return check
 
@@ -453,6 +454,21 @@ def smoke_spec(host: Host, patch) -> protocol.SmokeSpec | None:
                                               else conf.max_new_tokens),
                               requests=requests, concurrency=prove.concurrency if prove is not None else 1,
                               timeout=SMOKE_TIMEOUT_S)
+
+
+def rollback_smoke(host: Host, patches: list) -> protocol.SmokeSpec | None:
+    """The smoke requests after a rollback's restart: the deploy's (the first of `patches`' prove
+    block), so the server is proven to answer requests without the patch; no added line is wanted."""
+    return smoke_spec(host, patches[0]) if patches else None
+
+
+def smoke_note(timings: dict) -> list[str]:
+    """The line that says a restarted server answered its smoke requests (none when none were sent)."""
+    statuses = (timings.get("smoke") or {}).get("statuses") or []
+    if not statuses:
+        return []
+    what = "its smoke request" if len(statuses) == 1 else f"its {len(statuses)} smoke requests"
+    return [f"  the restarted server answered {what} (HTTP {', '.join(sorted({str(s) for s in statuses}))})"]
 
 
 def prove_wait(patch) -> float:

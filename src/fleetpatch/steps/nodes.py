@@ -27,7 +27,7 @@ from ..inventory import Host
 from . import execution
 from .context import HeldLock, HostRun, Job, connect, deploy_command, finish_run, new_run, probe, rollback_command
 from .deploying import already_applied, apply_request, interrupted_before_writing, probe_spec, refusal
-from .follow import Watch, follow_ahead, prove_wait, smoke_spec
+from .follow import Watch, follow_ahead, prove_wait, rollback_smoke, smoke_spec
 from .lock import HostLock
 from .plan import make_plan, revision_files
 from .recorded import deployed, wanted_name
@@ -412,6 +412,7 @@ def _rollback_ranks(group: NodeGroup, watched: dict, pending: bool = False) -> l
         return [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
                 for run in group.runs]
     label = ", ".join(lab for _, lab in watched.values())
+    patches = [p for p, _ in watched.values()]
     failed = _stop_all(group, label, undoing=True)
     if failed is not None:
         return failed
@@ -420,7 +421,8 @@ def _rollback_ranks(group: NodeGroup, watched: dict, pending: bool = False) -> l
         run.progress("restart", f"without {label}")
         try:
             run.remote.call("restart", protocol.RestartRequest(**run.request(), reason=f"rollback {label}"),
-                            ahead=follow_ahead(run.job, run.host))
+                            # rank 0's follow sends the smoke requests that judged_without waits for
+                            ahead=follow_ahead(run.job, run.host, smoke=rollback_smoke(run.host, patches)))
         except HostFailure as f:
             return _start_failed(group, run, f, label, started, undoing=True)
         started.append(run)
