@@ -12,8 +12,9 @@ plan, each written once:
 - ``L-<module>-<line>.json`` (lines mode, Python 3.12+ ``sys.monitoring``):
   an added line ran;
 - ``F-<module>-<k>.json`` (functions mode, 3.8-3.11, or 3.12+ with no free
-  monitoring tool id): a function, class body or module body that holds added
-  lines started running; it lists the added lines it holds;
+  monitoring tool id): a statement that holds added lines started running (guard
+  k, `line_spot` says which statement stands for a line); it lists those lines,
+  so the records say which added lines ran, as lines mode's do;
 - ``C-<module>-<function>.json``: a watched function (one that holds added
   lines, or a sibling file's function of the same name) ran ``count`` times in
   this process; rewritten at counts 1 to COUNT_EXACT, then at each power of
@@ -33,10 +34,12 @@ find the spec and wraps its loader, so that the module's code object is
 prepared before it runs. Lines mode sets LINE events locally on the code
 objects that hold added lines, under a free tool id, and the callback returns
 DISABLE after each line's first event, so a hot loop pays once. Functions
-mode compiles the module from its source with one guard statement at the
-start of each body that holds an added line (``if P[k]: P[0](k)``, P a list
-in the module's globals under ``__fleetpatch_probe__``); the guard's flag is
-cleared on the first call, so later calls pay one list look-up. Nothing else
+mode compiles the module from its source with guard statements
+(``if P[k]: P[0](k)``, P a list in the module's globals under
+``__fleetpatch_probe__``): one at the start of each body that holds added lines,
+which counts its calls until one of its added lines ran, and one right before
+each statement that holds added lines, in that statement's own block, whose
+flag is cleared on its first run, so later runs pay one list look-up. Nothing else
 in the process pays, and no global trace function is set.
 
 It never raises into the server: an error of its own turns it off and is
@@ -237,8 +240,8 @@ def guard_statement(k, line):
     return guard
 
 
-def insert_guard(node, k):
-    """Put the guard first in the body, after a docstring and (module) __future__ imports."""
+def body_start(node):
+    """Where a body's first guard goes: after a docstring and (module) __future__ imports."""
     body = node.body
     at = 0
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
@@ -247,8 +250,100 @@ def insert_guard(node, k):
     if isinstance(node, ast.Module):
         while at < len(body) and isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__":
             at += 1
-    line = body[at].lineno if at < len(body) else body[-1].lineno
-    body.insert(at, guard_statement(k, line))
+    return at
+
+
+def stmt_first(stmt):
+    """A statement's first line: its first decorator's for a decorated def or class."""
+    return min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())])
+
+
+def sub_bodies(stmt):
+    """A compound statement's statement lists, in source order (body, handlers, cases, else, finally)."""
+    found = [getattr(stmt, field, None) for field in ("body", "orelse", "finalbody")]
+    found += [h.body for h in getattr(stmt, "handlers", ())] + [c.body for c in getattr(stmt, "cases", ())]
+    return sorted((b for b in found if isinstance(b, list) and b and isinstance(b[0], ast.stmt)),
+                  key=lambda b: stmt_first(b[0]))
+
+
+SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def line_spot(unit, line):
+    """(statement list, index) of the statement before which a guard says `line` ran, or None for a
+    line that holds no code of this unit (a comment, a blank line).
+
+    The guard goes before the innermost statement that holds the line, in that statement's own
+    block, so it runs exactly when that statement starts. Approximated, for the lines of a
+    compound statement's header that are no statement of their own: a test or iterable (``if``,
+    ``elif``, ``while``, ``for``, ``with``, a decorator, a docstring) counts as run when its
+    statement starts (a ``while`` test's later evaluations are not told apart); an ``except``
+    clause's type, a ``case`` pattern and an ``else:`` or ``finally:`` line when the block under
+    it starts (a clause tried but not taken is not seen); a def's header (arguments, defaults)
+    when its body starts; a lambda or comprehension inside a statement when that statement starts."""
+    block = unit.body
+    first_at = body_start(unit)
+    if line < stmt_first(block[0]) and not isinstance(unit, ast.Module):
+        return block, first_at          # the def or class header
+    while True:
+        holder = None
+        for i, stmt in enumerate(block):
+            if stmt_first(stmt) <= line <= stmt.end_lineno:
+                holder = i
+                break
+        if holder is None:
+            return None
+        stmt = block[holder]
+        if block is unit.body and holder < first_at:
+            return block, first_at      # a docstring or a __future__ import: they run as the body starts
+        subs = [] if isinstance(stmt, SCOPE_NODES) or line == stmt.lineno else sub_bodies(stmt)
+        inner = next((b for b in subs if any(stmt_first(s) <= line <= s.end_lineno for s in b)), None)
+        if inner is not None:
+            block, first_at = inner, 0
+            continue
+        after = next((b for b in subs if stmt_first(b[0]) > line), None)
+        if after is None or after is subs[0]:
+            return block, holder        # a simple statement, or its compound statement's own header
+        return after, 0                 # an except/case/else/finally line: the block under it
+
+
+def rewrite_tree(tree, lines, counted):
+    """Put the guards into `tree` (a module's ast) and return its guard table, index k-1 for guard k:
+    (kind, qualname, first line, added lines, the index of its body's start guard).
+
+    kind "S": a body that holds added lines starts (counted: how often it ran, for `unproven`);
+    "L": a statement that holds added lines starts (they ran); "C": a sibling's function named in
+    `counted` ("*": every function) starts (counted). With `lines` empty the module is a sibling."""
+    table = []
+    spots = {}      # id(statement list) -> (the list, {index: [guard numbers]})
+
+    def add(block, at, k):
+        spots.setdefault(id(block), (block, {}))[1].setdefault(at, []).append(k)
+
+    if lines:
+        for node, qual, first, held in units_holding(tree, lines):
+            start_k = len(table) + 1
+            table.append(("S", qual, first, sorted(held), start_k))
+            add(node.body, body_start(node), start_k)
+            by_spot = {}
+            for line in sorted(held):
+                spot = line_spot(node, line)
+                if spot is not None:
+                    by_spot.setdefault((id(spot[0]), spot[1]), (spot, []))[1].append(line)
+            for (block, at), found in by_spot.values():
+                table.append(("L", qual, first, found, start_k))
+                add(block, at, len(table))
+    else:
+        names = set(counted) - {"*"}
+        for node, qual, first in function_nodes(tree, names):
+            table.append(("C", qual, first, [], len(table) + 1))
+            add(node.body, body_start(node), len(table))
+    for block, at_index in spots.values():
+        for at in sorted(at_index, reverse=True):
+            line = stmt_first(block[at]) if at < len(block) else block[-1].lineno
+            for k in reversed(at_index[at]):    # the start guard first: it was added first
+                block.insert(at, guard_statement(k, line))
+    return table
 
 
 class Finder:
@@ -301,7 +396,8 @@ class Probe:
         self.watch = {}       # lines mode: id(code) -> (code, module, added lines in it)
         self.done = set()     # what this process recorded: ("L", module, line), ("F", module, k), ...
         self.guards = {}      # functions mode: module -> guard list [callback, flag1, flag2, ...]
-        self.units = {}       # functions mode: module -> [(qualname, first line, lines)], index k-1
+        self.units = {}       # functions mode: module -> rewrite_tree's guard table, index k-1
+        self.stopped = set()  # functions mode: (module, k) of counted bodies counted no more
         self.traced_units = set()  # functions mode: (module, k) whose guard torch.compile traced
         self.traced_files = {}     # lines mode: co_filename -> (module, added lines its code holds)
         self.hook_module = None    # lines mode: TORCH_GUARDS, hooked when the process imports it
@@ -394,6 +490,7 @@ class Probe:
             self.records.forget()
             self.done.clear()
             self.counts.clear()     # the child counts its own calls
+            self.stopped.clear()
             for entry in self.counting.values():
                 entry[5], entry[6] = False, 0
             for guards in self.guards.values():
@@ -644,13 +741,11 @@ class Probe:
 
     def rewrite(self, watched, source, filename, module):
         tree = ast.parse(source, filename)
-        name = watched.name
-        if watched.lines:
-            units = units_holding(tree, watched.lines)
-        else:   # a sibling: its guards count the calls of the functions named like the patched ones
-            names = self.sibling_names(watched)
-            units = [(node, qual, first, []) for node, qual, first in function_nodes(tree, set(names) - {"*"})]
+        table = rewrite_tree(tree, watched.lines, () if watched.lines else self.sibling_names(watched))
+        return self.arm(watched.name, table, compile(tree, filename, "exec", dont_inherit=True), module)
 
+    def arm(self, name, table, code, module):
+        """Give the rewritten module its guard list; returns its code."""
         def hit(k):
             self.unit_hit(name, k)
 
@@ -659,18 +754,18 @@ class Probe:
         # once per trace and knows it is traced. Unmarked, Dynamo would inline it, and fail:
         # it imports the module named by the function's globals, which is no module.
         hit._dynamo_marked_constant = True
-        guards = [hit] + [True] * len(units)
-        for k, (node, _, _, _) in enumerate(units, 1):
-            insert_guard(node, k)
-        code = compile(tree, filename, "exec", dont_inherit=True)
-        self.units[name] = [(qual, first, lines) for _, qual, first, lines in units]
+        guards = [hit] + [True] * len(table)
+        self.units[name] = table
         self.guards[name] = guards
         module.__dict__[PROBE_NAME] = guards
         return code
 
     def unit_hit(self, name, k):
+        """Guard k of module `name` fired: a body started ("S", "C": counted) or a statement that
+        holds added lines did ("L": they ran, recorded once)."""
         try:
-            if not self.modules[name].lines:
+            kind, qual, first, lines, start_k = self.units[name][k - 1]
+            if kind != "L":
                 self.count_hit(name, k)
                 return
             if ("F", name, k) in self.done:
@@ -688,22 +783,32 @@ class Probe:
             if key in self.done:
                 return
             self.done.add(key)
-            qual, first, lines = self.units[name][k - 1]
+            if not how:     # an added line of its body ran: the body is counted no more
+                self.stopped.add((name, start_k))
+                if (name, start_k) not in self.traced_units:
+                    guards[start_k] = False
             self.records.write("%s-%s-%d.json" % (kind, name, k), {
                 "module": name, "path": self.modules[name].path, "unit": qual, "first_line": first,
-                "lines": sorted(lines), "traced": how, "pid": os.getpid(), "t": time.time()})
+                "lines": lines, "traced": how, "pid": os.getpid(), "t": time.time()})
         except Exception as exc:
             self.disable("recording a call: " + describe_error(exc))
 
-
     def count_hit(self, name, k):
-        """A sibling's counted function started (functions mode): its guard stays set until COUNT_CAP."""
-        qual, first, _ = self.units[name][k - 1]
+        """A counted body started (functions mode): a sibling's function (its guard stays set until
+        COUNT_CAP), or a body that holds added lines, until one of them ran. A start that
+        torch.compile traces is no run: not counted, and its flag then stays set for the graph."""
+        if (name, k) in self.stopped:
+            return
+        _, qual, first, lines, _ = self.units[name][k - 1]
+        if lines and traced_now():
+            self.traced_units.add((name, k))
+            return
         n = self.counts.get((name, qual), 0) + 1
         self.counts[(name, qual)] = n
         if count_due(n):
-            self.record_count(name, qual, (), first, n)
+            self.record_count(name, qual, lines, first, n)
         if n >= COUNT_CAP:
+            self.stopped.add((name, k))
             self.guards[name][k] = False
 
 
