@@ -253,7 +253,8 @@ class FleetHost:
     @property
     def container_argv(self) -> list[str]:
         """The engine container's command (what an operator's compose file says)."""
-        return containerhost.server_argv(self.http_port, self.spec.topk, self.spec.num_draft_tokens)
+        return (containerhost.server_argv(self.http_port, self.spec.topk, self.spec.num_draft_tokens)
+                + [str(a) for a in self.spec.args])
 
     @property
     def docker_sock_holder(self) -> Path:

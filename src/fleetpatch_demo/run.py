@@ -40,10 +40,8 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -53,7 +51,14 @@ from rich.rule import Rule
 from fleetpatch.errors import FleetpatchError
 
 from . import fleet as fleetmod
+from . import proof as proofmod
 from . import traffic as trafficmod
+from .demo_step import Interrupted as _Interrupted
+from .demo_step import Misbehaved as _Misbehaved
+from .demo_step import Step
+from .demo_step import expect_hosts as _expect_hosts
+from .demo_step import read_report as _report
+from .demo_step import run_step as _run_step
 from .fleet import Fleet, FleetError, HostSpec
 from .wheels import cache_dir
 
@@ -136,7 +141,9 @@ def _startup_delay() -> float:
 def _specs(delay: float, containers: bool = False) -> list[HostSpec]:
     """The demo's hosts; with --containers each engine runs in a Docker container on its host."""
     return ([HostSpec(n, version=SGLANG_VERSION, spec_v2=True, startup_delay=delay, container=containers,
-                      servers=2 if n == TWO_SERVERS and not containers else 1)   # one container, one server
+                      servers=2 if n == TWO_SERVERS and not containers else 1,   # one container, one server
+                      # no warmup request at start-up: only a request proves a per-request line (proof.py)
+                      args=(proofmod.SKIP_WARMUP,) if n == proofmod.PROOF_HOST else ())
              for n in V2_HOSTS]
             + [HostSpec(n, version=SGLANG_VERSION, spec_v2=False, startup_delay=delay, container=containers)
                for n in V1_HOSTS])
@@ -155,85 +162,6 @@ def _show_path(p: Path) -> str:
 
 
 # ---------------------------------------------------------------- steps
-
-
-@dataclass
-class Step:
-    title: str
-    args: list[str]
-    expect_code: int
-    report: Path | None = None
-    code: int | None = None
-    seconds: float = 0.0
-    problem: str = ""
-
-
-class _Interrupted(Exception):
-    def __init__(self, step: Step):
-        super().__init__(step.title)
-        self.step = step
-
-
-def _run_step(console: Console, step: Step) -> Step:
-    shown = " ".join(shlex.quote(a) for a in ["fleetpatch", *step.args])
-    console.print(f"$ {shown}", style="bold", markup=False)
-    argv = [sys.executable, "-m", "fleetpatch", *step.args]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    t = time.monotonic()
-    # The child writes to our stdout/stderr: on a terminal it shows its live table.
-    # Run where the user is, so the command shown is exactly the command run.
-    # Its own session: a Ctrl-C at the terminal reaches only the demo, which
-    # passes exactly one SIGINT on, so the step stops the way it stops when a
-    # person presses Ctrl-C at it (subprocess.run would kill it instead, leaving
-    # hosts patched, unverified and locked).
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
-    interrupted = False
-    while True:
-        try:
-            proc.wait()
-            break
-        except KeyboardInterrupt:
-            interrupted = True
-            try:
-                proc.send_signal(signal.SIGINT)
-            except ProcessLookupError:
-                pass
-    step.seconds = time.monotonic() - t
-    step.code = proc.returncode
-    if interrupted:
-        raise _Interrupted(step)
-    if step.code != step.expect_code:
-        step.problem = f"exited {step.code}, expected {step.expect_code}"
-    return step
-
-
-def _report(step: Step) -> dict:
-    try:
-        return json.loads(step.report.read_text())
-    except (OSError, ValueError, AttributeError) as e:
-        raise _Misbehaved(f"no readable report at {step.report}: {e}") from None
-
-
-class _Misbehaved(Exception):
-    pass
-
-
-def _expect_hosts(doc: dict, names: list[str], status: str, paths: dict[str, str]) -> None:
-    hosts = doc.get("hosts", {})
-    if sorted(hosts) != sorted(names):
-        raise _Misbehaved(f"the report covers {sorted(hosts)}, expected {sorted(names)}")
-    for n in names:
-        h = hosts[n]
-        if h.get("status") != status:
-            raise _Misbehaved(f"{n} is {h.get('status')!r}, expected {status!r}: {h.get('message', '')}")
-        if h.get("executed_path") != paths[n]:
-            raise _Misbehaved(f"{n}: the report says the server runs {h.get('executed_path')!r}, "
-                              f"expected {paths[n]!r}")
-        for s, sh in (h.get("servers") or {}).items():   # a host with several servers: each one judged
-            if sh.get("status") != status or sh.get("executed_path") != paths[n]:
-                raise _Misbehaved(f"{n}: its server {s} is {sh.get('status')!r} on {sh.get('executed_path')!r}, "
-                                  f"expected {status!r} on {paths[n]!r}")
 
 
 def _tree_hashes(fleet: Fleet, names: list[str]) -> dict:
@@ -494,6 +422,8 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         console.print(f"{TWO_SERVERS} runs two servers (s0, s1, each on its own port, with its own log and pidfile) "
                       "from its one SGLang install: the inventory's `servers:` form. fleetpatch patches the install "
                       "once, then restarts, drains and verifies each server in turn.", markup=False)
+    console.print(f"{proofmod.PROOF_HOST}'s server runs with {proofmod.SKIP_WARMUP}: SGLang sends itself no warmup "
+                  "request there, so only a real request runs its per-request code.", markup=False)
     if ctx.get("containers"):
         console.print("Each engine runs in a Docker container on its host (--containers), laid out as the official "
                       "lmsysorg/sglang image: SGLang installed editable under /sgl-workspace, its log the "
@@ -637,6 +567,14 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         s4.problem = str(e)
         return _misbehaved(console, s4, down_cmd)
 
+    # 5-8 ----------------------------------------------------------- proof under traffic (proof.py)
+    try:
+        proved = proofmod.show(proofmod.ProofRun(
+            console, inv, patches, reports, DEPLOY_TIMEOUT, _worker_urls(fleet)[proofmod.PROOF_HOST],
+            lambda: _host_digests(fleet).get(proofmod.PROOF_HOST, "")))
+    except proofmod.StepFailed as e:
+        return _misbehaved(console, e.step, down_cmd)
+
     # summary -------------------------------------------------------------
     console.print(Rule("demo summary"))
     console.print(f"1. status        exit {s1.code}  all {len(paths)} hosts reachable, SGLang {SGLANG_VERSION}")
@@ -646,13 +584,15 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
                   f"{v1}, nothing written")
     console.print(f"4. deploy-patch  exit {s4.code}  forced: not-executed on {v1}, EAGLEWorker ran, "
                   "failed loudly" + (", kept out of the router" if router_url else ""))
+    for line in proved:
+        console.print(line, markup=False)
     if router_url:
         c = ctx["traffic"]
         console.print(f"Router traffic during the rollout: {c['sent']} requests sent, {c[trafficmod.OK]} served, "
                       f"{c[trafficmod.FAILED]} failed, {c[trafficmod.CUT]} cut.", markup=False)
     (root / END_RECORD).write_text(json.dumps({"hosts": _host_digests(fleet)}, indent=1) + "\n")
-    console.print(f"The demo behaved as expected in {time.monotonic() - started:.0f}s; steps 3 and 4 are "
-                  "meant to fail, that is the point.", style="bold green")
+    console.print(f"The demo behaved as expected in {time.monotonic() - started:.0f}s; steps 3, 4 and 6 "
+                  "are meant to fail, that is the point.", style="bold green")
     console.print(f"The demo fleet is still running ({', '.join(V1_HOSTS)} keep {ONE_PATH_PATCH}: deploy-patch "
                   "defaults to --on-failure keep"
                   + (f"; a host that fails verification stays out of the router, so {router_url} now sends only "

@@ -185,7 +185,7 @@ def test_demo_up_then_down(tmp_path):
         assert "gpu-a01" not in check and "gpu-a02" not in check
 
         # 4. forced deploy: fails loudly, the server runs EAGLEWorker
-        deploy = section(out, "4. deploy-patch --force", "demo summary")
+        deploy = section(out, "4. deploy-patch --force", "5. deploy-patch")
         for host in ("gpu-a03", "gpu-a04"):
             assert f"FAIL {host}  v2-only-beacon@1 never executed" in deploy, deploy
         assert "the server runs EAGLEWorker (sglang/srt/speculative/eagle_worker.py)" in deploy
@@ -201,8 +201,11 @@ def test_demo_up_then_down(tmp_path):
             assert listed == {inv["hosts"]["gpu-a01"]["server"]["url"],
                               *(s["url"] for s in inv["hosts"]["gpu-a02"]["servers"].values())}, listed
 
+        assert_proof_steps(out, root)
+
         summary = section(out, "demo summary", None)
         assert "The demo behaved as expected" in summary
+        assert "steps 3, 4 and 6 are meant to fail" in " ".join(summary.split())
         assert "The demo fleet stays up" in summary
         export = f"  export FLEETPATCH_INVENTORY={root / 'hosts.yaml'}"
         assert export in summary.splitlines(), summary
@@ -254,6 +257,47 @@ def test_demo_up_then_down(tmp_path):
     finally:
         if (root / "fleet.json").exists():
             Fleet.attach(root).stop()
+
+
+def assert_proof_steps(out: str, root: Path) -> None:
+    """Steps 5-8 (proof under traffic, fleetpatch_demo/proof.py) on gpu-a01, whose server runs with
+    --skip-server-warmup: a forward-path patch proven by its smoke request, a gated one unproven
+    until 8 requests at once make its batch, both rolled back."""
+    reports = root / "reports"
+    inv = yaml.safe_load((root / "hosts.yaml").read_text())
+    assert inv["hosts"]["gpu-a01"]["server"]["restart"]["start"].endswith(" --skip-server-warmup")
+
+    forward = section(out, "5. deploy-patch", "6. deploy-patch")
+    assert "OK: deploy-patch succeeded on its one host: 1 verified" in forward, forward
+    h = json.loads((reports / "5-deploy-step-count.json").read_text())["hosts"]["gpu-a01"]
+    assert h["status"] == "verified" and h["patch"] == "step-count@1", h
+    assert h["execution"]["proved_by"] == "smoke" and h["smoke"]["statuses"] == [200], h
+    assert h["execution"]["ran"]["sglang/srt/speculative/eagle_worker_v2.py"], h["execution"]
+
+    gated = section(out, "6. deploy-patch", "7. verify-logs")
+    assert "FAIL gpu-a01  large-batch@1 unproven" in gated, gated
+    h = json.loads((reports / "6-deploy-large-batch.json").read_text())["hosts"]["gpu-a01"]
+    assert h["status"] == "unproven" and h["smoke"]["statuses"] == [200], h
+    assert "forward_batch_generation (eagle_worker_v2.py) ran" in h["message"], h["message"]
+    assert not h["execution"]["ran"], h["execution"]   # the function ran, its one added line did not
+
+    traffic = section(out, "7. verify-logs", "8. rollback")
+    assert "8 sent, 8 served, 0 failed." in traffic, traffic
+    h = json.loads((reports / "7-verify-logs.json").read_text())["hosts"]["gpu-a01"]
+    assert h["status"] == "verified" and h["patch"] == "large-batch@1", h
+    assert h["execution"]["proved_by"] == "traffic", h["execution"]
+
+    back = section(out, "8. rollback", "demo summary")
+    for n, name in enumerate(("large-batch", "step-count")):
+        h = json.loads((reports / f"8-rollback-{n + 1}-{name}.json").read_text())["hosts"]["gpu-a01"]
+        assert h["status"] == "rolled-back" and h["smoke"]["statuses"] == [200], h
+        assert "the restarted server answered its smoke request (HTTP 200)" in h["message"], h["message"]
+    assert back.count("OK: rollback succeeded on its one host: 1 rolled-back") == 2, back
+    summary = section(out, "demo summary", None)
+    for line in ("5. deploy-patch  exit 0  step-count verified on gpu-a01 by its smoke request",
+                 "6. deploy-patch  exit 1  large-batch unproven", "7. verify-logs   exit 0  large-batch verified",
+                 "8. rollback      exit 0  large-batch, then step-count, rolled back on gpu-a01"):
+        assert line in summary, summary
 
 
 def run_printed(command: str, cwd: Path):

@@ -14,7 +14,7 @@ import pytest
 
 from support.marks import needs_fleet
 from support.operator import Operator
-from support.paths import sha256
+from support.paths import FIXTURE_PATCHES, sha256
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
 
@@ -263,3 +263,29 @@ def test_a_rank_that_cannot_start_leaves_the_ranks_started_before_it_said_starte
     assert "started without spec-path-beacon@1" in b0["rollback"]["message"], b0["rollback"]
     assert "the files are restored on every rank" in b0["rollback"]["message"], b0["rollback"]
     assert all(installed(nfleet, name) == PRISTINE for name in RANKS)
+
+
+def test_a_line_that_runs_per_request_is_proven_on_every_rank_by_rank_0s_smoke_request(nop, nfleet):
+    """forward-quiet (lines only in forward_batch_generation, no markers) with both ranks started
+    with --skip-server-warmup: no line runs before rank 0's smoke request, which every rank's worker
+    serves (rank 0 sends each scheduler step to rank 1). Rank 0 takes 4 s more to get ready than
+    rank 1 takes to log its up line, so rank 1 is judged only because it keeps watching until
+    rank 0's smoke request was answered: it ran the line for that request, proved by `smoke`."""
+    doc = nop.inventory()
+    for name in RANKS:
+        doc["hosts"][name]["server"]["restart"]["start"] += " --skip-server-warmup"
+    doc["hosts"]["b0"]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_STARTUP_DELAY"] = "4"
+    nop.write_inventory(doc)
+    run = nop.run("deploy-patch", "--patch", "forward-quiet", "--patches", str(FIXTURE_PATCHES), "--group", GROUP)
+    assert run.code == 0, run
+    for name in RANKS:
+        host = run.host(name)
+        assert host["status"] == "verified", host["message"]
+        ex = host["execution"]
+        assert ex["ran"].get("sglang/srt/speculative/eagle_worker.py"), ex
+        assert ex["proved_by"] == "smoke", (name, ex)
+    assert run.host("b0")["smoke"]["statuses"] == [200], run.host("b0")
+    rb = nop.run("rollback", "--group", GROUP)
+    assert rb.code == 0, rb
+    assert rb.host("b0")["smoke"]["statuses"] == [200], rb.host("b0")   # after the rollback's restart too
+    assert all(installed(nfleet, n) == PRISTINE for n in RANKS)

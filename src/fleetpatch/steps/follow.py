@@ -7,6 +7,7 @@ import bisect
 import collections
 import itertools
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -29,6 +30,38 @@ SMOKE_TIMEOUT_S = 60.0   # one smoke request's answer
 # How long a decided failure waits for the rest of the server's last words
 # (the agent reports every 50 ms; a dying process's traceback lands within that).
 FAILURE_GRACE_S = 0.5
+
+
+class PeerSmoke:
+    """Rank 0's smoke requests, as the other ranks of its node group wait on them: a rank above 0
+    serves no HTTP, yet its worker runs every request rank 0 takes, so a line that runs per
+    request is proven there only once rank 0's smoke requests were answered (then prove.wait).
+    Rank 0's follow says when they were answered, or that it ended without them (`over`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.answered_at: float | None = None   # laptop clock
+        self.started_epoch: float | None = None  # rank 0's host clock when they began (proved_by)
+        self.over = False
+
+    def started(self, epoch: float | None) -> None:
+        with self._lock:
+            self.started_epoch = epoch
+
+    def answered(self) -> None:
+        with self._lock:
+            if self.answered_at is None:
+                self.answered_at = time.monotonic()
+
+    def finish(self) -> None:
+        with self._lock:
+            self.over = True
+
+    def waited_on(self) -> tuple[bool, float | None]:
+        """(whether a rank above 0 settles from the answers, when they came): (False, None) once
+        rank 0's follow ended without them (it failed: so does the group, and nothing is waited on)."""
+        with self._lock:
+            return not (self.over and self.answered_at is None), self.answered_at
 
 
 @dataclass
@@ -54,6 +87,9 @@ class Watch:
     # prove.wait: how long, after their answers, a patch none of whose lines ran yet is still watched
     smoke: dict | None = None
     smoke_wait: float = 0.0
+    # a node group's rank 0 smoke requests (PeerSmoke): rank 0 says when they were answered, a rank
+    # above 0 is judged only after that (and smoke_wait), as rank 0 is after its own
+    peer_smoke: PeerSmoke | None = None
 
     @property
     def recorded_as(self) -> str:
@@ -242,12 +278,14 @@ class EventLog:
         nos = sorted(merged)
         return nos, [merged[no] for no in nos]
 
-    def observation(self, timed_out: bool, smoke_sent: bool = False) -> evidence.Observation:
-        """`smoke_sent`: the server settles from the smoke requests' last answer, not from its ready line."""
+    def observation(self, timed_out: bool, smoke_sent: bool = False,
+                    answered_at: float | None = None) -> evidence.Observation:
+        """`smoke_sent`: the server settles from the smoke requests' last answer (`answered_at`,
+        laptop clock; None: not yet), not from its ready line."""
         from .. import evidence
         since_ready = None if self.ready_at is None else time.monotonic() - self.ready_at
         if smoke_sent and since_ready is not None:
-            since_ready = 0.0 if self.smoke_at is None else time.monotonic() - max(self.smoke_at, self.ready_at)
+            since_ready = 0.0 if answered_at is None else time.monotonic() - max(answered_at, self.ready_at)
         nos, lines = self.window()
         return evidence.Observation(lines=lines, first_line_no=self.first_line_no or 1,
                                     server_info=self.server_info, alive=self.alive, healthy=self.healthy,
@@ -287,7 +325,8 @@ class Judging:
 
     def judge(self, timed_out: bool) -> list[evidence.Verdict]:
         from .. import evidence
-        obs = self.events.observation(timed_out, smoke_sent=self.watch.smoke is not None)
+        smoke_sent, answered_at = self._smoke_answers()
+        obs = self.events.observation(timed_out, smoke_sent, answered_at)
         subject = evidence.Subject(self.run.profile, self.run.version, self.events.launch, self.run.name,
                                    self.run.job.settle_s)
         view = self.watch.execution
@@ -300,12 +339,28 @@ class Judging:
             vs = [_smoke_failed(v, self.run.name, label, failed) for v, label in zip(vs, self.watch.labels)]
         return vs
 
+    def _smoke_answers(self) -> tuple[bool, float | None]:
+        """(whether this server settles from smoke answers, when they came: laptop clock): its own,
+        or on a rank above 0 of a node group, rank 0's."""
+        peer = self.watch.peer_smoke
+        if peer is not None and self.run.host.node_rank:
+            return peer.waited_on()
+        return self.watch.smoke is not None, self.events.smoke_at
+
+    def _smoke_epoch(self) -> float | None:
+        """When the smoke requests this server served began (host clock): on a rank above 0, rank 0's."""
+        peer = self.watch.peer_smoke
+        if peer is not None and self.run.host.node_rank:
+            return peer.started_epoch
+        return self.events.smoke_epoch
+
     def _check(self, patch, label: str):
         from .. import evidence
         check = evidence.Check.of(patch, label, self.watch.want_markers, self.watch.execution is not None)
         if self.run.host.node_rank:   # the expect lines are rank 0's to log: it alone runs the HTTP side
             check.expect = []
-        elif self.watch.smoke is not None:   # with the smoke requests sent, their lines are judged with the rest
+        elif self.watch.smoke is not None and self.watch.want_markers:
+            # with the smoke requests sent, their lines are judged with the rest (not after a rollback: gone)
             check.expect = check.expect + [e for e in getattr(patch, "smoke_expect", None) or [] if e]
         return check
 
@@ -315,7 +370,7 @@ class Judging:
         view = self.watch.execution
         block = execution.exe_note(view.block(label), view)
         settle_s = self.run.job.settle_s
-        if self.watch.smoke is not None and waits_for_traffic(block):
+        if self._smoke_answers()[0] and waits_for_traffic(block):
             # a patched file ran, none of its added lines yet: their condition may hold for a later
             # request, so they are watched prove.wait after the smoke answers (a proof ends it at once)
             settle_s = max(settle_s, self.watch.smoke_wait)
@@ -325,7 +380,7 @@ class Judging:
                                     self.watch.timeline,
                                     # a re-read (verify-logs) sees the ready line now: the ledger's time is the one
                                     None if self.watch.recorded_as == "verify-logs" else self.events.ready_epoch,
-                                    self.events.smoke_epoch))
+                                    self._smoke_epoch()))
         v = execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
         self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
                                                            "proved_by", "calls", "message", "pid_namespace")
@@ -348,6 +403,12 @@ class Judging:
         if ev.get("t") == "probe" and self.watch.execution is not None:
             self.watch.execution.add(ev)
         self.events.add(ev)
+        peer = self.watch.peer_smoke
+        if peer is not None and not self.run.host.node_rank:
+            if ev.get("t") == "smoke_started":
+                peer.started(ev.get("started"))
+            elif ev.get("t") == "smoke":
+                peer.answered()   # the other ranks' wait ends here (then prove.wait)
         elapsed = time.monotonic() - self.t0
         timed_out = elapsed >= self.run.timeout or ev.get("t") == "deadline"
         if not self._worth_judging(ev, timed_out):
@@ -453,6 +514,21 @@ def smoke_spec(host: Host, patch) -> protocol.SmokeSpec | None:
                                               else conf.max_new_tokens),
                               requests=requests, concurrency=prove.concurrency if prove is not None else 1,
                               timeout=SMOKE_TIMEOUT_S)
+
+
+def rollback_smoke(host: Host, patches: list) -> protocol.SmokeSpec | None:
+    """The smoke requests after a rollback's restart: the deploy's (the first of `patches`' prove
+    block), so the server is proven to answer requests without the patch; no added line is wanted."""
+    return smoke_spec(host, patches[0]) if patches else None
+
+
+def smoke_note(timings: dict) -> list[str]:
+    """The line that says a restarted server answered its smoke requests (none when none were sent)."""
+    statuses = (timings.get("smoke") or {}).get("statuses") or []
+    if not statuses:
+        return []
+    what = "its smoke request" if len(statuses) == 1 else f"its {len(statuses)} smoke requests"
+    return [f"  the restarted server answered {what} (HTTP {', '.join(sorted({str(s) for s in statuses}))})"]
 
 
 def prove_wait(patch) -> float:

@@ -27,7 +27,7 @@ from ..inventory import Host
 from . import execution
 from .context import HeldLock, HostRun, Job, connect, deploy_command, finish_run, new_run, probe, rollback_command
 from .deploying import already_applied, apply_request, interrupted_before_writing, probe_spec, refusal
-from .follow import Watch, follow_ahead, prove_wait, smoke_spec
+from .follow import PeerSmoke, Watch, follow_ahead, prove_wait, rollback_smoke, smoke_spec
 from .lock import HostLock
 from .plan import make_plan, revision_files
 from .recorded import deployed, wanted_name
@@ -310,15 +310,23 @@ def _restarted_and_judged(group: NodeGroup, plans, specs, reasons) -> list[HostR
             return _start_failed(group, run, f, label, started)
         started.append(run)
 
+    # the ranks above 0 keep watching until rank 0's smoke requests were answered: their workers
+    # run the requests rank 0 takes
+    peer = PeerSmoke() if smoke_spec(group.rank0.host, group.job.patch) is not None else None
+
     def judge(run: HostRun, out: dict, plan, spec: dict | None) -> HostResult:
         watch = Watch(protocol.AFTER_RESTART, launch_after_restart(run.host, plan), [run.job.patch], [label],
                       ends_work=lambda ok: True,
                       execution=execution.ExecutionView(out.get("probe")) if spec is not None else None,
-                      smoke=smoke_spec(run.host, run.job.patch), smoke_wait=prove_wait(run.job.patch))
+                      smoke=smoke_spec(run.host, run.job.patch), smoke_wait=prove_wait(run.job.patch),
+                      peer_smoke=peer)
         try:
             return verify(run, watch)
         except HostFailure as f:
             return cut_off(run, label, f, "verification")
+        finally:
+            if peer is not None and not run.host.node_rank:
+                peer.finish()   # answered or not, the other ranks stop waiting on rank 0
     results = group.each(judge, outs, plans, specs)
     return _still_up(group, outs, results) if all(r.ok for r in results) else results
 
@@ -412,6 +420,7 @@ def _rollback_ranks(group: NodeGroup, watched: dict, pending: bool = False) -> l
         return [run.result(True, Status.OK, f"{run.name}: no patch recorded as applied; nothing to roll back")
                 for run in group.runs]
     label = ", ".join(lab for _, lab in watched.values())
+    patches = [p for p, _ in watched.values()]
     failed = _stop_all(group, label, undoing=True)
     if failed is not None:
         return failed
@@ -420,7 +429,8 @@ def _rollback_ranks(group: NodeGroup, watched: dict, pending: bool = False) -> l
         run.progress("restart", f"without {label}")
         try:
             run.remote.call("restart", protocol.RestartRequest(**run.request(), reason=f"rollback {label}"),
-                            ahead=follow_ahead(run.job, run.host))
+                            # rank 0's follow sends the smoke requests that judged_without waits for
+                            ahead=follow_ahead(run.job, run.host, smoke=rollback_smoke(run.host, patches)))
         except HostFailure as f:
             return _start_failed(group, run, f, label, started, undoing=True)
         started.append(run)

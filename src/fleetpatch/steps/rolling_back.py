@@ -68,13 +68,13 @@ def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostR
                                                              reason=f"pending restart after rollback {label}"))
     found = deployed(run.job, run.host, [(name, rolled[name])])
     watch = Watch(protocol.log_window(out["restart"]), running_launch(run.host, {}), [found[0].patch], [label],
-                  want_markers=False)
+                  want_markers=False, smoke=follow.rollback_smoke(run.host, [found[0].patch]))
     verdicts, timings = follow.follow_and_judge(run, watch)
     result = with_notes(follow.verdict_result(run, verdicts, [label], timings), found)
     if result.ok:
         result.status = Status.ROLLED_BACK
-        result.message = (f"{run.name}: {label} was rolled back with its restart pending; restarted, the server "
-                          "runs without the patch's markers")
+        result.message = "\n".join([f"{run.name}: {label} was rolled back with its restart pending; restarted, the "
+                                    "server runs without the patch's markers"] + follow.smoke_note(timings))
     return result
 
 
@@ -141,8 +141,11 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, found:
         request["probe"] = execution.probe_request(run.host, run.profile, ", ".join(labels), reply["package_dir"],
                                                    {p: [] for u in earlier for p in u.files} |
                                                    {p: [] for p in entry["files"]}, run.job.token, left)
+    # the smoke requests the deploy sent (patch.yaml's prove), so a rolled-back server is proven to
+    # answer requests too (smoke-failed otherwise); no added line is wanted from them
+    smoke = follow.rollback_smoke(run.host, [patch])
     try:
-        out = run.remote.call("rollback", request, ahead=follow.follow_ahead(run.job, run.host, probing))
+        out = run.remote.call("rollback", request, ahead=follow.follow_ahead(run.job, run.host, probing, smoke))
     except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
         if not no_answer(f):
             raise
@@ -157,7 +160,8 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, found:
         return run.result(True, Status.ROLLED_BACK, f"{run.name}: {label} forgotten: its files already held their "
                                                     "original sha256; not restarted", files=restored)
     watch = Watch(protocol.AFTER_RESTART, running_launch(run.host, {}), [u.patch for u in earlier] + [patch], labels,
-                  want_markers=False, execution=execution.ExecutionView(out.get("probe")) if probing else None)
+                  want_markers=False, execution=execution.ExecutionView(out.get("probe")) if probing else None,
+                  smoke=smoke)
     try:
         verdicts, timings = follow.follow_and_judge(run, watch)
     except HostFailure as f:
@@ -174,7 +178,8 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, found:
                                      f"their original sha256; server restarted once, back without the patches' "
                                      "markers" if earlier else
                                      f"{run.name}: {label} rolled back; {len(restored)} files restored to their "
-                                     f"original sha256; server back without the patch's markers"] + imports)
+                                     f"original sha256; server back without the patch's markers"] + imports
+                                   + follow.smoke_note(timings))
     return result
 
 

@@ -191,7 +191,9 @@ def judged_without(run: HostRun, start: dict, watched: list, said: str) -> HostR
     """A server restarted after a rollback, judged from `start`: ready, and none of the markers of
     the (patch, label) pairs `watched` in its log; `said` is its message when it passes."""
     labels = [lab for _, lab in watched]
-    watch = Watch(start, running_launch(run.host, {}), [p for p, _ in watched], labels, want_markers=False)
+    patches = [p for p, _ in watched]
+    watch = Watch(start, running_launch(run.host, {}), patches, labels, want_markers=False,
+                  smoke=follow.rollback_smoke(run.host, patches))
     try:
         verdicts, timings = follow.follow_and_judge(run, watch)
     except HostFailure as f:
@@ -201,5 +203,5 @@ def judged_without(run: HostRun, start: dict, watched: list, said: str) -> HostR
     result = follow.verdict_result(run, verdicts, labels, timings)
     if result.ok:
         result.status = Status.ROLLED_BACK
-        result.message = said
+        result.message = "\n".join([said] + follow.smoke_note(timings))
     return result
