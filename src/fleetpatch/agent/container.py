@@ -318,12 +318,14 @@ def restart_container(restart):
     info = restart["_container"]
     name, runtime = info["name"], info["runtime"]
     grace = int(-(-float(restart.get("stop_grace", 10)) // 1))
+    stopping = time.monotonic()
     failed = api_action(restart, "stop", "?t=%d" % grace, grace + 120)
     if failed is False:
         rc, out = run_tool([runtime, "stop", "-t", str(grace), "--", name], timeout=grace + 120)
         failed = None if rc == 0 else "exit %s: %s" % (rc, out.strip() or "no output")
     if failed:
         raise AgentError("restart-failed", "`%s stop -t %d %s` failed (%s)" % (runtime, grace, name, failed))
+    stop_s = round(time.monotonic() - stopping, 4)   # the rest of the restart is the start and its inspect
     since = time.time()
     failed = api_action(restart, "start", "", 120)
     if failed is False:
@@ -334,7 +336,7 @@ def restart_container(restart):
                          % (runtime, name, failed, runtime, name))
     now = describe(inspect(name, runtime), name, runtime)
     window = dict(note(now), since=since, runtime=runtime)
-    return {"container": window}, {"inode": None, "offset": 0}, now["pid"] if now["running"] else None
+    return {"container": window, "stop_s": stop_s}, {"inode": None, "offset": 0}, now["pid"] if now["running"] else None
 
 
 def container_pid(restart):
