@@ -29,6 +29,10 @@ The log of `restart.kind: container` is the container's output since fleetpatch'
 restart (`<runtime> logs --since T --timestamps --follow`): T is taken between the
 stop and the start, so nothing the old process printed counts, and a re-created
 container has a log of its own.
+
+For Docker every one of these calls (inspect, stop, start, the log) goes to the daemon's
+unix socket directly (runtime_api), the same API calls the CLI would make, without a CLI
+process per call; the CLI is used where the socket is not surely the CLI's daemon.
 """
 import ast
 import json
@@ -126,7 +130,7 @@ def api_inspect(sock, name, runtime):
 
 def api_action(restart, action, query, timeout):
     """`POST /containers/ID/<action>`: None once done (or nothing to do, 304), else what the
-    daemon said, for the restart-failed message; None too when the API is not the way in."""
+    daemon said, for the restart-failed message; False when the API is not the way in (the CLI is)."""
     info = restart["_container"]
     sock = api_socket(info["runtime"])
     if not sock:
