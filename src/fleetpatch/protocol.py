@@ -273,7 +273,7 @@ class RestartReply(TypedDict, total=False):
     program: str
     journal: JournalWindow      # systemd unit logging to the journal
     start_error: str            # supervisor: what it said when the program died starting
-    stop_s: float               # command: how long the stop took (the rest of the restart is the start)
+    stop_s: float               # command, container: how long the stop took (the rest of the restart is the start)
 
 
 class ApplyReply(TypedDict, total=False):

@@ -29,8 +29,13 @@ The log of `restart.kind: container` is the container's output since fleetpatch'
 restart (`<runtime> logs --since T --timestamps --follow`): T is taken between the
 stop and the start, so nothing the old process printed counts, and a re-created
 container has a log of its own.
+
+For Docker every one of these calls (inspect, stop, start, the log) goes to the daemon's
+unix socket directly (runtime_api), the same API calls the CLI would make, without a CLI
+process per call; the CLI is used where the socket is not surely the CLI's daemon.
 """
 import ast
+import json
 import os
 import re
 import signal
@@ -42,6 +47,7 @@ from .base import AgentError
 from .package import dist_info_version
 from .procs import (pid_alive, pidfile_mismatch, proc_stat, read_pid, refuse_to_signal, run_tool, signal_if_same,
                     wait_pid_gone)
+from .runtime_api import LogStream, api_socket, call, message, quote
 
 # ops that read or act on the container (the others touch only the state dir on the host, or HTTP)
 CONTAINER_OPS = ("probe", "apply", "rollback", "restart", "stop", "follow", "smoke", "bake")
@@ -63,10 +69,13 @@ def refusal(name, runtime, cause, fix):
 
 
 def inspect(name, runtime):
-    """The runtime's inspect document of the container, or an AgentError naming the cause."""
+    """The runtime's inspect document of the container, or an AgentError naming the cause:
+    over the daemon's socket where the CLI would go there too (runtime_api), else the CLI."""
+    sock = api_socket(runtime)
+    if sock:
+        return api_inspect(sock, name, runtime)
     rc, out = run_tool([runtime, "inspect", "--type", "container", "--", name], timeout=60)
     if rc == 0:
-        import json
         try:
             docs = json.loads(out[out.index("["):])
             if docs:
@@ -90,12 +99,58 @@ def inspect(name, runtime):
                   "check the runtime on this host")
 
 
+def unreachable(name, runtime, sock, e):
+    """The refusal for an API call that could not reach the daemon's socket (an OSError)."""
+    import errno
+    if getattr(e, "errno", None) in (errno.EACCES, errno.EPERM):
+        return refusal(name, runtime, "the SSH user (uid %d) may not use %s: permission denied on its socket %s"
+                       % (os.getuid(), runtime, sock), "connect as root (or a member of the %s group)" % runtime)
+    return refusal(name, runtime, "the runtime cannot be reached: cannot connect to %s (%s)"
+                   % (sock, getattr(e, "strerror", None) or e or type(e).__name__),
+                   "start its daemon (systemctl start %s), then rerun" % runtime)
+
+
+def api_inspect(sock, name, runtime):
+    """`GET /containers/NAME/json`: what `<runtime> inspect --type container` prints, in one call."""
+    try:
+        status, body = call(sock, "GET", "/containers/%s/json" % quote(name), 60)
+    except (OSError, ValueError) as e:
+        raise unreachable(name, runtime, sock, e)
+    if status == 200:
+        try:
+            return json.loads(body.decode("utf-8", "replace"))
+        except ValueError:
+            pass
+    if status == 404:
+        raise refusal(name, runtime, "no such container on this host",
+                      "check engine.container (`%s ps -a` lists them)" % runtime)
+    raise refusal(name, runtime, "the daemon's inspect failed (HTTP %s): %s" % (status, message(body)[-300:]),
+                  "check the runtime on this host")
+
+
+def api_action(restart, action, query, timeout):
+    """`POST /containers/ID/<action>`: None once done (or nothing to do, 304), else what the
+    daemon said, for the restart-failed message; False when the API is not the way in (the CLI is)."""
+    info = restart["_container"]
+    sock = api_socket(info["runtime"])
+    if not sock:
+        return False
+    try:
+        status, body = call(sock, "POST", "/containers/%s/%s%s" % (quote(info["id"] or info["name"]), action, query),
+                            timeout)
+    except (OSError, ValueError) as e:
+        return "cannot reach the daemon at %s: %s" % (sock, getattr(e, "strerror", None) or e or type(e).__name__)
+    if status in (204, 304):
+        return None
+    return "HTTP %s: %s" % (status, message(body) or "no message")
+
+
 def describe(doc, name, runtime):
     st = doc.get("State") or {}
     pid = st.get("Pid") or None
     return {"name": name, "runtime": runtime, "id": doc.get("Id"), "created": doc.get("Created"),
             "started_at": st.get("StartedAt"), "running": bool(st.get("Running")) and not st.get("Restarting"),
-            "pid": pid, "image": (doc.get("Config") or {}).get("Image"),
+            "pid": pid, "image": (doc.get("Config") or {}).get("Image"), "tty": bool((doc.get("Config") or {}).get("Tty")),
             "root": "/proc/%d/root" % pid if pid else None}
 
 
@@ -260,22 +315,32 @@ def rebase(ledger, info):
 def restart_container(restart):
     """`stop -t stop_grace`, note the time, `start`: the window of the log begins between
     the old process's end and the new one's start. (The container's StartedAt is set
-    after its process runs, so lines printed at once could precede it.)"""
+    after its process runs, so lines printed at once could precede it.) Over the daemon's
+    socket where the CLI would go there (runtime_api), else the CLI. One `restart` call
+    instead of stop and start was measured no faster (the same work in the daemon: 0.72-0.82 s
+    against 0.77-0.79 s on a quiet machine) and leaves no moment between the two for the window."""
     info = restart["_container"]
     name, runtime = info["name"], info["runtime"]
     grace = int(-(-float(restart.get("stop_grace", 10)) // 1))
-    rc, out = run_tool([runtime, "stop", "-t", str(grace), "--", name], timeout=grace + 120)
-    if rc != 0:
-        raise AgentError("restart-failed", "`%s stop -t %d %s` failed (exit %s): %s"
-                         % (runtime, grace, name, rc, out.strip() or "no output"))
+    stopping = time.monotonic()
+    failed = api_action(restart, "stop", "?t=%d" % grace, grace + 120)
+    if failed is False:
+        rc, out = run_tool([runtime, "stop", "-t", str(grace), "--", name], timeout=grace + 120)
+        failed = None if rc == 0 else "exit %s: %s" % (rc, out.strip() or "no output")
+    if failed:
+        raise AgentError("restart-failed", "`%s stop -t %d %s` failed (%s)" % (runtime, grace, name, failed))
+    stop_s = round(time.monotonic() - stopping, 4)   # the rest of the restart is the start and its inspect
     since = time.time()
-    rc, out = run_tool([runtime, "start", "--", name], timeout=120)
-    if rc != 0:
-        raise AgentError("restart-failed", "`%s start %s` failed (exit %s): %s; `%s logs %s` says why"
-                         % (runtime, name, rc, out.strip() or "no output", runtime, name))
+    failed = api_action(restart, "start", "", 120)
+    if failed is False:
+        rc, out = run_tool([runtime, "start", "--", name], timeout=120)
+        failed = None if rc == 0 else "exit %s: %s" % (rc, out.strip() or "no output")
+    if failed:
+        raise AgentError("restart-failed", "`%s start %s` failed (%s); `%s logs %s` says why"
+                         % (runtime, name, failed, runtime, name))
     now = describe(inspect(name, runtime), name, runtime)
     window = dict(note(now), since=since, runtime=runtime)
-    return {"container": window}, {"inode": None, "offset": 0}, now["pid"] if now["running"] else None
+    return {"container": window, "stop_s": stop_s}, {"inode": None, "offset": 0}, now["pid"] if now["running"] else None
 
 
 def container_pid(restart):
@@ -378,19 +443,33 @@ def logs_argv(runtime, name, since, follow=True):
 
 
 class ContainerLogFollower(object):
-    """The container's output since `since`, from `<runtime> logs --follow --timestamps`
-    (stdout and stderr, as the runtime keeps them), each line without the runtime's
-    timestamp. A line without one is the runtime's own message (an error)."""
+    """The container's output since `since`: the daemon's log stream (runtime_api.LogStream)
+    where the API is the way in, else `<runtime> logs --follow --timestamps` (stdout and
+    stderr, as the runtime keeps them); each line without the runtime's timestamp. A line
+    without one is the runtime's own message (an error)."""
 
     more = False
+    BUDGET = 4 << 20
 
-    def __init__(self, runtime, name, since):
+    def __init__(self, runtime, name, since, tty=False):
         self.argv = logs_argv(runtime, name, since)
         self.label = "container %s" % name
         self.path = self.label
         self.line_no = 1
         self.partial = b""
         self.said = []
+        self.proc = self.stream = None
+        sock = api_socket(runtime)
+        if sock:
+            try:
+                self.stream = LogStream(sock, name, since, tty)
+            except (OSError, ValueError) as e:
+                raise AgentError("error", "cannot read the container's output from the daemon at %s: %s"
+                                 % (sock, getattr(e, "strerror", None) or e or type(e).__name__))
+            if self.stream.error is not None:
+                raise AgentError("error", "the daemon refused the container's output (HTTP %s): %s"
+                                 % (self.stream.status, self.stream.error))
+            return
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, close_fds=True)
@@ -400,7 +479,7 @@ class ContainerLogFollower(object):
 
     def _available(self):
         chunks, size = [], 0
-        while size < (4 << 20):
+        while size < self.BUDGET:
             try:
                 chunk = os.read(self.proc.stdout.fileno(), 65536)
             except (BlockingIOError, InterruptedError):
@@ -409,12 +488,16 @@ class ContainerLogFollower(object):
                 break
             chunks.append(chunk)
             size += len(chunk)
-        self.more = size >= (4 << 20)
+        self.more = size >= self.BUDGET
         return b"".join(chunks)
 
     def read(self):
-        exited = self.proc.poll() is not None
-        data = self.partial + self._available()
+        if self.stream is not None:
+            data, self.more, exited = self.stream.read(self.BUDGET)
+            data = self.partial + data
+        else:
+            exited = self.proc.poll() is not None
+            data = self.partial + self._available()
         raw = data.split(b"\n")
         self.partial = b"" if exited else raw.pop()
         lines = []
@@ -427,12 +510,15 @@ class ContainerLogFollower(object):
                 self.said.append(text.strip())
         batches = [(self.label, self.line_no, lines)] if lines else []
         self.line_no += len(lines)
-        if exited and self.proc.returncode not in (0, None) and not batches:
+        if exited and self.proc is not None and self.proc.returncode not in (0, None) and not batches:
             raise AgentError("error", "`%s` exited %s: %s" % (" ".join(self.argv), self.proc.returncode,
                                                             "; ".join(self.said[-3:]) or "no output"))
         return batches
 
     def close(self):
+        if self.stream is not None:
+            self.stream.close()
+            return
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -457,4 +543,4 @@ def open_container_log(req, ledger, since=None):
         since = window.get("since") if window.get("id") == info.get("id") else None
         if since is None:
             since = time.time()
-    return ContainerLogFollower(runtime, info.get("id") or name, since)
+    return ContainerLogFollower(runtime, info.get("id") or name, since, bool(info.get("tty")))
