@@ -209,6 +209,14 @@ def vllm_image(docker: Dockerd, version: str) -> str:
     return tag
 
 
+def container_package_dir(engine: str) -> str:
+    """Where an engine image holds the engine package: SGLang's editable checkout, or vLLM's
+    system dist-packages (with the base image's Python version)."""
+    if engine == "vllm":
+        return vllm_site(_python_version(trixie_root())) + "/vllm"
+    return f"{SGL_CHECKOUT}/sglang"
+
+
 def vllm_site(pyver: str) -> str:
     """Where the vLLM image's Python finds vllm: the system dist-packages, as in vllm/vllm-openai."""
     return f"/usr/local/lib/python{pyver}/dist-packages"
