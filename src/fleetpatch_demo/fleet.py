@@ -108,7 +108,7 @@ class HostSpec:
     args: tuple = ()                  # extra launch flags, e.g. ("--disable-overlap-schedule",)
     servers: int = 1                  # > 1: servers s0, s1, ... on their own ports, logs and pidfiles, one tree
     node_group: str | None = None     # one multi-node server: its hosts, in spec order, are ranks 0, 1, ...
-    method: str = "eagle3"            # vLLM hosts: the --speculative-config method
+    method: str = vllm_hosts.DEFAULT_METHOD   # vLLM hosts: the --speculative-config method
     architecture: str = vllm_hosts.MODEL_ARCHITECTURE   # vLLM hosts: the model's config.json architectures
 
     @property
@@ -791,7 +791,7 @@ class Fleet:
             (h.host_dir / sub).mkdir(parents=True, exist_ok=True)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
         if h.vllm:
-            vllm_hosts.model_files(h.host_dir, h.spec.architecture)
+            vllm_hosts.model_files(h.host_dir, h.spec.architecture, h.spec.method)
         if not h.containerized:   # a container host's engine is in its container
             self._build_env(h, tree)
 
@@ -1390,7 +1390,7 @@ class Fleet:
             _empty_dir(h.host_dir / sub)
         (h.host_dir / "models" / "demo").mkdir(parents=True, exist_ok=True)
         if h.vllm:
-            vllm_hosts.model_files(h.host_dir, h.spec.architecture)
+            vllm_hosts.model_files(h.host_dir, h.spec.architecture, h.spec.method)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
 
     def reset_all(self, wait: bool = True) -> None:

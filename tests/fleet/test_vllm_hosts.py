@@ -118,7 +118,7 @@ def test_inventory_entries_are_vllm_hosts(vllm_fleet):
             assert argv[:4] == ["{python}", "-m", "vllm_standin", "serve"]
             assert argv[4] == f"{h.mount_point}/models/demo"
             spec = json.loads(argv[argv.index("--speculative-config") + 1])
-            assert spec["method"] == "eagle3" and spec["model"] == f"{h.mount_point}/models/demo-eagle3"
+            assert spec["method"] == "eagle" and spec["model"] == f"{h.mount_point}/models/demo-draft"
             assert restart_doc["pidfile"] == f"{h.mount_point}/run/vllm.pid"
             assert {k: restart_doc["env"][k] for k in env} == env
 
@@ -128,9 +128,9 @@ def test_hosts_carry_the_release_files(vllm_fleet):
         h = vllm_fleet.hosts[name]
         proc = vllm_fleet.ssh(name, shlex.join([h.remote_python, "-c",
                                                 "import importlib.metadata as m, importlib.util as u; "
-                                                "print(m.version('vllm'), u.find_spec('vllm').origin)"]))
+                                                "print(m.version('vllm')); print(u.find_spec('vllm').origin)"]))
         assert proc.returncode == 0, proc.stderr
-        got_version, origin = proc.stdout.split()
+        got_version, origin = proc.stdout.splitlines()
         assert got_version == version
         assert origin == f"{h.remote_site_packages}/vllm/__init__.py"
         # byte for byte the wheel's members
