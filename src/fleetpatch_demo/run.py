@@ -626,7 +626,7 @@ def down(root: Path | None = None) -> int:
                       "(checked: no process, mount namespace or port of it is left).", markup=False)
     for line in removed:
         console.print(line, markup=False)
-    console.print(f"The SGLang wheels stay cached in {cache_dir()} for the next run.", markup=False)
+    console.print(f"The engine wheels (SGLang, vLLM) stay cached in {cache_dir()} for the next run.", markup=False)
     return 0
 
 

@@ -116,3 +116,28 @@ def test_vllm_demo_up_then_down(tmp_path):
         assert code == 0, out
     assert "Stopped the demo fleet" in out
     assert not root.exists()
+
+
+@needs_fleet
+@pytest.mark.skipif(not vllm_hosts.standin_available(), reason="the vLLM stand-in is not there yet")
+def test_vllm_demo_in_containers(tmp_path, docker_daemon):
+    """--containers: every engine a container of the vLLM image; the same four steps behave."""
+    root = tmp_path / "demo"
+    env = {"FLEETPATCH_TEST_DOCKER_SOCK": docker_daemon.sock}
+    try:
+        code, out = fleetpatch("demo", "--engine", "vllm", "--containers", "--root", str(root), cwd=tmp_path, **env)
+        assert code == 0, out
+        inv = yaml.safe_load((root / "hosts.yaml").read_text())
+        assert all(h["engine"]["kind"] == "vllm" and h["engine"]["container"].startswith("vllm-gpu-b0")
+                   and h["server"]["log"] == "container" for h in inv["hosts"].values()), inv
+        doc = json.loads((root / "reports" / "2-rollout.json").read_text())
+        assert {n: (h["status"], h["executed_path"]) for n, h in doc["hosts"].items()} == {
+            "gpu-b01": ("verified", "EagleSpeculator"), "gpu-b02": ("verified", "EagleSpeculator"),
+            "gpu-b03": ("verified", "EagleProposer"), "gpu-b04": ("verified", "EagleProposer")}
+        doc = json.loads((root / "reports" / "4-deploy-patch.json").read_text())
+        assert {n: h["status"] for n, h in doc["hosts"].items()} == \
+            {"gpu-b01": "not-executed", "gpu-b02": "not-executed"}
+    finally:
+        code, out = fleetpatch("demo", "--down", "--root", str(root), cwd=tmp_path, **env)
+        assert code == 0, out
+    assert not root.exists()
