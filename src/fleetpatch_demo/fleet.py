@@ -110,6 +110,7 @@ class HostSpec:
     node_group: str | None = None     # one multi-node server: its hosts, in spec order, are ranks 0, 1, ...
     method: str = vllm_hosts.DEFAULT_METHOD   # vLLM hosts: the --speculative-config method
     architecture: str = vllm_hosts.MODEL_ARCHITECTURE   # vLLM hosts: the model's config.json architectures
+    entrypoint: str = "serve"         # vLLM hosts: "serve", or "api_server" (-m vllm.entrypoints.openai.api_server)
 
     @property
     def topk(self) -> int:
@@ -368,7 +369,8 @@ class FleetHost:
     def start_command_of(self, server=None) -> str:
         """The start command of one of its servers: the same launch on that server's port."""
         if self.vllm:
-            return vllm_hosts.start_command(self.port_of(server), self.mount_point, self.spec.method, self.spec.args)
+            return vllm_hosts.start_command(self.port_of(server), self.mount_point, self.spec.method, self.spec.args,
+                                            self.spec.entrypoint)
         return (
             "{python} -m sglang_standin"
             f" --model-path {shlex.quote(self.mount_point + '/models/demo')}"
@@ -613,6 +615,10 @@ class Fleet:
                 raise FleetError(f"{spec.name}: engine must be one of {', '.join(ENGINES)}, not {spec.engine!r}")
             if spec.engine == "vllm" and (spec.servers != 1 or spec.node_group):
                 raise FleetError(f"{spec.name}: a vLLM host runs one server (no servers=N, no node group)")
+            if spec.engine == "vllm" and (spec.entrypoint not in vllm_hosts.ENTRYPOINTS
+                                          or (spec.container and spec.entrypoint != "serve")):
+                raise FleetError(f"{spec.name}: entrypoint must be one of {', '.join(vllm_hosts.ENTRYPOINTS)} "
+                                 "(a container host's is its image's: serve)")
             if spec.restart_kind not in RESTART_KINDS:
                 raise FleetError(f"{spec.name}: restart_kind must be one of {', '.join(RESTART_KINDS)}, "
                                  f"not {spec.restart_kind!r}")

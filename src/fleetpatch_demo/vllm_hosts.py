@@ -56,16 +56,24 @@ def speculative_config(model_root: str, method: str = DEFAULT_METHOD) -> str:
     return json.dumps(doc)
 
 
-def serve_args(model_root: str, port: int, method: str = DEFAULT_METHOD, args=()) -> list:
+ENTRYPOINTS = ("serve", "api_server")   # `vllm serve MODEL`, or `-m vllm.entrypoints.openai.api_server --model M`
+
+
+def serve_args(model_root: str, port: int, method: str = DEFAULT_METHOD, args=(), entrypoint: str = "serve") -> list:
     """What follows ``vllm serve`` (and ``python -m vllm_standin serve``): the model, the
-    speculative config, the port, any extra flags."""
-    return [f"{model_root.rstrip('/')}/{MODEL}", "--speculative-config", speculative_config(model_root, method),
-            "--port", str(port), *(str(a) for a in args)]
+    speculative config, the port, any extra flags.  The older ``api_server`` entrypoint takes
+    the model as ``--model``."""
+    model = f"{model_root.rstrip('/')}/{MODEL}"
+    return [*([model] if entrypoint == "serve" else ["--model", model]),
+            "--speculative-config", speculative_config(model_root, method), "--port", str(port),
+            *(str(a) for a in args)]
 
 
-def start_command(port: int, model_root: str, method: str = DEFAULT_METHOD, args=()) -> str:
-    """The inventory's ``server.restart.start`` of a vLLM host (``{python}`` unexpanded)."""
-    return "{python} -m " + STANDIN_MODULE + " serve " + shlex.join(serve_args(model_root, port, method, args))
+def start_command(port: int, model_root: str, method: str = DEFAULT_METHOD, args=(), entrypoint: str = "serve") -> str:
+    """The inventory's ``server.restart.start`` of a vLLM host (``{python}`` unexpanded): the stand-in
+    as ``vllm serve`` is started, or (``api_server``) as ``python -m vllm.entrypoints.openai.api_server``."""
+    module = f"{STANDIN_MODULE} serve" if entrypoint == "serve" else f"{STANDIN_MODULE}.api_server"
+    return "{python} -m " + module + " " + shlex.join(serve_args(model_root, port, method, args, entrypoint))
 
 
 def model_files(root: Path, architecture: str = MODEL_ARCHITECTURE, method: str = DEFAULT_METHOD) -> None:

@@ -2,7 +2,8 @@
 real files of four vLLM releases (the PyPI wheels' members) and the vLLM stand-in, started
 as ``vllm serve`` is (``python -m vllm_standin serve MODEL --speculative-config ...``):
 
-* 0.10.2: V0 and V1 (V1 by default; EagleProposer);
+* 0.10.2: V0 and V1 (V1 by default; EagleProposer), started the older way too
+  (``python -m vllm_standin.api_server --model M``, as ``-m vllm.entrypoints.openai.api_server``);
 * 0.20.2: Model Runner V2 opt-in (V1 by default: EagleProposer);
 * 0.33.0: Model Runner V2 by default (EagleSpeculator), V1 with VLLM_USE_V2_MODEL_RUNNER=0;
 * 0.34.0: V2 only (EagleSpeculator).
@@ -40,6 +41,7 @@ V1_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 # host: (release, env, restart kind, the file of the EAGLE path it runs, the class there, the other runner's file)
 HOSTS = {
     "v0102": ("0.10.2", {}, "command", DRAFTER, "EagleProposer", None),
+    "v0102api": ("0.10.2", {}, "command", DRAFTER, "EagleProposer", None),
     "v0202": ("0.20.2", {}, "supervisor", DRAFTER, "EagleProposer", SPECULATOR),
     "v0330": ("0.33.0", {}, "command", SPECULATOR, "EagleSpeculator", DRAFTER),
     "v0330v1": ("0.33.0", V1_ENV, "supervisor", DRAFTER, "EagleProposer", SPECULATOR),
@@ -50,7 +52,8 @@ READY = "Application startup complete."
 
 @pytest.fixture(scope="module")
 def vllm_fleet(tmp_path_factory):
-    specs = [HostSpec(n, version=v, engine="vllm", env=env, restart_kind=kind, startup_delay=0.1)
+    specs = [HostSpec(n, version=v, engine="vllm", env=env, restart_kind=kind, startup_delay=0.1,
+                      entrypoint="api_server" if n.endswith("api") else "serve")
              for n, (v, env, kind, *_rest) in HOSTS.items()]
     with Fleet(tmp_path_factory.mktemp("vllm-fleet"), specs) as fleet:
         yield fleet
@@ -115,8 +118,12 @@ def test_inventory_entries_are_vllm_hosts(vllm_fleet):
             assert "[program:vllm]" in conf and "-m vllm_standin serve" in conf
         else:
             argv = shlex.split(restart_doc["start"])
-            assert argv[:4] == ["{python}", "-m", "vllm_standin", "serve"]
-            assert argv[4] == f"{h.mount_point}/models/demo"
+            if name.endswith("api"):
+                assert argv[:3] == ["{python}", "-m", "vllm_standin.api_server"]
+                assert argv[argv.index("--model") + 1] == f"{h.mount_point}/models/demo"
+            else:
+                assert argv[:4] == ["{python}", "-m", "vllm_standin", "serve"]
+                assert argv[4] == f"{h.mount_point}/models/demo"
             spec = json.loads(argv[argv.index("--speculative-config") + 1])
             assert spec["method"] == "eagle" and spec["model"] == f"{h.mount_point}/models/demo-draft"
             assert restart_doc["pidfile"] == f"{h.mount_point}/run/vllm.pid"
