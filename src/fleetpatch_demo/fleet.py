@@ -11,7 +11,10 @@ Layout of a host, as the host sees it (``mount_point``, default
 
     sglang env/bin/python                      # a venv: pyvenv.cfg, python linked to this Python
     sglang env/lib/pythonX.Y/site-packages/    # sglang/ + dist-info (copied from the real wheel)
-                                   sglang_standin.py   # copy of fleetpatch_demo/standin.py
+                                   sglang_standin/ fleetpatch_standin_common/   # the stand-in (standinsite.py)
+    (a vLLM host, HostSpec(engine="vllm"): "vllm env/", its site-packages holding vllm/ from the
+     wheel's members and vllm_standin/; logs/vllm.log, run/vllm.pid; models/demo*/config.json;
+     see vllm_hosts.py)
     logs/sglang.log   run/sglang.pid   state/   home/   models/demo/
     etc/supervisord.conf   run/supervisor.sock   run/supervisord.pid   # restart_kind="supervisor"
 
@@ -73,12 +76,12 @@ from fleetpatch.agent.procs import proc_stat
 
 from . import containerhost, vllm_hosts
 from .dockerd import Dockerd, DockerError, docker_unavailable, sock_from_env
+from .standinsite import SGLANG_SOURCE, install_sglang_standin, sglang_standin_available, sglang_standin_installed
 from .wheels import sglang_tree
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 DEFAULT_MOUNT_POINT = "/srv/fleetpatch-host"
-STANDIN_SOURCE = Path(__file__).with_name("standin.py")
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOKEN_FILE = ".fleetpatch-fleet-host"
 STATE_FILE = "fleet.json"
@@ -208,7 +211,7 @@ class FleetHost:
     def standin_installed(self) -> bool:
         if self.vllm:
             return (self.site_packages / vllm_hosts.STANDIN_MODULE / "__init__.py").is_file()
-        return (self.site_packages / "sglang_standin.py").is_file()
+        return sglang_standin_installed(self.site_packages)
 
     @property
     def supervisor_program(self) -> str:
@@ -685,7 +688,7 @@ class Fleet:
     def standin_available(self) -> bool:
         """The stand-in of every engine the fleet's hosts run is there to install."""
         engines = {s.engine for s in self.specs}
-        return (("sglang" not in engines or STANDIN_SOURCE.is_file())
+        return (("sglang" not in engines or sglang_standin_available())
                 and ("vllm" not in engines or vllm_hosts.standin_available()))
 
     # -- start --------------------------------------------------------------
@@ -703,7 +706,7 @@ class Fleet:
         if not os.path.exists(SSHD):
             raise FleetError(f"{SSHD} not found (install openssh-server)")
         if any(s.start_server for s in self.specs) and not self.standin_available:
-            raise FleetError(f"a stand-in server is missing ({STANDIN_SOURCE} or {vllm_hosts.STANDIN_PACKAGE}); "
+            raise FleetError(f"a stand-in server is missing ({SGLANG_SOURCE} or {vllm_hosts.STANDIN_PACKAGE}); "
                              "use start_server=False")
         if self.container_hosts:
             reason = docker_unavailable(self.docker_sock)
@@ -812,11 +815,9 @@ class Fleet:
             if vllm_hosts.standin_available():
                 vllm_hosts.install_standin(h.site_packages)
                 _make_writable(h.site_packages / vllm_hosts.STANDIN_MODULE)
-        elif STANDIN_SOURCE.is_file():
-            shutil.copy2(STANDIN_SOURCE, h.site_packages / "sglang_standin.py")
-            _make_writable(h.site_packages / "sglang_standin.py")
-            # its scheduler loop and warmup request, imported by that name
-            shutil.copy2(STANDIN_SOURCE.with_name("standin_steps.py"), h.site_packages / "sglang_standin_steps.py")
+        elif sglang_standin_available():
+            for path in install_sglang_standin(h.site_packages):
+                _make_writable(path)
         # A real venv (pyvenv.cfg, bin/python a link to this Python): its site-packages is a
         # site directory of its own, read at start, as on a real host, so the probe's .pth goes
         # there and never into this machine's shared one. The system site-packages stay visible

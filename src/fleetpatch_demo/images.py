@@ -13,7 +13,7 @@
   finder module ``__editable___sglang_X_finder`` that maps ``sglang`` to the checkout,
   and ``sglang-X.dist-info`` (the wheel's METADATA, ``direct_url.json`` with
   ``"editable": true``, INSTALLER, RECORD).  The stand-in server is
-  ``dist-packages/sglang_standin.py``, as on a plain demo host; it imports the worker
+  ``dist-packages/sglang_standin/`` (with ``fleetpatch_standin_common/``), as on a plain demo host; it imports the worker
   from /sgl-workspace.  No CMD, as in the official image: the container's command is
   ``python3 -m sglang_standin ...`` (where an operator writes ``python3 -m
   sglang.launch_server ...``).
@@ -54,6 +54,7 @@ from pathlib import Path
 
 from .dockerd import Dockerd, DockerError, docker_unavailable
 from . import vllm_hosts
+from .standinsite import install_sglang_standin
 from .wheels import sglang_tree
 
 TRIXIE_ROOT_ENV = "FLEETPATCH_TRIXIE_ROOT"
@@ -71,9 +72,8 @@ VLLM_WORKDIR = "/vllm-workspace"
 # The official image's entrypoint is ["vllm", "serve"]: ours runs the stand-in the same way.
 VLLM_ENTRYPOINT = ["python3", "-m", vllm_hosts.STANDIN_MODULE, "serve"]
 VLLM_IMAGE_ENV = {"VLLM_USAGE_SOURCE": "production-docker-image"}
-IMAGE_RECIPE = "1"   # bump when the layout below changes
+IMAGE_RECIPE = "2"   # bump when the layout below changes
 SGL_CHECKOUT = "/sgl-workspace/sglang/python"
-STANDIN_SOURCE = Path(__file__).with_name("standin.py")
 IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -297,8 +297,7 @@ def _lay_out(rootfs: Path, tree: Path, version: str, pyver: str) -> None:
         (site / rel).write_bytes(data)
     record.write(f"{dist}/RECORD,,\n")
     (site / dist / "RECORD").write_text(record.getvalue())
-    shutil.copyfile(STANDIN_SOURCE, site / "sglang_standin.py")
-    shutil.copyfile(STANDIN_SOURCE.with_name("standin_steps.py"), site / "sglang_standin_steps.py")
+    install_sglang_standin(site)
     for dirpath, dirnames, filenames in os.walk(rootfs):
         for d in dirnames:
             os.chmod(os.path.join(dirpath, d), 0o755)
