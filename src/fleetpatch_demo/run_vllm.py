@@ -2,7 +2,7 @@
 
 A local fleet of 4 sshd hosts (fleet.py), each with the real files of vLLM 0.33.0
 (the PyPI wheel's members, vllm_hosts.py) and the vLLM stand-in, started as ``vllm
-serve`` is, with ``--speculative-config '{"method": "eagle", ...}'``.  0.33.0 runs
+serve`` is, with ``--speculative-config '{"method": "eagle3", ...}'``.  0.33.0 runs
 Model Runner V2 by default; ``VLLM_USE_V2_MODEL_RUNNER=0`` keeps Model Runner V1,
 which 0.33.0 still ships.  So:
 
@@ -75,7 +75,7 @@ def flow(console: Console, root: Path, delay: float, down_cmd: str, started: flo
     say(f"A local fleet of 4 GPU hosts - real OpenSSH sshd servers on 127.0.0.1, each in its own mount namespace "
         f"with the files of vLLM {VLLM_VERSION} (from its PyPI wheel) and a stand-in server that imports them and "
         "picks the model runner and the EAGLE drafter exactly as that release does, started as `vllm serve` with "
-        "--speculative-config '{\"method\": \"eagle\", ...}':", markup=False)
+        "--speculative-config '{\"method\": \"eagle3\", ...}':", markup=False)
     say(f"  {', '.join(V2_HOSTS)}  (no runner setting)           Model Runner V2 (0.33's default) -> {V2_PATH}",
         markup=False)
     say(f"  {', '.join(V1_HOSTS)}  VLLM_USE_V2_MODEL_RUNNER=0     Model Runner V1               -> {V1_PATH}",

@@ -10,7 +10,7 @@ the stand-in's ``install.members_dirs``).  Beside them, the vLLM stand-in server
 (fleetpatch_demo/standins/vllm/), started the way ``vllm serve`` is::
 
     <python> -m vllm_standin serve <mount>/models/demo \\
-        --speculative-config '{"method": "eagle", "model": "<mount>/models/demo-draft", \\
+        --speculative-config '{"method": "eagle3", "model": "<mount>/models/demo-draft", \\
                                "num_speculative_tokens": 3}' --port P
 
 and which model runner runs is chosen by the release's own rules from the
@@ -42,10 +42,8 @@ DRAFT_MODEL = "models/demo-draft"
 MODEL_ARCHITECTURE = "LlamaForCausalLM"
 # the draft model's architecture per method, as vLLM's model registry names EAGLE drafts
 DRAFT_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "Eagle3LlamaForCausalLM"}
-# EAGLE (EagleProposer on Model Runner V1, EagleSpeculator on V2, as eagle3). eagle3 is not the
-# default because on Model Runner V1 the stand-in's draft model does not combine eagle3's
-# auxiliary hidden states, so the real propose step's hidden-size assertion fails there.
-DEFAULT_METHOD = "eagle"
+# EAGLE-3, as most EAGLE deployments run it (EagleProposer on Model Runner V1, EagleSpeculator on V2).
+DEFAULT_METHOD = "eagle3"
 NUM_SPECULATIVE_TOKENS = 3
 
 

@@ -125,7 +125,7 @@ def test_inventory_entries_are_vllm_hosts(vllm_fleet):
                 assert argv[:4] == ["{python}", "-m", "vllm_standin", "serve"]
                 assert argv[4] == f"{h.mount_point}/models/demo"
             spec = json.loads(argv[argv.index("--speculative-config") + 1])
-            assert spec["method"] == "eagle" and spec["model"] == f"{h.mount_point}/models/demo-draft"
+            assert spec["method"] == vllm_hosts.DEFAULT_METHOD == "eagle3" and spec["model"] == f"{h.mount_point}/models/demo-draft"
             assert restart_doc["pidfile"] == f"{h.mount_point}/run/vllm.pid"
             assert {k: restart_doc["env"][k] for k in env} == env
 
