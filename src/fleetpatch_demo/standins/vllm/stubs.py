@@ -235,6 +235,15 @@ class Off(Stub):
         return False
 
 
+class LeadingNone(Stub):
+    """A result unpacked as (what is off, values...): its first value is None
+    (`ubatch_slices, n = ...` in 0.12, `should_ubatch, n, _ = ...` later)."""
+
+    def __iter__(self):
+        n = unpacked_count(sys._getframe(1))
+        return iter([None] + [Stub("%s[%d]" % (self._stub_name, i)) for i in range(1, n)])
+
+
 class Decorated(object):
     """A real function under a stubbed decorator (``@torch.inference_mode()``, a kernel
     registry, ...): calling it runs the real function; attributes the decorator would have added
