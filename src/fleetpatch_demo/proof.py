@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from . import loadgen
-from .demo_step import Misbehaved, Step, read_report, run_step
+from .demo_steps import Misbehaved, Step, read_report, run_step
 
 FORWARD_PATCH = "step-count"
 GATED_PATCH = "large-batch"
