@@ -29,6 +29,22 @@ POLICIES = ("v0-v1", "v1-only", "v2-opt-in", "v2-by-architecture", "v2-default",
 # vLLM's own prefix: "(EngineCore_DP0 pid=7) INFO 12-06 02:33:52 [core.py:71] " (colour codes before 0.20)
 LOG_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)*(?:\(\S+ pid=\d+\)(?:\x1b\[[0-9;]*m)* )?"
                         r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ")
+# What vLLM logs when it loads compiled code from its torch.compile cache instead of tracing the
+# source (then no Python line of the compiled region runs), quoted from the wheels:
+COMPILED_CACHE_LINES = (
+    # vllm/compilation/backends.py: 0.10.2 :162 ("for dynamic shape") and :166 ("for shape %s");
+    # 0.20.2 :291 and 0.33.0 :311, 0.34.0 :315 ("%sDirectly load ... for compile range %s from the cache")
+    Signature("compiled-graph-from-cache", "Directly load the compiled graph(s)", "vllm/compilation/backends.py",
+              (("0.10.2", 162), ("0.20.2", 291), ("0.33.0", 311), ("0.34.0", 315)),
+              means="the compiled graph(s) came from the torch.compile cache: the traced source did not run",
+              regex=r"Directly load the compiled graph\(s\) for .* from the cache"),
+    # vllm/compilation/decorators.py (AOT compile): 0.20.2 :306, 0.33.0 and 0.34.0 :327
+    Signature("aot-compilation-from-cache", "Directly load AOT compilation from path",
+              "vllm/compilation/decorators.py", (("0.20.2", 306), ("0.33.0", 327), ("0.34.0", 327)),
+              means="the AOT-compiled model came from the cache: the traced source did not run"),
+)
+# the code torch.compile traces in vLLM: the model's forward and the layers it calls
+COMPILED_PREFIXES = ("vllm/model_executor/models/", "vllm/model_executor/layers/")
 FAILURES = ("EngineCore failed to start.", "Engine core initialization failed.", "Traceback (most recent call last):")
 
 
@@ -94,6 +110,22 @@ def parse_serve(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str], List[st
     return values, bare, notes
 
 
+def served_model(argv: Sequence[str]) -> Optional[str]:
+    """The model name a request to this server names: the first `--served-model-name`, else the
+    model it serves (`vllm serve MODEL`, or `--model M`). None: the argv does not say."""
+    values, _bare, _notes = parse_serve(argv)
+    names = values.get("served-model-name")
+    if names:
+        return names.split()[0]
+    if values.get("model"):
+        return values["model"]
+    args = [str(a) for a in argv]
+    at = args.index("serve") if "serve" in args else -1
+    if 0 <= at < len(args) - 1 and not args[at + 1].startswith("-"):
+        return args[at + 1]
+    return None
+
+
 def speculative_method(values: Mapping[str, str]) -> Tuple[Optional[str], Optional[str]]:
     """The method of --speculative-config (JSON), or (None, error)."""
     raw = values.get("speculative-config")
@@ -135,8 +167,12 @@ class VllmProfile(EngineProfile):
     fact_keys = ("engine", "runner")
     path_noun = "speculative drafter or speculator"
     path_noun_short = "drafter"
-    smoke_request = SMOKE_REQUEST
     version_file = "vllm/_version.py"
+    server_info_path = None      # vLLM has no /server_info: the log and the launch say what runs
+    smoke_path = SMOKE_REQUEST[1]
+    smoke_answer = "choices"
+    compiled_cache_lines = COMPILED_CACHE_LINES
+    compiled_prefixes = COMPILED_PREFIXES
 
     def __init__(self, facts_dir: Path = FACTS_DIR) -> None:
         self.releases = load(facts_dir)
@@ -184,6 +220,30 @@ class VllmProfile(EngineProfile):
         return {"processes": ["API server", "EngineCore", "Worker_TP<rank>"],
                 "VLLM_WORKER_MULTIPROC_METHOD": _default(env.get("VLLM_WORKER_MULTIPROC_METHOD")),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": _default(env.get("VLLM_ENABLE_V1_MULTIPROCESSING"))}
+
+    # ------------------------------------------------------------ a running server
+    def smoke_body(self, prompt: str, max_new_tokens: int, model: Optional[str] = None) -> dict:
+        """OpenAI's completions request; without `model` the agent asks GET /v1/models first."""
+        body = {"prompt": prompt, "max_tokens": int(max_new_tokens), "temperature": 0}
+        if model:
+            body["model"] = model
+        return body
+
+    def served_model(self, launch: Optional[LaunchConfig]) -> Optional[str]:
+        """`--served-model-name N ...` (the first name), else `vllm serve MODEL` or `--model M`."""
+        return served_model(launch.argv) if launch is not None else None
+
+    def process_role(self, name: Optional[str]) -> Optional[str]:
+        """API server, EngineCore or Worker, from the multiprocessing name: vLLM names EngineCore's
+        process `EngineCore_DP<r>` (or `EngineCore`) and its workers `VllmWorker-<r>` / `Worker_TP<r>`;
+        with VLLM_ENABLE_V1_MULTIPROCESSING=0 EngineCore runs in the API server's MainProcess."""
+        if not name:
+            return None
+        if name == "MainProcess":
+            return "API server"
+        if name.startswith("EngineCore"):
+            return "EngineCore"
+        return "Worker" if "Worker" in name else None
 
     # ------------------------------------------------------------ files and paths
     def siblings(self, version: Optional[str]) -> List[Tuple[str, str]]:

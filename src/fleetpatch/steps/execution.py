@@ -49,7 +49,10 @@ def siblings(profile, paths) -> dict[str, list[str]]:
     """{sibling file: [the patched files of `paths` it pairs with]}: reported as imported or never
     imported, and its functions named like the patched ones counted."""
     out: dict[str, list[str]] = {}
-    for a, b in getattr(profile, "sibling_pairs", None) or []:
+    pairs = getattr(profile, "sibling_pairs", None)
+    if not pairs and hasattr(profile, "releases"):   # per-release pairs (vLLM): those of any release it knows
+        pairs = profile.siblings_for(None)
+    for a, b in pairs or []:
         for have, other in ((a, b), (b, a)):
             if have in paths and other not in paths and have not in out.setdefault(other, []):
                 out[other].append(have)
@@ -169,6 +172,9 @@ class Context:
         self.host, self.label, self.profile, self.version = host, label, profile, version
         self.settled, self.timed_out, self.elapsed = settled, timed_out, elapsed
         self.timeline = timeline or probe_verdict.Timeline()
+        # the log lines since the restart that say compiled code came from the engine's cache (Evidence);
+        # the follow sets them from its window (profile.compiled_from_cache)
+        self.compiled_cache: list = []
 
 
 def timeline_of(given, ready_epoch: float | None, smoke_epoch: float | None = None):
@@ -231,15 +237,73 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
                           for f, n in sorted(ran.items()))
         by = f"; proved by {block['proved_by']}" if block["proved_by"] else ""
         v.message += (f"\n  executed ({block['mode']} mode): {shown} (pids {', '.join(map(str, block['pids']))}"
-                      f"{_where(block)}){by}")
+                      f"{_where(block)}{_in_processes(block, ran, ctx)}){by}")
         return v
     if not done:
         return _pending(v, ctx, "a line this patch adds to run")
+    compiled = compiled_verdict(v, block, ctx)
+    if compiled is not None:
+        return compiled
     reached = probe_verdict.reach(block, block.get("added") or {}, ctx.timeline) if not block["ran"] else None
     if reached and reached["status"] == probe_verdict.UNPROVEN and not _off_path(v, block, ctx):
         return _final(v, Status.UNPROVEN, [f"FAIL {ctx.host}  {ctx.label} unproven: its code was reached, "
                                            "none of the lines it adds ran yet"] + reached["lines"] + _runs(v, ctx))
     return _final(v, Status.NOT_EXECUTED, _none_ran(v, block, ctx) + (reached["lines"] if reached else []))
+
+
+def _in_processes(block: dict, ran: dict, ctx: Context) -> str:
+    """'; in EngineCore' where the probe's records name the processes the lines ran in (vLLM:
+    API server, EngineCore, Worker), else ''."""
+    role = getattr(ctx.profile, "process_role", None)
+    names = {n for f in ran for n in (block.get("processes") or {}).get(f, ())}
+    roles = sorted({role(n) or n for n in names}) if role else []
+    if not roles:
+        return ""
+    block["ran_in"] = roles
+    return "; in " + " and ".join(roles) if len(roles) < 3 else "; in " + ", ".join(roles)
+
+
+CACHE_ADVICE = ("to see its lines run, restart with --enforce-eager (no torch.compile), or clear the compile cache "
+                "(the torch_compile_cache folder under $VLLM_CACHE_ROOT, default ~/.cache/vllm) and restart: "
+                "the next start traces the patched source")
+
+
+def compiled_verdict(v, block: dict, ctx: Context):
+    """No added line ran as Python, and the engine compiles (its profile names compile-cache lines):
+    - added lines the probe saw traced (torch.compile's trace or a CUDA graph capture) ran under
+      trace: they are in the compiled graph that serves, so the patch is verified, proved by `trace`;
+    - else a log line since the restart says the compiled graph came from the cache, and a patched file
+      is one whose code runs compiled: no Python line of it runs, which is not `not-executed`; the
+      verdict is `unproven`, naming the line and what to do.
+    None: neither (the markers' and the probe's usual verdict stands)."""
+    if not getattr(ctx.profile, "compiled_cache_lines", ()):
+        return None
+    traced = ran_on_path(dict(block, ran=block.get("traced") or {}), v, ctx)   # on the path that runs
+    if traced and v.status == Status.VERIFIED:
+        block["proved_by"] = "trace"
+        block["compiled"] = {"traced": traced}
+        shown = "; ".join(f"{f} line{'s' if len(n) > 1 else ''} {', '.join(map(str, n[:8]))}"
+                          for f, n in sorted(traced.items()))
+        v.message += (f"\n  executed under trace ({block['mode']} mode): {shown} ran while torch.compile traced "
+                      "them (or a CUDA graph was captured): the compiled graph the server runs holds them; "
+                      "proved by trace")
+        return v
+    added = block.get("added") or {}
+    compiled_files = sorted(p for p, lines in added.items() if lines and not (block.get("ran") or {}).get(p)
+                            and ctx.profile.in_compiled_region(p))
+    if not ctx.compiled_cache or not compiled_files:
+        return None
+    block["proved_by"] = None
+    block["compiled"] = {"from_cache": True, "files": compiled_files,
+                         "evidence": [{"line_no": e.line_no, "text": e.text} for e in ctx.compiled_cache[:3]]}
+    from ..evidence import shorten
+    first = ctx.compiled_cache[0]
+    return _final(v, Status.UNPROVEN, [
+        f"FAIL {ctx.host}  {ctx.label} unproven: the patched code was compiled from the cache, no Python line of it ran",
+        f'  evidence: log line {first.line_no} "{shorten(first.text, 160)}"',
+        f"  {', '.join(compiled_files)}: code torch.compile compiles; the server loaded its compiled graph from "
+        "the cache (keyed by the traced sources' contents), so the probe cannot see its lines run",
+        "  " + CACHE_ADVICE] + _runs(v, ctx))
 
 
 def _rolled_back(v, block: dict):
