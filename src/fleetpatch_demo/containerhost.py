@@ -45,9 +45,9 @@ SSHD_SCRIPT = (
 )
 
 
-def container_name(fleet_root, host: str) -> str:
-    """``sglang-<host>-<6 hex of the fleet root>``: fleets sharing one daemon never collide."""
-    return f"sglang-{host}-{hashlib.sha256(str(fleet_root).encode()).hexdigest()[:6]}"
+def container_name(fleet_root, host: str, engine: str = "sglang") -> str:
+    """``<engine>-<host>-<6 hex of the fleet root>`` (sglang-…, vllm-…): fleets sharing one daemon never collide."""
+    return f"{engine}-{host}-{hashlib.sha256(str(fleet_root).encode()).hexdigest()[:6]}"
 
 
 def sshd_argv(host_dir, mount_point: str, sshd: str, sshd_config, sock: str, holder) -> list[str]:

@@ -71,7 +71,7 @@ import yaml
 
 from fleetpatch.agent.procs import proc_stat
 
-from . import containerhost
+from . import containerhost, vllm_hosts
 from .dockerd import Dockerd, DockerError, docker_unavailable, sock_from_env
 from .wheels import sglang_tree
 
@@ -84,7 +84,8 @@ TOKEN_FILE = ".fleetpatch-fleet-host"
 STATE_FILE = "fleet.json"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RESTART_KINDS = ("command", "supervisor")
-SUPERVISOR_PROGRAM = "sglang"
+ENGINES = ("sglang", "vllm")
+SUPERVISOR_PROGRAM = "sglang"   # an SGLang host's program; a vLLM host's is "vllm" (its engine's name)
 
 
 class FleetError(RuntimeError):
@@ -96,7 +97,8 @@ class HostSpec:
     """What one demo host is."""
 
     name: str
-    version: str = "0.5.9"            # SGLang version of its tree
+    version: str = "0.5.9"            # the engine's version of its tree (SGLang's, or vLLM's: see vllm_hosts.py)
+    engine: str = "sglang"            # "sglang", or "vllm": the real files of a vLLM release and its stand-in
     spec_v2: bool = False             # True: SGLANG_ENABLE_SPEC_V2=True and --speculative-eagle-topk 1
     startup_delay: float = 0.2        # FLEETPATCH_STANDIN_STARTUP_DELAY for its stand-in server
     env: dict = field(default_factory=dict)   # extra server environment
@@ -106,6 +108,8 @@ class HostSpec:
     args: tuple = ()                  # extra launch flags, e.g. ("--disable-overlap-schedule",)
     servers: int = 1                  # > 1: servers s0, s1, ... on their own ports, logs and pidfiles, one tree
     node_group: str | None = None     # one multi-node server: its hosts, in spec order, are ranks 0, 1, ...
+    method: str = "eagle3"            # vLLM hosts: the --speculative-config method
+    architecture: str = vllm_hosts.MODEL_ARCHITECTURE   # vLLM hosts: the model's config.json architectures
 
     @property
     def topk(self) -> int:
@@ -155,10 +159,10 @@ class FleetHost:
         return (self.http_ports or [self.http_port])[self.server_names.index(self._server(server))]
 
     def log_of(self, server=None) -> Path:
-        return self.host_dir / "logs" / f"{self._server(server) or 'sglang'}.log"
+        return self.host_dir / "logs" / f"{self._server(server) or self.spec.engine}.log"
 
     def pidfile_of(self, server=None) -> Path:
-        return self.host_dir / "run" / f"{self._server(server) or 'sglang'}.pid"
+        return self.host_dir / "run" / f"{self._server(server) or self.spec.engine}.pid"
 
     def remote_of(self, path: Path) -> str:
         """A path under host_dir as the host sees it."""
@@ -173,8 +177,18 @@ class FleetHost:
 
     # -- real paths on this machine
     @property
+    def vllm(self) -> bool:
+        return self.spec.engine == "vllm"
+
+    @property
+    def env_name(self) -> str:
+        """The venv's folder under the mount point: "sglang env" or "vllm env" (a space, as paths
+        on real hosts have)."""
+        return f"{self.spec.engine} env"
+
+    @property
     def env_dir(self) -> Path:
-        return self.host_dir / "sglang env"
+        return self.host_dir / self.env_name
 
     @property
     def python(self) -> Path:
@@ -183,6 +197,21 @@ class FleetHost:
     @property
     def site_packages(self) -> Path:
         return self.env_dir / "lib" / self.python_dir / "site-packages"
+
+    @property
+    def package_dir(self) -> Path:
+        """The engine package in its site-packages (a plain host's): ``sglang/`` or ``vllm/``."""
+        return self.site_packages / self.spec.engine
+
+    @property
+    def standin_installed(self) -> bool:
+        if self.vllm:
+            return (self.site_packages / vllm_hosts.STANDIN_MODULE / "__init__.py").is_file()
+        return (self.site_packages / "sglang_standin.py").is_file()
+
+    @property
+    def supervisor_program(self) -> str:
+        return SUPERVISOR_PROGRAM if not self.vllm else self.spec.engine
 
     @property
     def log_path(self) -> Path:
@@ -223,11 +252,11 @@ class FleetHost:
     # -- paths as the host sees them
     @property
     def remote_python(self) -> str:
-        return f"{self.mount_point}/sglang env/bin/python"
+        return f"{self.mount_point}/{self.env_name}/bin/python"
 
     @property
     def remote_site_packages(self) -> str:
-        return f"{self.mount_point}/sglang env/lib/{self.python_dir}/site-packages"
+        return f"{self.mount_point}/{self.env_name}/lib/{self.python_dir}/site-packages"
 
     @property
     def remote_log(self) -> str:
@@ -253,6 +282,8 @@ class FleetHost:
     @property
     def container_argv(self) -> list[str]:
         """The engine container's command (what an operator's compose file says)."""
+        if self.vllm:   # what follows the image's entrypoint, as with vllm/vllm-openai
+            return vllm_hosts.serve_args("/", self.http_port, self.spec.method, self.spec.args)
         return containerhost.server_argv(self.http_port, self.spec.topk, self.spec.num_draft_tokens)
 
     @property
@@ -285,7 +316,7 @@ class FleetHost:
         return f"{self.mount_point}/run/supervisor.sock"
 
     def supervisord_conf_text(self) -> str:
-        """supervisord.conf running this host's stand-in as program ``sglang``: the inventory's
+        """supervisord.conf running this host's stand-in as program ``sglang`` (``vllm``): the inventory's
         start command (``{python}`` expanded), environment and workdir, output to the server log."""
         mp = self.mount_point
         argv = [tok.replace("{python}", self.remote_python) for tok in shlex.split(self.start_command)]
@@ -309,7 +340,7 @@ class FleetHost:
             "[supervisorctl]",
             f"serverurl = unix://{_supervisor_value(self.remote_supervisor_sock)}",
             "",
-            f"[program:{SUPERVISOR_PROGRAM}]",
+            f"[program:{self.supervisor_program}]",
             f"command = {_supervisor_value(shlex.join(argv))}",
             f"environment = {env}",
             f"directory = {_supervisor_value(mp)}",
@@ -336,6 +367,8 @@ class FleetHost:
 
     def start_command_of(self, server=None) -> str:
         """The start command of one of its servers: the same launch on that server's port."""
+        if self.vllm:
+            return vllm_hosts.start_command(self.port_of(server), self.mount_point, self.spec.method, self.spec.args)
         return (
             "{python} -m sglang_standin"
             f" --model-path {shlex.quote(self.mount_point + '/models/demo')}"
@@ -442,6 +475,15 @@ def _supervisor_value(value: str) -> str:
 def _supervisor_quote(value: str) -> str:
     """One value of supervisord's environment= list (a posix shlex word)."""
     return _supervisor_value('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+
+
+def _tree(engine: str, version: str) -> Path:
+    """The release's real files: SGLang's wheel tree, or vLLM's wheel members (vllm_hosts.py)."""
+    return vllm_hosts.vllm_tree(version) if engine == "vllm" else sglang_tree(version)
+
+
+def _image_key(engine: str, version: str) -> str:
+    return f"{engine}=={version}"
 
 
 def _key(name: str, server: str | None) -> str:
@@ -567,6 +609,10 @@ class Fleet:
         if len(set(names)) != len(names):
             raise FleetError(f"duplicate host names in {names}")
         for spec in self.specs:
+            if spec.engine not in ENGINES:
+                raise FleetError(f"{spec.name}: engine must be one of {', '.join(ENGINES)}, not {spec.engine!r}")
+            if spec.engine == "vllm" and (spec.servers != 1 or spec.node_group):
+                raise FleetError(f"{spec.name}: a vLLM host runs one server (no servers=N, no node group)")
             if spec.restart_kind not in RESTART_KINDS:
                 raise FleetError(f"{spec.name}: restart_kind must be one of {', '.join(RESTART_KINDS)}, "
                                  f"not {spec.restart_kind!r}")
@@ -598,7 +644,7 @@ class Fleet:
                 name=spec.name, spec=spec, ssh_port=0, http_port=0, dir=d,
                 host_dir=d / "fs", sshd_dir=d / "sshd", mount_point=self.mount_point,
                 python_dir=pyver, token=uuid.uuid4().hex,
-                container_name=containerhost.container_name(self.root, spec.name) if spec.container else "")
+                container_name=containerhost.container_name(self.root, spec.name, spec.engine) if spec.container else "")
         for group, members in self.node_groups.items():
             if len(members) < 2 or any(self.hosts[m].spec.container or self.hosts[m].spec.servers > 1
                                        or self.hosts[m].spec.restart_kind != "command" for m in members):
@@ -631,7 +677,10 @@ class Fleet:
 
     @property
     def standin_available(self) -> bool:
-        return STANDIN_SOURCE.is_file()
+        """The stand-in of every engine the fleet's hosts run is there to install."""
+        engines = {s.engine for s in self.specs}
+        return (("sglang" not in engines or STANDIN_SOURCE.is_file())
+                and ("vllm" not in engines or vllm_hosts.standin_available()))
 
     # -- start --------------------------------------------------------------
 
@@ -648,7 +697,8 @@ class Fleet:
         if not os.path.exists(SSHD):
             raise FleetError(f"{SSHD} not found (install openssh-server)")
         if any(s.start_server for s in self.specs) and not self.standin_available:
-            raise FleetError(f"{STANDIN_SOURCE} is missing; use start_server=False")
+            raise FleetError(f"a stand-in server is missing ({STANDIN_SOURCE} or {vllm_hosts.STANDIN_PACKAGE}); "
+                             "use start_server=False")
         if self.container_hosts:
             reason = docker_unavailable(self.docker_sock)
             if reason:
@@ -682,19 +732,20 @@ class Fleet:
         return [n for n, h in self.hosts.items() if h.containerized]
 
     def _build_images(self) -> None:
-        """The engine image of each SGLang version a container host runs; stale containers
+        """The engine image of each engine version a container host runs; stale containers
         of this root (or of a dead test process) go."""
-        from .images import ImageError, engine_image
+        from .images import ImageError, engine_image, vllm_image
         try:
-            for v in sorted({self.hosts[n].spec.version for n in self.container_hosts}):
-                self._images[v] = engine_image(self.docker, v)
+            for engine, v in sorted({(self.hosts[n].spec.engine, self.hosts[n].spec.version)
+                                     for n in self.container_hosts}):
+                self._images[_image_key(engine, v)] = (vllm_image if engine == "vllm" else engine_image)(self.docker, v)
             containerhost.prune(self.docker, self.root)
         except (ImageError, DockerError) as e:
             raise FleetError(str(e)) from e
 
     def _build(self) -> None:
         self.keys_dir.mkdir(parents=True, exist_ok=True)
-        trees = {v: sglang_tree(v) for v in sorted({s.version for s in self.specs})}
+        trees = {(e, v): _tree(e, v) for e, v in sorted({(s.engine, s.version) for s in self.specs})}
         if self.container_hosts:
             self._build_images()
         # keys: one client key + one host key per host, generated concurrently
@@ -716,7 +767,7 @@ class Fleet:
             Path(str(self.identity) + ".pub").read_text())
         # trees
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(lambda h: self._build_tree(h, trees[h.spec.version]),
+            list(pool.map(lambda h: self._build_tree(h, trees[(h.spec.engine, h.spec.version)]),
                           self.hosts.values()))
         # ports (ssh + http per server of each host)
         groups = self.node_groups
@@ -739,6 +790,8 @@ class Fleet:
         for sub in ("logs", "run", "state", "home", "etc", "models/demo"):
             (h.host_dir / sub).mkdir(parents=True, exist_ok=True)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
+        if h.vllm:
+            vllm_hosts.model_files(h.host_dir, h.spec.architecture)
         if not h.containerized:   # a container host's engine is in its container
             self._build_env(h, tree)
 
@@ -749,7 +802,11 @@ class Fleet:
         shutil.copytree(tree, h.site_packages, symlinks=True,
                         ignore=shutil.ignore_patterns(".complete", "__pycache__"))
         _make_writable(h.site_packages)
-        if STANDIN_SOURCE.is_file():
+        if h.vllm:
+            if vllm_hosts.standin_available():
+                vllm_hosts.install_standin(h.site_packages)
+                _make_writable(h.site_packages / vllm_hosts.STANDIN_MODULE)
+        elif STANDIN_SOURCE.is_file():
             shutil.copy2(STANDIN_SOURCE, h.site_packages / "sglang_standin.py")
             _make_writable(h.site_packages / "sglang_standin.py")
             # its scheduler loop and warmup request, imported by that name
@@ -890,7 +947,7 @@ class Fleet:
         for h in self.hosts.values():
             if h.supervised:
                 # what supervisord runs is in its config; null drops the command defaults
-                restart = {"kind": "supervisor", "program": SUPERVISOR_PROGRAM,
+                restart = {"kind": "supervisor", "program": h.supervisor_program,
                            "config": h.remote_supervisord_conf, "workdir": None, "pidfile": None}
             elif h.containerized:
                 # the contract's container host: the container's main process is the server
@@ -913,9 +970,15 @@ class Fleet:
                     "url": h.worker_url(s), "health_url": h.health_url_of(s), "log": h.remote_of(h.log_of(s)),
                     "restart": {"start": h.start_command_of(s), "pidfile": h.remote_of(h.pidfile_of(s))},
                 } for s in h.server_names}
+            if h.vllm:
+                # its own engine, interpreter, log and pidfile (the defaults above are the SGLang hosts')
+                inv["hosts"][h.name]["engine"] = {"kind": "vllm", "python": h.remote_python}
+                inv["hosts"][h.name]["server"]["log"] = h.remote_log
+                if not (h.supervised or h.containerized):
+                    restart["pidfile"] = h.remote_pidfile
             if h.containerized:
-                inv["hosts"][h.name]["engine"] = {"container": h.container_name, "runtime": "docker",
-                                                  "python": containerhost.CONTAINER_PYTHON}
+                inv["hosts"][h.name].setdefault("engine", {}).update(
+                    {"container": h.container_name, "runtime": "docker", "python": containerhost.CONTAINER_PYTHON})
                 inv["hosts"][h.name]["server"]["log"] = "container"
         if canary and self.hosts:
             inv["groups"]["canary"] = [next(iter(self.hosts))]
@@ -994,8 +1057,8 @@ class Fleet:
                 return pid
             if h.containerized:
                 return self._start_container(name)
-            if not (h.site_packages / "sglang_standin.py").is_file():
-                raise FleetError(f"{name}: sglang_standin.py is missing from its site-packages")
+            if not h.standin_installed:
+                raise FleetError(f"{name}: the {h.spec.engine} stand-in is missing from its site-packages")
             if h.supervised:
                 return self._start_supervised(name)
             argv = [tok.replace("{python}", h.remote_python) for tok in shlex.split(h.start_command_of(server))]
@@ -1022,10 +1085,11 @@ class Fleet:
         h = self.hosts[name]
         try:
             if not containerhost.start_existing(self.docker, h.container_name):
-                if h.spec.version not in self._images:
+                image = _image_key(h.spec.engine, h.spec.version)
+                if image not in self._images:
                     self._build_images()
                 owner = "detached" if self.detach else str(self._owner_pid)
-                containerhost.run(self.docker, h.container_name, self._images[h.spec.version],
+                containerhost.run(self.docker, h.container_name, self._images[image],
                                   h.container_argv, h.server_env,
                                   containerhost.labels(self.root, name, owner))
             return containerhost.wait_running(self.docker, h.container_name)
@@ -1077,7 +1141,7 @@ class Fleet:
                     full, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=self.session_env(name),
                     start_new_session=True, close_fds=True, pass_fds=fds)
         else:
-            self.supervisorctl(name, "start", SUPERVISOR_PROGRAM)
+            self.supervisorctl(name, "start", h.supervisor_program)
         deadline = time.monotonic() + timeout
         while True:
             pid = self.server_pid(name)
@@ -1087,7 +1151,7 @@ class Fleet:
                 raise FleetError(f"{name}: supervisord exited:\n{_tail(h.host_dir / 'logs' / 'supervisord.out')}"
                                  f"\n{_tail(h.supervisord_log)}")
             if time.monotonic() > deadline:
-                raise FleetError(f"{name}: supervisord did not start {SUPERVISOR_PROGRAM} within {timeout:.0f}s:"
+                raise FleetError(f"{name}: supervisord did not start {h.supervisor_program} within {timeout:.0f}s:"
                                  f"\n{_tail(h.supervisord_log)}\n{_tail(h.log_path)}")
             time.sleep(0.02)
 
@@ -1305,7 +1369,7 @@ class Fleet:
 
     def reset(self, name: str, start_server: bool | None = None, wait: bool = True) -> None:
         """Stop the host's server (and every other process in its namespace but sshd),
-        restore the pristine tree (byte for byte from sglang_tree, no __pycache__, a fresh
+        restore the pristine tree (byte for byte from the engine's tree, no __pycache__, a fresh
         python wrapper and stand-in), empty state/, logs/, run/ and home/, and restart the
         server if the host's spec says start_server.  commands.log is kept."""
         self._reset_tree(name)
@@ -1321,10 +1385,12 @@ class Fleet:
             self.stop_server(name)
         self.kill_processes(name)
         if not h.containerized:
-            self._build_env(h, sglang_tree(h.spec.version))
+            self._build_env(h, _tree(h.spec.engine, h.spec.version))
         for sub in ("state", "logs", "run", "home"):
             _empty_dir(h.host_dir / sub)
         (h.host_dir / "models" / "demo").mkdir(parents=True, exist_ok=True)
+        if h.vllm:
+            vllm_hosts.model_files(h.host_dir, h.spec.architecture)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
 
     def reset_all(self, wait: bool = True) -> None:

@@ -18,7 +18,24 @@
   ``python3 -m sglang_standin ...`` (where an operator writes ``python3 -m
   sglang.launch_server ...``).
 
-Both are cached by a content tag: the tag names a hash of every input, so an image
+* The vLLM engine image, per vLLM release: vLLM laid out as the official
+  ``vllm/vllm-openai`` image has it (docker/Dockerfile of vllm-project/vllm: the
+  final stage installs the wheel with ``uv pip install --system dist/*.whl`` into the
+  system Python, so the package is ``/usr/local/lib/python3.12/dist-packages/vllm``,
+  the path that Dockerfile's own test stage copies ``vllm/v1`` to; ``WORKDIR
+  /vllm-workspace``; ``ENV VLLM_USAGE_SOURCE production-docker-image``;
+  ``ENTRYPOINT ["vllm", "serve"]``, the model and flags being the container's command).
+  Here: the release's real files (vllm_hosts.vllm_tree) and its dist-info in
+  ``/usr/local/lib/python3.13/dist-packages`` (the official image's Python is
+  deadsnakes' 3.12 on Ubuntu 22.04, ours Debian trixie's 3.13: the same system
+  dist-packages of the same layout, only the version in the path differs), the
+  stand-in beside it as ``vllm_standin/``, and ``ENTRYPOINT ["python3", "-m",
+  "vllm_standin", "serve"]`` in place of ``["vllm", "serve"]`` (the ``vllm`` script
+  would import the real vLLM, which needs torch and a GPU), so the container's
+  command is the same ``MODEL --speculative-config ... --port P`` as with the
+  official image.  Its log is the container's output, as vLLM's is there.
+
+All are cached by a content tag: the tag names a hash of every input, so an image
 is rebuilt only when an input changes.
 """
 from __future__ import annotations
@@ -36,6 +53,7 @@ import time
 from pathlib import Path
 
 from .dockerd import Dockerd, DockerError, docker_unavailable
+from . import vllm_hosts
 from .wheels import sglang_tree
 
 TRIXIE_ROOT_ENV = "FLEETPATCH_TRIXIE_ROOT"
@@ -47,6 +65,12 @@ TAR_EXCLUDES = ("./tmp/*", "./proc/*", "./sys/*", "./dev/*", "./run/*",
                 "./var/cache/apt/archives/*.deb", "./var/cache/apt/*.bin")
 BASE_REPO = "fleetpatch-demo/trixie-python3"
 ENGINE_REPO = "fleetpatch-demo/sglang"
+VLLM_REPO = "fleetpatch-demo/vllm"
+VLLM_RECIPE = "1"   # bump when the vLLM layout below changes
+VLLM_WORKDIR = "/vllm-workspace"
+# The official image's entrypoint is ["vllm", "serve"]: ours runs the stand-in the same way.
+VLLM_ENTRYPOINT = ["python3", "-m", vllm_hosts.STANDIN_MODULE, "serve"]
+VLLM_IMAGE_ENV = {"VLLM_USAGE_SOURCE": "production-docker-image"}
 IMAGE_RECIPE = "1"   # bump when the layout below changes
 SGL_CHECKOUT = "/sgl-workspace/sglang/python"
 STANDIN_SOURCE = Path(__file__).with_name("standin.py")
@@ -155,6 +179,68 @@ def engine_image(docker: Dockerd, version: str) -> str:
                 except DockerError as e:
                     raise ImageError(f"building {tag}: {e}") from e
     return tag
+
+
+def vllm_image(docker: Dockerd, version: str) -> str:
+    """The vLLM engine image's tag for vLLM `version`, built unless it exists already."""
+    base = base_image(docker)
+    pyver = _python_version(trixie_root())
+    with tempfile.TemporaryDirectory(prefix="fleetpatch-vllm-") as tmp:
+        context = Path(tmp)
+        _lay_out_vllm(context / "rootfs", vllm_hosts.vllm_tree(version), version, pyver)
+        (context / "Dockerfile").write_text("\n".join([
+            f"FROM {base}",
+            "COPY rootfs/ /",
+            f"WORKDIR {VLLM_WORKDIR}",
+            *(f"ENV {k}={v}" for k, v in VLLM_IMAGE_ENV.items()),
+            f"ENTRYPOINT {json.dumps(VLLM_ENTRYPOINT)}",
+            f'LABEL fleetpatch.demo.vllm="{version}"',
+            "",
+        ]))
+        tag = f"{VLLM_REPO}:{version}-{_hash12(VLLM_RECIPE.encode(), base.encode(), _tree_digest(context))}"
+        if docker.inspect_image(tag) is not None:
+            return tag
+        with _image_lock(docker):
+            if docker.inspect_image(tag) is None:
+                try:
+                    docker.cli("build", "--network", "host", "-q", "-t", tag, str(context), timeout=600)
+                except DockerError as e:
+                    raise ImageError(f"building {tag}: {e}") from e
+    return tag
+
+
+def vllm_site(pyver: str) -> str:
+    """Where the vLLM image's Python finds vllm: the system dist-packages, as in vllm/vllm-openai."""
+    return f"/usr/local/lib/python{pyver}/dist-packages"
+
+
+def _lay_out_vllm(rootfs: Path, tree: Path, version: str, pyver: str) -> None:
+    """The files the vLLM engine image adds to the base image, under `rootfs`: what
+    ``uv pip install --system`` of the wheel leaves (the package, its dist-info with uv's
+    INSTALLER and a RECORD), the stand-in, the demo model's config and the workdir."""
+    site = rootfs / vllm_site(pyver).lstrip("/")
+    shutil.copytree(tree / "vllm", site / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    dist = f"vllm-{version}.dist-info"
+    (site / dist).mkdir(parents=True)
+    shutil.copyfile(next(tree.glob("vllm-*.dist-info")) / "METADATA", site / dist / "METADATA")
+    (site / dist / "INSTALLER").write_text("uv\n")
+    (site / dist / "REQUESTED").write_text("")
+    record = io.StringIO()
+    for path in sorted(p for p in (site / "vllm").rglob("*") if p.is_file()) + [site / dist / n for n in
+                                                                            ("METADATA", "INSTALLER", "REQUESTED")]:
+        data = path.read_bytes()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.write(f"{path.relative_to(site)},sha256={digest},{len(data)}\n")
+    record.write(f"{dist}/RECORD,,\n")
+    (site / dist / "RECORD").write_text(record.getvalue())
+    vllm_hosts.install_standin(site)
+    vllm_hosts.model_files(rootfs)
+    (rootfs / VLLM_WORKDIR.lstrip("/")).mkdir(parents=True)
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
 
 
 def _dockerfile(base: str, version: str) -> str:

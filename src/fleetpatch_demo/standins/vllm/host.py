@@ -1,0 +1,94 @@
+"""The host's vLLM install as the stand-in sees it: the site-packages directory that holds the
+real ``vllm/`` files, the release (from ``vllm/_version.py``), the release's facts
+(``release.json`` installed beside the stand-in) and the per-process set-up every vLLM process
+does first (stubs, the concrete names, logging).
+Stdlib only; Python 3.8+.
+"""
+import importlib
+import json
+import os
+import re
+
+from . import logs, stubs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Host(object):
+    def __init__(self, site_dir=None):
+        self.site_dir = site_dir or find_site_dir()
+        self.version = read_version(self.site_dir)
+        self.release = load_release(self.version)
+        self.quoter = logs.Quoter(self.site_dir)
+
+    @property
+    def version_tuple(self):
+        return tuple(int(p) for p in re.findall(r"\d+", self.version)[:3])
+
+    @property
+    def policy(self):
+        return self.release["reviewed"]["policy"]
+
+    def log_style(self):
+        try:
+            with open(os.path.join(self.site_dir, "vllm", "logger.py"), encoding="utf-8") as f:
+                source = f.read()
+        except OSError:
+            source = ""
+        return logs.prefix_style(self.version_tuple, source)
+
+    def engine_core_name(self):
+        """The EngineCore process's name: 0.10.x names the multiprocessing process EngineCore_DP0
+        and prefixes its lines with that name; later releases use the process title "EngineCore"."""
+        return "EngineCore_DP0" if self.version_tuple < (0, 11) else "EngineCore"
+
+
+def find_site_dir():
+    """The site-packages directory holding vllm/ (beside this package on a host)."""
+    for d in [os.path.dirname(HERE)] + list(__import__("sys").path):
+        if d and os.path.isfile(os.path.join(d, "vllm", "_version.py")):
+            return d
+    raise SystemExit("vllm_standin: no vllm/_version.py on sys.path: install the vLLM files first")
+
+
+def read_version(site_dir):
+    with open(os.path.join(site_dir, "vllm", "_version.py"), encoding="utf-8") as f:
+        m = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", f.read())
+    if not m:
+        raise SystemExit("vllm_standin: %s has no __version__" % os.path.join(site_dir, "vllm", "_version.py"))
+    return m.group(1)
+
+
+def load_release(version):
+    """The facts of `version` (release.json beside the stand-in; a directory of them in a checkout)."""
+    for path in (os.path.join(HERE, "release.json"),
+                 os.path.join(HERE, "..", "..", "..", "fleetpatch", "engines", "vllm_releases", version + ".json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if doc.get("release") == version:
+            return doc
+    raise SystemExit("vllm_standin: no facts for vllm %s beside the stand-in (release.json)" % version)
+
+
+def resolve_obj_by_qualname(qualname):
+    """vllm.utils.import_utils.resolve_obj_by_qualname (0.34's init_speculator resolves the class)."""
+    module, _, name = qualname.rpartition(".")
+    return stubs.absorbing(getattr(importlib.import_module(module), name))
+
+
+def set_up(host, process_name):
+    """What each vLLM process does first: stubs for what the host lacks, the names whose value
+    matters, vLLM's logging.  Returns (envs module, Log)."""
+    registry = stubs.Registry(host.site_dir)
+    registry.by_module["vllm.logger"] = {"init_logger": logs.init_logger, "logger": logs.init_logger("vllm")}
+    for mod in ("vllm.utils.import_utils", "vllm.utils"):
+        registry.by_module[mod] = {"resolve_obj_by_qualname": resolve_obj_by_qualname}
+    registry.by_module["vllm.version"] = {"__version__": host.version}
+    registry.by_module["vllm"] = {"__version__": host.version}
+    stubs.install(registry)
+    envs = importlib.import_module("vllm.envs")
+    log = logs.Log(host.quoter, host.log_style(), process_name)
+    return envs, log
