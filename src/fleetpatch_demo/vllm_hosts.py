@@ -146,13 +146,12 @@ def _extra_cache(version: str, pattern: str) -> Path:
 
 
 def install_standin(site: Path) -> Path:
-    """The stand-in package copied into `site` as ``vllm_standin/`` (no bytecode); returned."""
+    """The stand-in package put into `site` as ``vllm_standin/`` by its own installer (its host-side
+    modules and ``release.json``, the facts of the release in ``site/vllm``); returned."""
     if not (STANDIN_PACKAGE / "__init__.py").is_file():
         raise FileNotFoundError(f"the vLLM stand-in is missing: {STANDIN_PACKAGE}")
-    dest = site / STANDIN_MODULE
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(STANDIN_PACKAGE, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    from .standins.vllm import install as standin_install
+    dest = standin_install.install_standin(site)
     for p in [dest, *dest.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return dest

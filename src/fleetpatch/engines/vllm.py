@@ -233,6 +233,11 @@ class VllmProfile(EngineProfile):
         """`--served-model-name N ...` (the first name), else `vllm serve MODEL` or `--model M`."""
         return served_model(launch.argv) if launch is not None else None
 
+    def in_compiled_region(self, path: str) -> bool:
+        """The model's code (model_executor) and the drafters' and speculators' files: vLLM compiles
+        the draft model with torch.compile and captures the propose steps in CUDA graphs."""
+        return super().in_compiled_region(path) or bool(self.paths_of_file(path))
+
     def process_role(self, name: Optional[str]) -> Optional[str]:
         """API server, EngineCore or Worker, from the multiprocessing name: vLLM names EngineCore's
         process `EngineCore_DP<r>` (or `EngineCore`) and its workers `VllmWorker-<r>` / `Worker_TP<r>`;
@@ -282,6 +287,20 @@ class VllmProfile(EngineProfile):
     def path_names(self) -> List[str]:
         return sorted(self._all_classes())
 
+    def ancestors(self, path_name: Optional[str], version: Optional[str]) -> List[str]:
+        """The drafter's or speculator's base classes, nearest first, as the release's wheel defines
+        them (EagleProposer -> SpecDecodeBaseProposer): a change to a base runs in the class."""
+        rel = self.release(version)
+        bases = (rel.x.get("bases") or {}) if rel is not None else {}
+        out: List[str] = []
+        todo = list(bases.get(path_name or "", []))
+        while todo:
+            name = todo.pop(0)
+            if name not in out and name != path_name:
+                out.append(name)
+                todo += bases.get(name, [])
+        return out
+
     def file_of_path(self, path_name: Optional[str], version: Optional[str] = None) -> Optional[str]:
         if not path_name:
             return None
@@ -308,6 +327,28 @@ class VllmProfile(EngineProfile):
                 facts.values[key] = value
                 facts.evidence[key] = ev
                 facts.notes.append(ev)
+        return facts
+
+    def launch_facts(self, prediction: Optional[Prediction], launch: Optional[LaunchConfig]) -> Optional[Facts]:
+        """The method (--speculative-config) and the engine and runner the launch selects, where it
+        shows them; the log's lines ("Using V2 Model Runner", a V1 fallback, "Falling back to V0")
+        come later and win."""
+        if prediction is None or not prediction.known_version or not prediction.starts or launch is None:
+            return None
+        rel = self.release(prediction.version)
+        method, err = speculative_method(parse_serve(launch.argv)[0])
+        if rel is None or err:
+            return None
+        ev = Evidence("launch", None, f"{launch.source} launch configuration: {prediction.inputs}")
+        facts = Facts("launch")
+        runner, _why, error = choose_runner(rel, launch.env, method)
+        found = {"method": method} if method else {}
+        if runner == "v0":
+            found["engine"] = "v0"
+        elif runner in ("v1", "v2") and not error:
+            found["runner"] = runner
+        for key, value in found.items():
+            facts.values[key], facts.evidence[key] = value, ev
         return facts
 
     def resolve(self, version: Optional[str], values: Dict[str, object]) -> Resolution:

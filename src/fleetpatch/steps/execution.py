@@ -45,13 +45,14 @@ def added_of(revision, states: dict | None = None) -> dict:
     return probe_verdict.added_lines(revision.diff_text, offsets)
 
 
-def siblings(profile, paths) -> dict[str, list[str]]:
+def siblings(profile, paths, version: str | None = None) -> dict[str, list[str]]:
     """{sibling file: [the patched files of `paths` it pairs with]}: reported as imported or never
     imported, and its functions named like the patched ones counted."""
     out: dict[str, list[str]] = {}
     pairs = getattr(profile, "sibling_pairs", None)
-    if not pairs and hasattr(profile, "releases"):   # per-release pairs (vLLM): those of any release it knows
-        pairs = profile.siblings_for(None)
+    if not pairs and hasattr(profile, "releases"):
+        # per-release pairs (vLLM): the host's release's (0.34.0 has no V1 drafter to watch), else any release's
+        pairs = profile.siblings(version) if profile.knows(version) else profile.siblings_for(None)
     for a, b in pairs or []:
         for have, other in ((a, b), (b, a)):
             if have in paths and other not in paths and have not in out.setdefault(other, []):
@@ -79,7 +80,7 @@ def stacked_added(ledger: dict, name: str, revision=None, states: dict | None = 
 
 
 def probe_request(host, profile, label: str, package_dir: str, added: dict, token: str,
-                  stacked: dict | None = None) -> dict:
+                  stacked: dict | None = None, version: str | None = None) -> dict:
     """The `probe` field of a request that restarts: the agent installs this just before. It watches
     the lines of every patch applied (`stacked`: the others'), each patch judged by its own."""
     per_patch = {**(stacked or {}), label: added}
@@ -87,7 +88,7 @@ def probe_request(host, profile, label: str, package_dir: str, added: dict, toke
     for lines in per_patch.values():
         for path, numbers in lines.items():
             union[path] = sorted(set(union.get(path, ())) | set(numbers))
-    plan = probe_install.make_plan(union, package_dir, watch=siblings(profile, set(union)))
+    plan = probe_install.make_plan(union, package_dir, watch=siblings(profile, set(union), version))
     plan["label"] = label
     plan["patches"] = per_patch
     return {"token": token, "python": host.engine.python, "plan": plan, "runtime": runtime_packed()}

@@ -140,7 +140,8 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, found:
         left = {k: v for k, v in execution.stacked_added(reply.get("ledger") or {}, name).items() if k not in labels}
         request["probe"] = execution.probe_request(run.host, run.profile, ", ".join(labels), reply["package_dir"],
                                                    {p: [] for u in earlier for p in u.files} |
-                                                   {p: [] for p in entry["files"]}, run.job.token, left)
+                                                   {p: [] for p in entry["files"]}, run.job.token, left,
+                                                   reply.get("version"))
     try:
         out = run.remote.call("rollback", request, ahead=follow.follow_ahead(run.job, run.host, probing))
     except HostFailure as f:   # a cut or stalled channel: say which patch and what the host may be in
