@@ -163,6 +163,7 @@ class EngineProfile:
     # files (prefixes, inside the package dir) whose code runs compiled (torch.compile): an added line
     # there may never run as Python after a start that loaded the compiled graph from the cache
     compiled_prefixes: Tuple[str, ...] = ()
+    compiled_cache_advice: str = ""   # what to do to see such lines run (a verdict's last line)
 
     # ---------------------------------------------------------- the log
     def strip_prefix(self, line: str) -> str:

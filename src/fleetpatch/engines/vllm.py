@@ -173,6 +173,9 @@ class VllmProfile(EngineProfile):
     smoke_answer = "choices"
     compiled_cache_lines = COMPILED_CACHE_LINES
     compiled_prefixes = COMPILED_PREFIXES
+    compiled_cache_advice = ("to see its lines run, restart with --enforce-eager (no torch.compile), or clear the "
+                             "compile cache (the torch_compile_cache folder under $VLLM_CACHE_ROOT, default "
+                             "~/.cache/vllm) and restart: the next start traces the patched source")
 
     def __init__(self, facts_dir: Path = FACTS_DIR) -> None:
         self.releases = load(facts_dir)

@@ -264,11 +264,6 @@ def _in_processes(block: dict, ran: dict, ctx: Context) -> str:
     return "; in " + " and ".join(roles) if len(roles) < 3 else "; in " + ", ".join(roles)
 
 
-CACHE_ADVICE = ("to see its lines run, restart with --enforce-eager (no torch.compile), or clear the compile cache "
-                "(the torch_compile_cache folder under $VLLM_CACHE_ROOT, default ~/.cache/vllm) and restart: "
-                "the next start traces the patched source")
-
-
 def compiled_verdict(v, block: dict, ctx: Context):
     """No added line ran as Python, and the engine compiles (its profile names compile-cache lines):
     - added lines the probe saw traced (torch.compile's trace or a CUDA graph capture) ran under
@@ -304,7 +299,7 @@ def compiled_verdict(v, block: dict, ctx: Context):
         f'  evidence: log line {first.line_no} "{shorten(first.text, 160)}"',
         f"  {', '.join(compiled_files)}: code torch.compile compiles; the server loaded its compiled graph from "
         "the cache (keyed by the traced sources' contents), so the probe cannot see its lines run",
-        "  " + CACHE_ADVICE] + _runs(v, ctx))
+        "  " + ctx.profile.compiled_cache_advice] + _runs(v, ctx))
 
 
 def _rolled_back(v, block: dict):
