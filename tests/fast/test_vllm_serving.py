@@ -177,8 +177,10 @@ def test_a_model_patch_compiled_from_the_cache_is_not_not_executed_and_says_what
 def test_without_the_cache_line_the_usual_verdict_stands():
     v, _ = folded(records(**{"M-llama.json": imported()}), VLLM, [])
     assert v.status == "unproven" and "compiled from the cache" not in v.message
-    v, _ = folded(records(), VLLM, [CACHE_LINES["0.33.0"]])   # never imported... but a cache load: compiled
-    assert v.status == "unproven" and "compiled from the cache" in v.message
+    # a patched file the server never imported is in no compiled graph it loaded: the usual verdict
+    v, _ = folded(records(), VLLM, [CACHE_LINES["0.33.0"]])
+    assert v.status == "not-executed" and "compiled from the cache" not in v.message
+    assert f"{MODEL}: never imported" in v.message
 
 
 def test_lines_traced_by_torch_compile_ran_under_trace():

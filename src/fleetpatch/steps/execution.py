@@ -285,9 +285,11 @@ def compiled_verdict(v, block: dict, ctx: Context):
                       "proved by trace")
         return v
     added = block.get("added") or {}
+    # a file the server imported (a never-imported one is in no graph it loaded), on the path that runs
+    loaded = (probe_verdict.NO_LINE_RAN, probe_verdict.ONLY_TRACED)
     compiled_files = sorted(p for p, lines in added.items() if lines and not (block.get("ran") or {}).get(p)
-                            and ctx.profile.in_compiled_region(p))
-    if not ctx.compiled_cache or not compiled_files:
+                            and (block.get("not_run") or {}).get(p) in loaded and ctx.profile.in_compiled_region(p))
+    if not ctx.compiled_cache or not compiled_files or _off_path(v, block, ctx):
         return None
     block["proved_by"] = None
     block["compiled"] = {"from_cache": True, "files": compiled_files,
@@ -341,7 +343,10 @@ def _none_ran(v, block: dict, ctx: Context) -> list:
 def _off_path(v, block: dict, ctx: Context) -> bool:
     """The profile knows the path that runs, and the patch changes no file of it."""
     paths = {p for f in block.get("changed_files") or [] for p in ctx.profile.paths_of_file(f) or []}
-    return bool(paths and v.executed_path and v.executed_path not in paths)
+    if not (paths and v.executed_path):
+        return False
+    # a base class of the path that runs is on it (vLLM's EagleSpeculator runs TargetDependentARSpeculator's code)
+    return not paths & {v.executed_path, *ctx.profile.ancestors(v.executed_path, ctx.version or "")}
 
 
 def _where(block: dict) -> str:
