@@ -79,12 +79,14 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
 @command(help={"down": "stop the demo fleet and remove what it created on this machine (from any folder)",
                "root": "where the demo fleet lives (default $XDG_STATE_HOME/fleetpatch/demo, else "
                        "~/.local/state/fleetpatch/demo)",
-               "containers": "run each host's engine in a Docker container (needs a reachable Docker daemon)"})
-def demo(c, down=False, root=None, containers=False):
+               "containers": "run each host's engine in a Docker container (needs a reachable Docker daemon)",
+               "engine": "sglang (default) or vllm: the demo fleet's engine (vllm: 0.33.0 hosts on Model Runner V1 "
+                         "and V2)"})
+def demo(c, down=False, root=None, containers=False, engine="sglang"):
     """Run the demo: a local fleet of 4 sshd hosts, the shipped patch rolled out under traffic through sglang-router (when installed), a one-path patch caught twice."""
     from fleetpatch_demo import run as demo_run  # the demo's fleet code is only loaded for this command
     where = Path(os.path.expanduser(root)) if root else None   # None: the demo's per-user state folder
-    code = demo_run.down(where) if down else demo_run.up(where, containers=containers)
+    code = demo_run.down(where) if down else demo_run.up(where, containers=containers, engine=engine)
     if code:
         raise Exit(code=code)
 

@@ -11,7 +11,10 @@ Layout of a host, as the host sees it (``mount_point``, default
 
     sglang env/bin/python                      # a venv: pyvenv.cfg, python linked to this Python
     sglang env/lib/pythonX.Y/site-packages/    # sglang/ + dist-info (copied from the real wheel)
-                                   sglang_standin.py   # copy of fleetpatch_demo/standin.py
+                                   sglang_standin/ fleetpatch_standin_common/   # the stand-in (standinsite.py)
+    (a vLLM host, HostSpec(engine="vllm"): "vllm env/", its site-packages holding vllm/ from the
+     wheel's members and vllm_standin/; logs/vllm.log, run/vllm.pid; models/demo*/config.json;
+     see vllm_hosts.py)
     logs/sglang.log   run/sglang.pid   state/   home/   models/demo/
     etc/supervisord.conf   run/supervisor.sock   run/supervisord.pid   # restart_kind="supervisor"
 
@@ -73,12 +76,12 @@ from fleetpatch.agent.procs import proc_stat
 
 from . import containerhost, vllm_hosts
 from .dockerd import Dockerd, DockerError, docker_unavailable, sock_from_env
+from .standinsite import SGLANG_SOURCE, install_sglang_standin, sglang_standin_available, sglang_standin_installed
 from .wheels import sglang_tree
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 DEFAULT_MOUNT_POINT = "/srv/fleetpatch-host"
-STANDIN_SOURCE = Path(__file__).with_name("standin.py")
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOKEN_FILE = ".fleetpatch-fleet-host"
 STATE_FILE = "fleet.json"
@@ -108,8 +111,9 @@ class HostSpec:
     args: tuple = ()                  # extra launch flags, e.g. ("--disable-overlap-schedule",)
     servers: int = 1                  # > 1: servers s0, s1, ... on their own ports, logs and pidfiles, one tree
     node_group: str | None = None     # one multi-node server: its hosts, in spec order, are ranks 0, 1, ...
-    method: str = "eagle3"            # vLLM hosts: the --speculative-config method
+    method: str = vllm_hosts.DEFAULT_METHOD   # vLLM hosts: the --speculative-config method
     architecture: str = vllm_hosts.MODEL_ARCHITECTURE   # vLLM hosts: the model's config.json architectures
+    entrypoint: str = "serve"         # vLLM hosts: "serve", or "api_server" (-m vllm.entrypoints.openai.api_server)
 
     @property
     def topk(self) -> int:
@@ -207,7 +211,7 @@ class FleetHost:
     def standin_installed(self) -> bool:
         if self.vllm:
             return (self.site_packages / vllm_hosts.STANDIN_MODULE / "__init__.py").is_file()
-        return (self.site_packages / "sglang_standin.py").is_file()
+        return sglang_standin_installed(self.site_packages)
 
     @property
     def supervisor_program(self) -> str:
@@ -368,7 +372,8 @@ class FleetHost:
     def start_command_of(self, server=None) -> str:
         """The start command of one of its servers: the same launch on that server's port."""
         if self.vllm:
-            return vllm_hosts.start_command(self.port_of(server), self.mount_point, self.spec.method, self.spec.args)
+            return vllm_hosts.start_command(self.port_of(server), self.mount_point, self.spec.method, self.spec.args,
+                                            self.spec.entrypoint)
         return (
             "{python} -m sglang_standin"
             f" --model-path {shlex.quote(self.mount_point + '/models/demo')}"
@@ -613,6 +618,10 @@ class Fleet:
                 raise FleetError(f"{spec.name}: engine must be one of {', '.join(ENGINES)}, not {spec.engine!r}")
             if spec.engine == "vllm" and (spec.servers != 1 or spec.node_group):
                 raise FleetError(f"{spec.name}: a vLLM host runs one server (no servers=N, no node group)")
+            if spec.engine == "vllm" and (spec.entrypoint not in vllm_hosts.ENTRYPOINTS
+                                          or (spec.container and spec.entrypoint != "serve")):
+                raise FleetError(f"{spec.name}: entrypoint must be one of {', '.join(vllm_hosts.ENTRYPOINTS)} "
+                                 "(a container host's is its image's: serve)")
             if spec.restart_kind not in RESTART_KINDS:
                 raise FleetError(f"{spec.name}: restart_kind must be one of {', '.join(RESTART_KINDS)}, "
                                  f"not {spec.restart_kind!r}")
@@ -679,7 +688,7 @@ class Fleet:
     def standin_available(self) -> bool:
         """The stand-in of every engine the fleet's hosts run is there to install."""
         engines = {s.engine for s in self.specs}
-        return (("sglang" not in engines or STANDIN_SOURCE.is_file())
+        return (("sglang" not in engines or sglang_standin_available())
                 and ("vllm" not in engines or vllm_hosts.standin_available()))
 
     # -- start --------------------------------------------------------------
@@ -697,7 +706,7 @@ class Fleet:
         if not os.path.exists(SSHD):
             raise FleetError(f"{SSHD} not found (install openssh-server)")
         if any(s.start_server for s in self.specs) and not self.standin_available:
-            raise FleetError(f"a stand-in server is missing ({STANDIN_SOURCE} or {vllm_hosts.STANDIN_PACKAGE}); "
+            raise FleetError(f"a stand-in server is missing ({SGLANG_SOURCE} or {vllm_hosts.STANDIN_PACKAGE}); "
                              "use start_server=False")
         if self.container_hosts:
             reason = docker_unavailable(self.docker_sock)
@@ -791,7 +800,7 @@ class Fleet:
             (h.host_dir / sub).mkdir(parents=True, exist_ok=True)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
         if h.vllm:
-            vllm_hosts.model_files(h.host_dir, h.spec.architecture)
+            vllm_hosts.model_files(h.host_dir, h.spec.architecture, h.spec.method)
         if not h.containerized:   # a container host's engine is in its container
             self._build_env(h, tree)
 
@@ -806,11 +815,9 @@ class Fleet:
             if vllm_hosts.standin_available():
                 vllm_hosts.install_standin(h.site_packages)
                 _make_writable(h.site_packages / vllm_hosts.STANDIN_MODULE)
-        elif STANDIN_SOURCE.is_file():
-            shutil.copy2(STANDIN_SOURCE, h.site_packages / "sglang_standin.py")
-            _make_writable(h.site_packages / "sglang_standin.py")
-            # its scheduler loop and warmup request, imported by that name
-            shutil.copy2(STANDIN_SOURCE.with_name("standin_steps.py"), h.site_packages / "sglang_standin_steps.py")
+        elif sglang_standin_available():
+            for path in install_sglang_standin(h.site_packages):
+                _make_writable(path)
         # A real venv (pyvenv.cfg, bin/python a link to this Python): its site-packages is a
         # site directory of its own, read at start, as on a real host, so the probe's .pth goes
         # there and never into this machine's shared one. The system site-packages stay visible
@@ -1390,7 +1397,7 @@ class Fleet:
             _empty_dir(h.host_dir / sub)
         (h.host_dir / "models" / "demo").mkdir(parents=True, exist_ok=True)
         if h.vllm:
-            vllm_hosts.model_files(h.host_dir, h.spec.architecture)
+            vllm_hosts.model_files(h.host_dir, h.spec.architecture, h.spec.method)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
 
     def reset_all(self, wait: bool = True) -> None:

@@ -13,7 +13,7 @@
   finder module ``__editable___sglang_X_finder`` that maps ``sglang`` to the checkout,
   and ``sglang-X.dist-info`` (the wheel's METADATA, ``direct_url.json`` with
   ``"editable": true``, INSTALLER, RECORD).  The stand-in server is
-  ``dist-packages/sglang_standin.py``, as on a plain demo host; it imports the worker
+  ``dist-packages/sglang_standin/`` (with ``fleetpatch_standin_common/``), as on a plain demo host; it imports the worker
   from /sgl-workspace.  No CMD, as in the official image: the container's command is
   ``python3 -m sglang_standin ...`` (where an operator writes ``python3 -m
   sglang.launch_server ...``).
@@ -54,6 +54,7 @@ from pathlib import Path
 
 from .dockerd import Dockerd, DockerError, docker_unavailable
 from . import vllm_hosts
+from .standinsite import install_sglang_standin
 from .wheels import sglang_tree
 
 TRIXIE_ROOT_ENV = "FLEETPATCH_TRIXIE_ROOT"
@@ -71,9 +72,8 @@ VLLM_WORKDIR = "/vllm-workspace"
 # The official image's entrypoint is ["vllm", "serve"]: ours runs the stand-in the same way.
 VLLM_ENTRYPOINT = ["python3", "-m", vllm_hosts.STANDIN_MODULE, "serve"]
 VLLM_IMAGE_ENV = {"VLLM_USAGE_SOURCE": "production-docker-image"}
-IMAGE_RECIPE = "1"   # bump when the layout below changes
+IMAGE_RECIPE = "2"   # bump when the layout below changes
 SGL_CHECKOUT = "/sgl-workspace/sglang/python"
-STANDIN_SOURCE = Path(__file__).with_name("standin.py")
 IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -209,6 +209,14 @@ def vllm_image(docker: Dockerd, version: str) -> str:
     return tag
 
 
+def container_package_dir(engine: str) -> str:
+    """Where an engine image holds the engine package: SGLang's editable checkout, or vLLM's
+    system dist-packages (with the base image's Python version)."""
+    if engine == "vllm":
+        return vllm_site(_python_version(trixie_root())) + "/vllm"
+    return f"{SGL_CHECKOUT}/sglang"
+
+
 def vllm_site(pyver: str) -> str:
     """Where the vLLM image's Python finds vllm: the system dist-packages, as in vllm/vllm-openai."""
     return f"/usr/local/lib/python{pyver}/dist-packages"
@@ -289,8 +297,7 @@ def _lay_out(rootfs: Path, tree: Path, version: str, pyver: str) -> None:
         (site / rel).write_bytes(data)
     record.write(f"{dist}/RECORD,,\n")
     (site / dist / "RECORD").write_text(record.getvalue())
-    shutil.copyfile(STANDIN_SOURCE, site / "sglang_standin.py")
-    shutil.copyfile(STANDIN_SOURCE.with_name("standin_steps.py"), site / "sglang_standin_steps.py")
+    install_sglang_standin(site)
     for dirpath, dirnames, filenames in os.walk(rootfs):
         for d in dirnames:
             os.chmod(os.path.join(dirpath, d), 0o755)

@@ -3,7 +3,7 @@
 The router is PyPI ``sglang-router`` (the ``test`` extra). It starts with no
 workers; they are added over its API (fleetpatch.router). Facts about the
 binary are in fleetpatch.router's docstring. `LocalWorker` runs the stand-in
-(fleetpatch_demo.standin) from a copied SGLang tree without an sshd host:
+(fleetpatch_demo/standins/sglang) from a copied SGLang tree without an sshd host:
 for router tests and benchmarks that need many workers quickly.
 """
 from __future__ import annotations
@@ -132,14 +132,13 @@ class RouterProcess:
 
 
 def standin_site(dest: Path, version: str = "0.5.9") -> Path:
-    """A site dir holding the real SGLang `version` tree and the stand-in as sglang_standin.py."""
-    from .standin import __file__ as standin_file
+    """A site dir holding the real SGLang `version` tree and the stand-in (sglang_standin)."""
+    from .standinsite import install_sglang_standin, sglang_standin_installed
     from .wheels import sglang_tree
     dest = Path(dest)
-    if not (dest / "sglang_standin.py").exists():
+    if not sglang_standin_installed(dest):
         shutil.copytree(sglang_tree(version), dest, dirs_exist_ok=True)
-        shutil.copyfile(standin_file, dest / "sglang_standin.py")
-        shutil.copyfile(Path(standin_file).with_name("standin_steps.py"), dest / "sglang_standin_steps.py")
+        install_sglang_standin(dest)
     return dest
 
 

@@ -34,16 +34,13 @@ server takes to come up, so the live view is watchable; the tests lower it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -52,8 +49,20 @@ from rich.rule import Rule
 
 from fleetpatch.errors import FleetpatchError
 
+from . import demo_steps, run_vllm
 from . import fleet as fleetmod
 from . import traffic as trafficmod
+from .demo_steps import Interrupted as _Interrupted
+from .demo_steps import Misbehaved as _Misbehaved
+from .demo_steps import Step
+from .demo_steps import expect_hosts as _expect_hosts
+from .demo_steps import host_digests as _host_digests
+from .demo_steps import misbehaved as _misbehaved
+from .demo_steps import point_at as _point_at
+from .demo_steps import read_report as _report
+from .demo_steps import run_step as _run_step
+from .demo_steps import show_path as _show_path
+from .demo_steps import tree_hashes as _tree_hashes
 from .fleet import Fleet, FleetError, HostSpec
 from .wheels import cache_dir
 
@@ -90,9 +99,7 @@ def down_command(root: Path) -> str:
 
 
 def _console() -> Console:
-    # soft_wrap: a command the demo tells the user to run stays on one line,
-    # piped or not (the terminal wraps it for the eye, a copy gets it whole).
-    return Console(highlight=False, soft_wrap=True)
+    return demo_steps.console()
 
 
 # ---------------------------------------------------------------- prerequisites
@@ -149,115 +156,7 @@ def _containers_missing() -> str | None:
     return containers_unavailable(sock_from_env())
 
 
-def _show_path(p: Path) -> str:
-    """p as a command the user may run from any folder needs it: absolute."""
-    return str(Path(p).absolute())
-
-
 # ---------------------------------------------------------------- steps
-
-
-@dataclass
-class Step:
-    title: str
-    args: list[str]
-    expect_code: int
-    report: Path | None = None
-    code: int | None = None
-    seconds: float = 0.0
-    problem: str = ""
-
-
-class _Interrupted(Exception):
-    def __init__(self, step: Step):
-        super().__init__(step.title)
-        self.step = step
-
-
-def _run_step(console: Console, step: Step) -> Step:
-    shown = " ".join(shlex.quote(a) for a in ["fleetpatch", *step.args])
-    console.print(f"$ {shown}", style="bold", markup=False)
-    argv = [sys.executable, "-m", "fleetpatch", *step.args]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    t = time.monotonic()
-    # The child writes to our stdout/stderr: on a terminal it shows its live table.
-    # Run where the user is, so the command shown is exactly the command run.
-    # Its own session: a Ctrl-C at the terminal reaches only the demo, which
-    # passes exactly one SIGINT on, so the step stops the way it stops when a
-    # person presses Ctrl-C at it (subprocess.run would kill it instead, leaving
-    # hosts patched, unverified and locked).
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
-    interrupted = False
-    while True:
-        try:
-            proc.wait()
-            break
-        except KeyboardInterrupt:
-            interrupted = True
-            try:
-                proc.send_signal(signal.SIGINT)
-            except ProcessLookupError:
-                pass
-    step.seconds = time.monotonic() - t
-    step.code = proc.returncode
-    if interrupted:
-        raise _Interrupted(step)
-    if step.code != step.expect_code:
-        step.problem = f"exited {step.code}, expected {step.expect_code}"
-    return step
-
-
-def _report(step: Step) -> dict:
-    try:
-        return json.loads(step.report.read_text())
-    except (OSError, ValueError, AttributeError) as e:
-        raise _Misbehaved(f"no readable report at {step.report}: {e}") from None
-
-
-class _Misbehaved(Exception):
-    pass
-
-
-def _expect_hosts(doc: dict, names: list[str], status: str, paths: dict[str, str]) -> None:
-    hosts = doc.get("hosts", {})
-    if sorted(hosts) != sorted(names):
-        raise _Misbehaved(f"the report covers {sorted(hosts)}, expected {sorted(names)}")
-    for n in names:
-        h = hosts[n]
-        if h.get("status") != status:
-            raise _Misbehaved(f"{n} is {h.get('status')!r}, expected {status!r}: {h.get('message', '')}")
-        if h.get("executed_path") != paths[n]:
-            raise _Misbehaved(f"{n}: the report says the server runs {h.get('executed_path')!r}, "
-                              f"expected {paths[n]!r}")
-        for s, sh in (h.get("servers") or {}).items():   # a host with several servers: each one judged
-            if sh.get("status") != status or sh.get("executed_path") != paths[n]:
-                raise _Misbehaved(f"{n}: its server {s} is {sh.get('status')!r} on {sh.get('executed_path')!r}, "
-                                  f"expected {status!r} on {paths[n]!r}")
-
-
-def _tree_hashes(fleet: Fleet, names: list[str]) -> dict:
-    """sha256 of every SGLang file of each host (what a write would change)."""
-    out = {}
-    for n in names:
-        base = fleet.hosts[n].site_packages / "sglang"
-        if fleet.hosts[n].containerized:   # the files inside its container, through the container's root
-            pid = fleet.server_pid(n)
-            if not pid:
-                continue
-            base = Path(f"/proc/{pid}/root/sgl-workspace/sglang/python/sglang")
-        for p in sorted(base.rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts:
-                out[(n, str(p.relative_to(base)))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
-def _host_digests(fleet: Fleet) -> dict:
-    """{host: sha256 of all its SGLang files}: what a deploy or a rollback changes."""
-    out: dict = {}
-    for (name, rel), digest in sorted(_tree_hashes(fleet, list(fleet.hosts)).items()):
-        out.setdefault(name, hashlib.sha256()).update(f"{rel}\0{digest}\n".encode())
-    return {name: h.hexdigest() for name, h in out.items()}
 
 
 def _refuse_rerun(root: Path, down_cmd: str) -> list[str] | None:
@@ -278,16 +177,17 @@ def _refuse_rerun(root: Path, down_cmd: str) -> list[str] | None:
         ended = None
     if ended == now:
         return None
+    engine = "vLLM" if any(h.vllm for h in fleet.hosts.values()) else "SGLang"
     if ended is None:
         why = ("the demo did not finish there (it was interrupted or misbehaved), so what its hosts carry "
                "may be yours")
     else:
         changed = sorted(n for n in set(now) | set(ended) if now.get(n) != ended.get(n))
-        why = (f"the SGLang files of {', '.join(changed)} changed since the demo ended there (a patch was "
+        why = (f"the {engine} files of {', '.join(changed)} changed since the demo ended there (a patch was "
                "deployed or rolled back)")
     rerun = down_cmd.replace(" --down", "", 1)
     return [f"fleetpatch demo: a demo fleet is already {'running' if running else 'recorded (stopped)'} in "
-            f"{root}, and {why}. Starting the demo again would put pristine SGLang files back on every host "
+            f"{root}, and {why}. Starting the demo again would put pristine {engine} files back on every host "
             "and lose that, so nothing was changed.",
             "To keep using it, point the everyday commands at it:",
             f"  {_point_at(root / 'hosts.yaml')}",
@@ -298,8 +198,16 @@ def _refuse_rerun(root: Path, down_cmd: str) -> list[str] | None:
 # ---------------------------------------------------------------- up
 
 
-def up(root: Path | None = None, containers: bool = False) -> int:
+ENGINES = ("sglang", "vllm")
+
+
+def up(root: Path | None = None, containers: bool = False, engine: str = "sglang") -> int:
+    """The demo of `engine`: SGLang's (the fleet below) or vLLM's (run_vllm.py)."""
     console = _console()
+    if engine not in ENGINES:
+        console.print(f"fleetpatch demo: --engine must be one of {', '.join(ENGINES)}, not {engine!r}",
+                      style="bold red", markup=False)
+        return 2
     problems = _prerequisites()
     missing = _containers_missing() if containers and not problems else None
     if missing:
@@ -327,16 +235,19 @@ def up(root: Path | None = None, containers: bool = False) -> int:
             console.print(line, markup=False)
         return 2
     started = time.monotonic()
-    ctx: dict = {"containers": containers}
+    ctx: dict = {"containers": containers, "end_record": root / END_RECORD}
     try:
+        if engine == "vllm":
+            if trafficmod.read_record(root) is not None:
+                trafficmod.stop_router(root)  # a previous SGLang demo's, in front of hosts about to go
+            try:
+                (root / END_RECORD).unlink()  # written again only when this run finishes
+            except FileNotFoundError:
+                pass
+            return run_vllm.flow(console, root, delay, down_cmd, started, ctx)
         return _up(console, root, shown_root, delay, down_cmd, started, ctx)
     except (KeyboardInterrupt, _Interrupted) as e:
         return _interrupted(console, root, down_cmd, ctx, e.step if isinstance(e, _Interrupted) else None)
-
-
-def _point_at(inventory: Path) -> str:
-    """The one line that points the everyday commands at the demo fleet."""
-    return f"export FLEETPATCH_INVENTORY={shlex.quote(str(Path(inventory).absolute()))}"
 
 
 def _interrupted(console: Console, root: Path, down_cmd: str, ctx: dict, step: Step | None) -> int:
@@ -668,14 +579,6 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     return 0
 
 
-def _misbehaved(console: Console, step: Step, down_cmd: str) -> int:
-    console.print(f"fleetpatch demo: step {step.title!r} misbehaved: {step.problem}", style="bold red", markup=False)
-    if step.report is not None:
-        console.print(f"  its report: {_show_path(step.report)}", markup=False)
-    console.print(f"The demo fleet is still running for a look; `{down_cmd}` stops it.", markup=False)
-    return 1
-
-
 # ---------------------------------------------------------------- down
 
 
@@ -723,7 +626,7 @@ def down(root: Path | None = None) -> int:
                       "(checked: no process, mount namespace or port of it is left).", markup=False)
     for line in removed:
         console.print(line, markup=False)
-    console.print(f"The SGLang wheels stay cached in {cache_dir()} for the next run.", markup=False)
+    console.print(f"The engine wheels (SGLang, vLLM) stay cached in {cache_dir()} for the next run.", markup=False)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The stand-in SGLang server, run as hosts run it, against real SGLang trees.
 
 Each test copies a real source tree from the PyPI wheel (fleetpatch_demo.wheels)
-plus the stand-in (as ``sglang_standin.py``) into tmp_path, edits the copied
+plus the stand-in (as the package ``sglang_standin``) into tmp_path, edits the copied
 engine files where a test needs a marker or a bug, and starts
 ``python -m sglang_standin <launch flags>`` with stdout and stderr appended to
 a log file, the way fleetpatch's launcher does.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetpatch_demo import standin
+from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 
 READY = "The server is fired up and ready to roll!"
@@ -61,8 +61,7 @@ WORKERS = {  # class -> file
 def make_site(tmp_path: Path, version: str = "0.5.9") -> Path:
     site = tmp_path / ("site-" + version)
     shutil.copytree(sglang_tree(version), site)
-    shutil.copyfile(standin.__file__, site / "sglang_standin.py")
-    shutil.copyfile(Path(standin.__file__).with_name("standin_steps.py"), site / "sglang_standin_steps.py")
+    install_sglang_standin(site)
     return site
 
 
@@ -404,8 +403,8 @@ def test_sglang_0_5_8_tree(tmp_path):
 # bodies ran to their last line.
 _DRIVER = r"""
 import io, json, os, sys, logging
-import sglang_standin as s
-s.install_stubs()
+from sglang_standin import serverargs, stubrules, workers
+stubrules.install_stubs()
 results = []
 for env, args in json.loads(sys.argv[1]):
     os.environ.pop("SGLANG_ENABLE_SPEC_V2", None)
@@ -413,10 +412,10 @@ for env, args in json.loads(sys.argv[1]):
     buf = io.StringIO()
     logging.basicConfig(stream=buf, level=logging.INFO, format="%(message)s", force=True)
     try:
-        mod, sa = s.build_server_args(args)
-        s.apply_routing(sa)
-        s.check_server_args(sa)
-        s.construct_worker(mod, sa, 0, None)
+        mod, sa = serverargs.build_server_args(args)
+        serverargs.apply_routing(sa)
+        serverargs.check_server_args(sa)
+        workers.construct_worker(mod, sa, 0, None)
         err = None
     except Exception as e:
         err = "%s: %s" % (type(e).__name__, e)
@@ -519,29 +518,31 @@ def insert_in_forward(site: Path, cls: str, code: str) -> None:
 
 _FORWARD_DRIVER = r"""
 import io, json, os, sys, logging
-import sglang_standin as s
-s.install_stubs()
+from sglang_standin import scheduler, serverargs, stubrules, workers
+from sglang_standin.state import State
+stubrules.install_stubs()
 results = []
 for env, args in json.loads(sys.argv[1]):
     os.environ.pop("SGLANG_ENABLE_SPEC_V2", None)
     os.environ.update(env)
     buf = io.StringIO()
     logging.basicConfig(stream=buf, level=logging.INFO, format="%(message)s", force=True)
-    s._State.workers, s._State.fatal = [], None
+    State.workers, State.fatal = [], None
     try:
-        mod, sa = s.build_server_args(args)
-        s.apply_routing(sa)
-        s.check_server_args(sa)
-        s._State.server_args = sa
-        w = s.construct_worker(mod, sa, 0, None)
-        s._stub_gpu_steps(w)
-        s._State.workers.append(w)
-        s.logging.basicConfig(stream=buf, level=logging.INFO, format="%(message)s", force=True)
-        ok = [s._forward([s._Req("r1", 4)], extend=True), s._forward([s._Req("r1", 4), s._Req("r2", 4)], extend=False)]
+        mod, sa = serverargs.build_server_args(args)
+        serverargs.apply_routing(sa)
+        serverargs.check_server_args(sa)
+        State.server_args = sa
+        w = workers.construct_worker(mod, sa, 0, None)
+        workers.stub_gpu_steps(w)
+        State.workers.append(w)
+        logging.basicConfig(stream=buf, level=logging.INFO, format="%(message)s", force=True)
+        ok = [scheduler.forward([workers.Req("r1", 4)], extend=True),
+              scheduler.forward([workers.Req("r1", 4), workers.Req("r2", 4)], extend=False)]
         err = None
     except Exception as e:
         ok, err = None, "%s: %s" % (type(e).__name__, e)
-    results.append({"log": buf.getvalue(), "ok": ok, "error": err, "fatal": s._State.fatal})
+    results.append({"log": buf.getvalue(), "ok": ok, "error": err, "fatal": State.fatal})
 print(json.dumps(results))
 """
 

@@ -452,3 +452,94 @@ def test_the_probe_records_in_the_processes_that_ran_the_patched_drafter(pristin
 
 def engine_core_name(release):
     return "EngineCore_DP0" if release == "0.10.2" else "EngineCore"
+
+
+# --------------------------------------------------------------------------- which drafter file runs
+
+def mark_every_propose(site):
+    """Mark every `propose` of the V1 drafters and V2 speculators with its own file's path."""
+    for d in ("vllm/v1/spec_decode", "vllm/v1/worker/gpu/spec_decode"):
+        for f in sorted((Path(site) / d).rglob("*.py")):
+            if "def propose(" in f.read_text(encoding="utf-8"):
+                rel = str(f.relative_to(site))
+                add_mark(site, rel, "propose", rel)
+
+
+METHOD_CASES = [
+    ("0.10.2", "ngram", {}, {"vllm/v1/spec_decode/ngram_proposer.py"}),
+    ("0.10.2", "eagle3", {}, {"vllm/v1/spec_decode/eagle.py"}),
+    ("0.20.2", "eagle3", {"VLLM_USE_V2_MODEL_RUNNER": "1"}, {"vllm/v1/worker/gpu/spec_decode/eagle/speculator.py"}),
+    ("0.33.0", "ngram", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, {"vllm/v1/spec_decode/ngram_proposer.py"}),
+    ("0.33.0", "ngram", {}, {"vllm/v1/worker/gpu/spec_decode/ngram/speculator.py"}),
+    ("0.33.0", "mtp", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, {"vllm/v1/spec_decode/llm_base_proposer.py"}),
+    ("0.34.0", "mtp", {}, {"vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py"}),
+]
+
+
+@pytest.mark.parametrize("release,method,env,files", METHOD_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{'-'.join(c[2].values()) or 'default'}" for c in METHOD_CASES])
+def test_the_method_picks_its_own_drafter_file(host, serve, release, method, env, files):
+    site, home = host(release)
+    mark_every_propose(site)
+    s = serve(site, home, [model_dir(home), "--speculative-config",
+                           json.dumps({"method": method, "num_speculative_tokens": 2}), "--enforce-eager"], env)
+    assert s.ready, s.log
+    s.complete(max_tokens=1)
+    assert {t for t, _ in s.marks()} == files, s.log
+
+
+# --------------------------------------------------------------------------- failures
+
+def test_a_patch_that_raises_in_the_drafter_kills_the_engine_and_the_server(host, serve):
+    site, home = host("0.33.0")
+    path = site / V2_PROPOSE["0.33.0"]
+    text = path.read_text()
+    add_mark(site, V2_PROPOSE["0.33.0"], "propose", "v2")
+    path.write_text(path.read_text().replace(MARK.format(tag="v2"), 'raise RuntimeError("patched drafter failed")'))
+    assert path.read_text() != text
+    s = serve(site, home, [model_dir(home), "--speculative-config", EAGLE, "--enforce-eager"])
+    assert s.ready, s.log
+    with pytest.raises(urllib.error.HTTPError) as err:
+        s.complete(max_tokens=1)
+    assert err.value.code == 500
+    assert s.proc.wait(60) == 1
+    assert "EngineCore encountered a fatal error." in s.log
+    assert "RuntimeError: patched drafter failed" in s.log
+
+
+def test_0_20_v2_refuses_a_method_it_has_no_speculator_for(host, serve):
+    site, home = host("0.20.2")
+    s = serve(site, home, [model_dir(home), "--speculative-config", json.dumps({"method": "ngram"})],
+              {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert not s.ready and s.proc.wait(30) == 1
+    assert "ValueError: VLLM_USE_V2_MODEL_RUNNER does not yet support: speculative method 'ngram'" in s.log
+
+
+def test_sigterm_before_ready_stops_the_server_and_its_processes(host, tmp_path):
+    site, home = host("0.34.0")
+    s = Server.__new__(Server)
+    s.port, s.log_path, s.mark = free_port(), home / "server.log", home / "mark"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(site),
+           "FLEETPATCH_STANDIN_STARTUP_DELAY": "300"}
+    with open(s.log_path, "wb") as out:
+        s.proc = subprocess.Popen([sys.executable, "-m", "vllm_standin", "serve", model_dir(home),
+                                   "--speculative-config", EAGLE, "--tensor-parallel-size", "2",
+                                   "--port", str(s.port)], cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 120
+        while "Waiting for application startup." not in s.log and s.proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        workers = [s.pid_of("Worker_TP0"), s.pid_of("Worker_TP1")]
+        core = s.pid_of("EngineCore")
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert "Application startup complete." not in s.log and "Application shutdown complete." in s.log
+    for pid in workers + [core]:
+        end = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower() \
+                and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()

@@ -1,7 +1,8 @@
-"""The import graph of the core, module by module: no cycle (a function-level import
-counts: it only hides a cycle, it does not remove it) and no module importing another
-module's private (_-prefixed) names. Imports under `if TYPE_CHECKING:` never run and
-are left out."""
+"""The import graph of the core and of the stand-in servers, module by module: no cycle (a
+function-level import counts: it only hides a cycle, it does not remove it) and no module
+importing another module's private (_-prefixed) names. Imports under `if TYPE_CHECKING:`
+never run and are left out. The stand-ins import their common package by the name it is
+installed under on a host (fleetpatch_standin_common); the graph reads it as its source."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +11,9 @@ from pathlib import Path
 from support.paths import REPO
 
 CORE = REPO / "src" / "fleetpatch"
+STANDINS = REPO / "src" / "fleetpatch_demo" / "standins"
+# installed name -> source package
+INSTALLED_AS = {"fleetpatch_standin_common": "fleetpatch_demo.standins.common"}
 
 
 def module_of(path: Path) -> str:
@@ -17,7 +21,14 @@ def module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_of(p): p for p in sorted(CORE.rglob("*.py"))}
+MODULES = {module_of(p): p for root in (CORE, STANDINS) for p in sorted(root.rglob("*.py"))}
+
+
+def source_name(module: str) -> str:
+    for installed, source in INSTALLED_AS.items():
+        if module == installed or module.startswith(installed + "."):
+            return source + module[len(installed):]
+    return module
 
 
 def is_package(module: str) -> bool:
@@ -37,7 +48,7 @@ def type_checking_only(tree: ast.AST) -> set[int]:
 def base_of(module: str, node: ast.ImportFrom) -> str:
     """The absolute module a `from X import ...` names."""
     if node.level == 0:
-        return node.module or ""
+        return source_name(node.module or "")
     package = module if is_package(module) else module.rpartition(".")[0]
     for _ in range(node.level - 1):
         package = package.rpartition(".")[0]
@@ -54,7 +65,7 @@ def imports_of(module: str) -> list[tuple[str, str | None]]:
         if id(node) in skipped:
             continue
         if isinstance(node, ast.Import):
-            found += [(a.name, None) for a in node.names if a.name in MODULES]
+            found += [(source_name(a.name), None) for a in node.names if source_name(a.name) in MODULES]
         elif isinstance(node, ast.ImportFrom):
             base = base_of(module, node)
             for a in node.names:
@@ -111,6 +122,12 @@ def test_the_graph_sees_function_level_imports():
     graph = import_graph()
     assert "fleetpatch.patchrecord" in graph["fleetpatch.steps.deploying"]   # imported inside deploy_record
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_graph_sees_the_standins_and_their_common_package():
+    graph = import_graph()
+    assert "fleetpatch_demo.standins.common.stubs" in graph["fleetpatch_demo.standins.sglang.stubrules"]
+    assert "fleetpatch_demo.standins.sglang.main" in graph["fleetpatch_demo.standins.sglang.__main__"]
 
 
 def test_no_import_cycle_among_the_core_modules():

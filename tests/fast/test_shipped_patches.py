@@ -12,7 +12,7 @@ The fixtures that must be refused are refused by ``patch``/``git apply`` and by
 ``diffapply.parse_diff``; the manifest rules (sibling rule, marker rule) are
 checked with ``patchset.load_patch`` when it can be imported.
 
-With the stand-in server (``fleetpatch_demo/standin.py``) the patched tree is
+With the stand-in server (``fleetpatch_demo/standins/``) the patched tree is
 started on the spec-v1 path (no SGLANG_ENABLE_SPEC_V2, topk 4) and on the
 spec-v2 path (SGLANG_ENABLE_SPEC_V2=True, topk 1): the stand-in constructs the
 worker that SGLang's own routing picks, so the marker of that path must appear
@@ -45,12 +45,12 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 from support.paths import REPO
 
 SHIPPED = REPO / "src" / "fleetpatch" / "patches"
 FIXTURES = REPO / "tests" / "fixtures" / "patches"
-STANDIN = REPO / "src" / "fleetpatch_demo" / "standin.py"
 
 WHEEL_VERSIONS = ("0.5.8", "0.5.8.post1", "0.5.9")
 V1 = "sglang/srt/speculative/eagle_worker.py"
@@ -476,11 +476,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def standin_dir(tmp_path_factory):
-    if not STANDIN.is_file():
-        pytest.skip("fleetpatch_demo/standin.py is not there yet")
     d = tmp_path_factory.mktemp("standin")
-    shutil.copy(STANDIN, d / "sglang_standin.py")
-    shutil.copy(STANDIN.with_name("standin_steps.py"), d / "sglang_standin_steps.py")
+    install_sglang_standin(d)
     return d
 
 

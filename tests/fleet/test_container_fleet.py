@@ -102,7 +102,7 @@ def test_the_engine_image_is_laid_out_as_the_official_one(docker_daemon):
     assert doc["version"] == "0.5.9" and doc["py"] == [3, 13] and doc["venv"] is False
     assert doc["direct_url"] == {"dir_info": {"editable": True}, "url": f"file://{CHECKOUT}"}
     assert {"__editable__.sglang-0.5.9.pth", "__editable___sglang_0_5_9_finder.py",
-            "sglang-0.5.9.dist-info", "sglang_standin.py"} <= set(doc["site"])
+            "sglang-0.5.9.dist-info", "sglang_standin", "fleetpatch_standin_common"} <= set(doc["site"])
     assert doc["worker"] == _sha((sglang_tree("0.5.9") / WORKER).read_bytes())   # the wheel's bytes
 
 

@@ -12,14 +12,15 @@ import pytest
 
 from fleetpatch_demo import fleet as fleetmod
 from fleetpatch_demo.fleet import Fleet, HostSpec
+from fleetpatch_demo.standinsite import sglang_standin_available
 from fleetpatch_demo.wheels import sglang_tree
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD),
     reason="needs root and /usr/sbin/sshd")
 
-HAVE_STANDIN = fleetmod.STANDIN_SOURCE.is_file()
-needs_standin = pytest.mark.skipif(not HAVE_STANDIN, reason="demo/standin.py not written yet")
+HAVE_STANDIN = sglang_standin_available()
+needs_standin = pytest.mark.skipif(not HAVE_STANDIN, reason="fleetpatch_demo/standins/sglang is missing")
 
 PY = "'/srv/fleetpatch-host/sglang env/bin/python'"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from fleetpatch import steps
+from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 from fleetpatch.engines import sglang
 from fleetpatch.inventory import parse_inventory
@@ -28,7 +29,6 @@ from fleetpatch.patchset import load_patch, search_dirs
 from fleetpatch.transport_local import LocalTransport
 from support.paths import FIXTURE_PATCHES, REPO, sha256
 
-STANDIN = REPO / "src" / "fleetpatch_demo" / "standin.py"
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 EAGLE = "sglang/srt/speculative/eagle_worker.py"
@@ -72,8 +72,7 @@ class LocalHost:
                         ignore=shutil.ignore_patterns(".complete", "__pycache__"))
         for p in self.site.rglob("*"):
             p.chmod(p.stat().st_mode | 0o200)
-        shutil.copy2(STANDIN, self.site / "sglang_standin.py")
-        shutil.copy2(STANDIN.with_name("standin_steps.py"), self.site / "sglang_standin_steps.py")
+        install_sglang_standin(self.site)
         for sub in ("logs", "run", "state", "models/demo"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         self.port = free_port()

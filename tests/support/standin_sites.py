@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fleetpatch_demo import standin
+from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 
 
@@ -15,6 +15,5 @@ def standin_site(folder: Path, version: str) -> Path:
     for p in folder.rglob("*"):
         if p.is_file():
             p.chmod(0o644)
-    shutil.copyfile(standin.__file__, folder / "sglang_standin.py")
-    shutil.copyfile(Path(standin.__file__).with_name("standin_steps.py"), folder / "sglang_standin_steps.py")
+    install_sglang_standin(folder)
     return folder

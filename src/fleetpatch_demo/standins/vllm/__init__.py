@@ -12,7 +12,3 @@ One module per concern: host (the install, per-process set-up), stubs (imports t
 logs (format, quoting), routing (engine, runner, drafter), processes (API server, EngineCore,
 workers), drafter (build, propose), compile_cache, http_api, main.
 """
-
-# The wheel members the stand-in reads beyond fleetpatch's facts (install._extra_member says the same):
-# vLLM's compile-cache lines (vllm/compilation/) and its API server's start-up lines.
-EXTRA_MEMBERS = r"vllm/(?:compilation/.*|entrypoints/.*api_server[^/]*)\.py$"

@@ -16,6 +16,7 @@ What a step raises is the step's error: the engine logs it and dies, as vLLM's d
 Stdlib only; Python 3.8+.
 """
 import ast
+import enum
 import importlib
 import inspect
 import textwrap
@@ -36,6 +37,44 @@ class Obj(stubs.StubBase):
                                                  if not k.startswith("_") and not isinstance(v, (stubs.Stub, Obj))))
 
 
+class HfConfig(object):
+    """A model's config.json as transformers loads it: the fields it has (a Llama-8B's where the
+    model directory has none); a field it lacks is an AttributeError, as on the real object
+    (vLLM reads optional ones with getattr(..., default))."""
+
+    DEFAULTS = {"model_type": "llama", "hidden_size": 4096, "vocab_size": 128256, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+    def __init__(self, doc, architectures):
+        self.__dict__.update(self.DEFAULTS)
+        self.__dict__.update({k: v for k, v in (doc or {}).items() if isinstance(k, str) and k.isidentifier()})
+        self.architectures = list(architectures)
+
+    def to_dict(self):
+        return dict(self.__dict__)
+
+
+class CompilationLevel(enum.IntEnum):
+    """vllm.config's CompilationLevel (0.10.x) / CompilationMode (later): the values compared."""
+    NO_COMPILATION = 0
+    DYNAMO_AS_IS = 1
+    DYNAMO_ONCE = 2
+    PIECEWISE = 3
+
+
+class CompilationMode(enum.IntEnum):
+    NONE = 0
+    STOCK_TORCH_COMPILE = 1
+    DYNAMO_TRACE_ONCE = 2
+    VLLM_COMPILE = 3
+
+
+CONFIG_ENUMS = {"CompilationLevel": CompilationLevel, "CompilationMode": CompilationMode}
+# vLLM's default CUDA graph capture sizes (1, 2, 4, then steps of 8 up to 512)
+CAPTURE_SIZES = [1, 2, 4] + list(range(8, 513, 8))
+
+
 def vllm_config(model, route, values, bare, tp):
     """The VllmConfig the drafter reads: the launch's settings, stubs for the rest."""
     spec = route.spec
@@ -43,11 +82,12 @@ def vllm_config(model, route, values, bare, tp):
     model_config = Obj("ModelConfig", model=model, dtype=stubs.Stub("torch.bfloat16"),
                        max_model_len=int(values.get("max-model-len", 4096)), enforce_eager=eager,
                        is_multimodal_model=False, uses_mrope=False, architectures=route.architectures,
-                       hf_config=Obj("PretrainedConfig", architectures=route.architectures))
+                       hf_config=HfConfig(route.hf_doc, route.architectures),
+                       get_hidden_size=lambda: 4096, get_vocab_size=lambda: 128256)
     draft_config = Obj("ModelConfig", model=spec.model if spec else None, dtype=model_config.dtype,
                        max_model_len=model_config.max_model_len, enforce_eager=eager,
                        architectures=spec.draft_architectures if spec else [],
-                       hf_config=Obj("PretrainedConfig", architectures=spec.draft_architectures if spec else []),
+                       hf_config=HfConfig({}, spec.draft_architectures if spec else []),
                        get_hidden_size=lambda: 4096, is_multimodal_model=False, uses_mrope=False)
     if spec is not None:
         object.__setattr__(spec, "draft_model_config", draft_config)
@@ -59,8 +99,10 @@ def vllm_config(model, route, values, bare, tp):
                parallel_config=Obj("ParallelConfig", tensor_parallel_size=tp, pipeline_parallel_size=1,
                                    data_parallel_size=1, prefill_context_parallel_size=1,
                                    decode_context_parallel_size=1),
-               compilation_config=Obj("CompilationConfig", cudagraph_capture_sizes=[], max_cudagraph_capture_size=0,
-                                      level=0 if eager else 3, mode=0 if eager else 3),
+               compilation_config=Obj("CompilationConfig", cudagraph_capture_sizes=list(CAPTURE_SIZES),
+                                      max_cudagraph_capture_size=CAPTURE_SIZES[-1],
+                                      level=CompilationLevel.NO_COMPILATION if eager else CompilationLevel.PIECEWISE,
+                                      mode=CompilationMode.NONE if eager else CompilationMode.VLLM_COMPILE),
                pad_for_cudagraph=lambda n: n)
 
 
@@ -121,15 +163,16 @@ def _v2_class_name(release, method):
 class Drafter(object):
     """The built drafter of one worker (rank): `propose()` runs one step of it."""
 
-    def __init__(self, instance, runner, file, method):
+    def __init__(self, instance, runner, file, method, num_speculative_tokens):
         self.instance, self.runner, self.file, self.method = instance, runner, file, method
+        self.num_speculative_tokens = num_speculative_tokens
 
     @property
     def class_name(self):
         return type(self.instance).__name__
 
     def propose(self):
-        given = {"dummy_run": False, "is_profile": False}
+        given = {"dummy_run": False, "is_profile": False, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "eagle3":      # the target model's auxiliary hidden states feed EAGLE-3
             given["aux_hidden_states"] = stubs.Stub("aux_hidden_states")
         return _call_with(self.instance.propose, given)
@@ -160,4 +203,4 @@ def build(release, route, config):
     # are stubs here): the drafting layers' block size, the cache config's
     if getattr(instance, "block_size", None) == -1:
         instance.block_size = config.cache_config.block_size
-    return Drafter(instance, route.runner, file, route.method)
+    return Drafter(instance, route.runner, file, route.method, route.spec.num_speculative_tokens)

@@ -86,6 +86,9 @@ def set_up(host, process_name):
     registry.by_module["vllm.logger"] = {"init_logger": logs.init_logger, "logger": logs.init_logger("vllm")}
     for mod in ("vllm.utils.import_utils", "vllm.utils"):
         registry.by_module[mod] = {"resolve_obj_by_qualname": resolve_obj_by_qualname}
+    from .drafter import CONFIG_ENUMS
+    for mod in ("vllm.config", "vllm.config.compilation"):
+        registry.by_module[mod] = dict(CONFIG_ENUMS)
     registry.by_module["vllm.version"] = {"__version__": host.version}
     registry.by_module["vllm"] = {"__version__": host.version}
     stubs.install(registry)

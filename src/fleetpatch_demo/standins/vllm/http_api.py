@@ -12,16 +12,11 @@ import json
 import threading
 import time
 
-try:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-except ImportError:  # pragma: no cover - Python < 3.7
-    from http.server import BaseHTTPRequestHandler, HTTPServer as ThreadingHTTPServer
+from fleetpatch_standin_common.httpserver import UvicornHandler, make_http_server, serve_in_thread
 
 from . import logs
 
 WORDS = (" Paris", ".", " It", " is", " the", " capital", " of", " France", ",", " and")
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error",
-           503: "Service Unavailable"}
 
 
 class ServerState(object):
@@ -36,24 +31,13 @@ class ServerState(object):
 
 
 def make_handler(state):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt, *args):
-            pass
-
+    class Handler(UvicornHandler):
         def reply(self, code, doc):
-            body = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            logs.uvicorn('%s:%d - "%s %s HTTP/1.1" %d %s' % (self.client_address[0], self.client_address[1],
-                                                           self.command, self.path, code, REASONS.get(code, "")))
+            self.send_body(code, json.dumps(doc).encode())
+            logs.uvicorn(self.access_text(code))
 
         def do_GET(self):
-            path = self.path.split("?", 1)[0]
+            path = self.request_path()
             if path == "/health":
                 self.reply(200 if state.ready and not state.dead else 503, {})
             elif path == "/version":
@@ -66,9 +50,8 @@ def make_handler(state):
                 self.reply(404, {"detail": "Not Found"})
 
         def do_POST(self):
-            length = int(self.headers.get("content-length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if self.path.split("?", 1)[0] != "/v1/completions":
+            raw = self.read_body()
+            if self.request_path() != "/v1/completions":
                 self.reply(404, {"detail": "Not Found"})
                 return
             try:
@@ -103,8 +86,6 @@ def make_handler(state):
 
 
 def serve(state, host, port):
-    server = ThreadingHTTPServer((host, port), make_handler(state))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="uvicorn", daemon=True)
-    thread.start()
+    server = make_http_server(host, port, make_handler(state))
+    serve_in_thread(server, "uvicorn")
     return server

@@ -1,8 +1,8 @@
 """Put the vLLM stand-in (and, for tests and the demo, a release's real vLLM files) into a
 host's site-packages directory.  Runs on the controller (not copied to hosts).
 
-* ``install_standin(site_dir)``: ``site_dir/vllm_standin/`` = this package's host-side modules,
-  plus ``release.json``: the facts of the release installed in ``site_dir/vllm`` (fleetpatch's
+* ``install_standin(site_dir)``: ``site_dir/vllm_standin/`` = this package's host-side modules
+  (and ``fleetpatch_standin_common/``, which they import), plus ``release.json``: the facts of the release installed in ``site_dir/vllm`` (fleetpatch's
   shipped facts, generated from the same wheel).
 * ``install_vllm_files(site_dir, release)``: the release's real files from the PyPI wheel: the
   members fleetpatch's facts read (cached by ``vllm_members``) and the few more the stand-in
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fleetpatch.engines import vllm_wheel
 from fleetpatch.engines.vllm_members import fetch_members, wheel_file
+from fleetpatch_demo.standinsite import COMMON_PACKAGE, COMMON_SOURCE, install_package
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = "vllm_standin"
@@ -38,7 +39,8 @@ def installed_version(site_dir: Path) -> str:
 
 
 def install_standin(site_dir: Path, facts_dir: Path = vllm_wheel.FACTS_DIR) -> Path:
-    """Copy the stand-in into site_dir/vllm_standin/ with the facts of the installed release."""
+    """Copy the stand-in into site_dir/vllm_standin/ with the facts of the installed release, and
+    the stand-ins' common package (fleetpatch_standin_common) it imports."""
     site_dir = Path(site_dir)
     version = installed_version(site_dir)
     facts = Path(facts_dir) / f"{version}.json"
@@ -52,6 +54,7 @@ def install_standin(site_dir: Path, facts_dir: Path = vllm_wheel.FACTS_DIR) -> P
         if src.name not in CONTROLLER_ONLY:
             shutil.copyfile(src, dest / src.name)
     shutil.copyfile(facts, dest / "release.json")
+    install_package(COMMON_SOURCE, site_dir, COMMON_PACKAGE)
     return dest
 
 

@@ -25,6 +25,9 @@ import sys
 import threading
 import time
 
+from fleetpatch_standin_common.output import env_float, flush_streams, line_buffer_streams
+from fleetpatch_standin_common.serving import Stop, stop_on_signals
+
 from . import host as hostmod, http_api, logs, processes, routing
 
 INFO, WARNING = logging.INFO, logging.WARNING
@@ -75,7 +78,7 @@ def _typed(v):
 
 def fail(log, kind, message, source=None, line=None):
     """A start-up error as Python prints an uncaught exception (vLLM lets it propagate)."""
-    sys.stdout.flush()
+    flush_streams()
     where = '  File "%s", line %s\n' % (log.quoter.path(source), line) if source else ""
     sys.stderr.write("Traceback (most recent call last):\n%s%s: %s\n" % (where, kind, message))
     sys.stderr.flush()
@@ -83,6 +86,8 @@ def fail(log, kind, message, source=None, line=None):
 
 
 def run(argv):
+    line_buffer_streams()
+    stop_on_signals()
     host = hostmod.Host()
     envs, log = hostmod.set_up(host, "APIServer")
     model, values, bare = routing.parse_argv(argv)
@@ -106,6 +111,9 @@ def run(argv):
         engine = processes.EngineClient(launch, host, envs, log, bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING))
         try:
             ok = engine.start()
+        except Stop:            # SIGTERM/SIGINT while the engine starts: stop it, exit 0
+            engine.stop()
+            raise
         except Exception as e:
             processes.log_exception(log, "EngineCore failed to start.", e)
             ok = False
@@ -149,18 +157,17 @@ def serve(host, envs, log, engine, model, values):
         log.quoted(INFO, "vllm/entrypoints/openai/api_server.py", "Starting vLLM server on", address)
     logs.uvicorn("Started server process [%d]" % os.getpid())
     logs.uvicorn("Waiting for application startup.")
-    delay = float(os.environ.get("FLEETPATCH_STANDIN_STARTUP_DELAY", "0") or 0)
-    if delay:
-        time.sleep(delay)
-    state.ready = True
-    logs.uvicorn("Application startup complete.")
-    logs.uvicorn("Uvicorn running on %s (Press CTRL+C to quit)" % address)
 
     def on_term(signum, frame):
         done.set()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    # the model's load and warm-up (a test control): a stop signal meanwhile ends the start
+    if not done.wait(env_float("FLEETPATCH_STANDIN_STARTUP_DELAY", 0.0)):
+        state.ready = True
+        logs.uvicorn("Application startup complete.")
+        logs.uvicorn("Uvicorn running on %s (Press CTRL+C to quit)" % address)
     while not done.wait(0.5):
         pass
     logs.uvicorn("Shutting down")
@@ -170,7 +177,7 @@ def serve(host, envs, log, engine, model, values):
     engine.stop()
     logs.uvicorn("Application shutdown complete.")
     logs.uvicorn("Finished server process [%d]" % os.getpid())
-    sys.stdout.flush()
+    flush_streams()
     return code["exit"]
 
 
@@ -181,4 +188,8 @@ def main(argv=None):
     elif argv and not argv[0].startswith("-"):
         sys.stderr.write("usage: python -m vllm_standin serve MODEL [--flags]\n")
         return 2
-    return run(argv)
+    try:
+        return run(argv)
+    except Stop:
+        flush_streams()
+        return 0

@@ -55,7 +55,8 @@ class Worker(object):
     def start(self):
         model, values, bare = self.launch.parse()
         route = routing.choose(self.host.release, self.envs, self.host.quoter, model, values, bare)
-        route.architectures = routing.read_architectures(model)
+        route.hf_doc = routing.read_config(model)
+        route.architectures = list(route.hf_doc.get("architectures") or [])
         if route.runner == "v2":
             # gpu_worker.py: the positive sign of Model Runner V2 (not in releases with V2 only)
             self.log.quoted(INFO, "vllm/v1/worker/gpu_worker.py", "Using V2 Model Runner")

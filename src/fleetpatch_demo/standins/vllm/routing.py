@@ -70,6 +70,14 @@ class SpecConfig(object):
     `uses_*` predicates answer from the release's method lists (facts `method_tests`)."""
 
     def __init__(self, doc, method_tests, draft_architectures):
+        for k, v in doc.items():          # every field the launch gave, as given
+            if isinstance(k, str) and k.isidentifier():
+                self.__dict__[k] = v
+        if self.method_is("ngram", "ngram_gpu"):
+            # SpeculativeConfig.__post_init__: both lookup bounds default to 5 when neither is given
+            high = doc.get("prompt_lookup_max") or doc.get("prompt_lookup_min") or 5
+            self.prompt_lookup_max = high
+            self.prompt_lookup_min = doc.get("prompt_lookup_min") or high
         self.doc = doc
         self.method = doc.get("method")
         self.num_speculative_tokens = int(doc.get("num_speculative_tokens", 3))
@@ -78,6 +86,13 @@ class SpecConfig(object):
         self.draft_architectures = draft_architectures
         # vLLM's default tree for a chain of N drafts: [(0,), (0, 0), ...]
         self.speculative_token_tree = str([(0,) * (i + 1) for i in range(self.num_speculative_tokens)])
+
+    def method_is(self, *names):
+        return self.doc_method in names
+
+    @property
+    def doc_method(self):
+        return self.__dict__.get("method")
 
     def test(self, name):
         return self.method in self.method_tests.get(name, ())
@@ -105,13 +120,20 @@ class Predicate(object):
         return self.value
 
 
-def read_architectures(model):
-    """`architectures` of MODEL/config.json (a local model directory), or []."""
+def read_config(model):
+    """MODEL/config.json (a local model directory) as a dict, or {}."""
     try:
         with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
-            return list(json.load(f).get("architectures") or [])
-    except (OSError, ValueError, AttributeError):
-        return []
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def read_architectures(model):
+    """`architectures` of MODEL/config.json, or []."""
+    archs = read_config(model).get("architectures")
+    return list(archs) if isinstance(archs, list) else []
 
 
 class Route(object):
@@ -123,6 +145,7 @@ class Route(object):
         self.drafter, self.drafter_file = None, None
         self.lines = []
         self.spec = None
+        self.architectures, self.hf_doc = [], {}
 
     def line(self, process, level, source, needle, *args):
         self.lines.append((process, level, source, needle, args))
@@ -230,8 +253,10 @@ def _runner(route, release, envs, quoter, model, values, bare):
         runner = "v2" if use_v2 else "v1"
         if runner == "v2" and route.spec is not None and not route.spec.test("use_eagle"):
             hit = quoter.quote("vllm/config/vllm.py", "does not yet support")
+            what = quoter.quote("vllm/config/vllm.py", "speculative method '")
             raise StartupError("ValueError", (hit[0] if hit else "VLLM_USE_V2_MODEL_RUNNER does not yet support: ")
-                               + "speculative method %s" % route.method, "vllm/config/vllm.py", hit[1] if hit else None)
+                               + (what[0] if what else "speculative method '%s'").replace("%s", str(route.method)),
+                               "vllm/config/vllm.py", hit[1] if hit else None)
         return runner
     if use_v2 is not None:
         return "v2" if use_v2 else "v1"

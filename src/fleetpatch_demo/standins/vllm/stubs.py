@@ -2,9 +2,17 @@
 import that the stand-in does not run (torch, triton, numpy, and every vLLM module outside the
 drafter/speculator packages and envs.py) is an absorbing stub.
 
-The idea is the SGLang stand-in's (fleetpatch_demo/standin.py): a stub is usable as a value, a
+The idea is the common stubs' (fleetpatch_standin_common.stubs, whose helpers this module
+uses): a stub is usable as a value, a
 callable, a decorator, a base class, a context manager, a container and a number, so real code
-that only passes tensors and configs along runs line by line.  Differences for vLLM:
+that only passes tensors and configs along runs line by line.  vLLM's drafters need other semantics than SGLang's workers, hence
+a finder and Stub of its own:
+
+* unpacking a stub gives as many stubs as the code unpacks (``a, b = self.model(...)``);
+* a stub equals any concrete value and compares as a large positive number, so the drafters'
+  shape asserts hold, while two different stubs (two enum members) differ;
+* a function under a stubbed decorator still runs (``Decorated``), except under numba's or
+  triton's, which compile it (their Python never runs, in vLLM either);
 
 * Every ``vllm.*`` module is a stub EXCEPT the ones in ``REAL`` (the drafters of Model Runner V1,
   the speculators of V2, ``vllm.envs``): those are imported from the host's files by the normal
@@ -24,6 +32,8 @@ import inspect
 import os
 import sys
 import types
+
+from fleetpatch_standin_common.stubs import MISSING, is_dunder, name_leaf
 
 FORCE_STUB = (
     "torch", "triton", "numpy", "transformers", "flashinfer", "xformers", "vllm_flash_attn",
@@ -48,7 +58,7 @@ REAL = (
 TRUE_PREDICATES = {"is_cuda", "is_cuda_alike", "is_available", "is_initialized", "is_last_rank",
                    "is_first_rank", "is_pin_memory_available"}
 
-MISSING = object()
+COMPILERS = ("numba", "triton")     # their decorators compile the function: it never runs as Python
 
 
 class Registry(object):
@@ -65,14 +75,6 @@ class Registry(object):
         return self.by_name.get(name, MISSING) if value is MISSING else value
 
 
-def _is_dunder(name):
-    return name.startswith("__") and name.endswith("__")
-
-
-def _leaf(name):
-    return name.rsplit(".", 1)[-1].split("(")[0].split("[")[0]
-
-
 class Stub(object):
     """Anything a stubbed module provides."""
 
@@ -82,7 +84,7 @@ class Stub(object):
         object.__setattr__(self, "_stub_name", name)
 
     def __getattr__(self, attr):
-        if _is_dunder(attr):
+        if is_dunder(attr):
             raise AttributeError(attr)
         value = Stub(self._stub_name + "." + attr)
         object.__setattr__(self, attr, value)
@@ -92,13 +94,16 @@ class Stub(object):
         object.__setattr__(self, attr, value)
 
     def __call__(self, *args, **kwargs):
-        leaf = _leaf(self._stub_name)
+        leaf = name_leaf(self._stub_name)
         if leaf in TRUE_PREDICATES:
             return True
         if leaf.startswith(("is_", "_is_", "has_", "supports_", "use_")):
             return False
         if len(args) == 1 and not kwargs:
             if inspect.isfunction(args[0]) or inspect.ismethod(args[0]):
+                if self._stub_name.split(".", 1)[0] in COMPILERS:
+                    # numba.jit / triton.jit: compiled code, no Python line of it runs
+                    return Stub("%s(%s)" % (self._stub_name, args[0].__name__))
                 return Decorated(args[0])   # a decorator: the real function runs
             if inspect.isclass(args[0]) or isinstance(args[0], (staticmethod, classmethod, property, Decorated)):
                 return args[0]
@@ -151,11 +156,13 @@ class Stub(object):
     def __exit__(self, *exc):
         return False
 
+    # equal to itself and to any concrete value (`hidden_states.shape[-1] == self.hidden_size`
+    # holds); two different stubs differ (`mode == CUDAGraphMode.NONE` does not)
     def __eq__(self, other):
-        return self is other
+        return self is other or not isinstance(other, (Stub, StubBase, type(None)))
 
     def __ne__(self, other):
-        return self is not other
+        return not self.__eq__(other)
 
     # a stub compares as a large positive number: `n > 0` holds, `n < limit` does not
     def __lt__(self, other):
@@ -253,7 +260,7 @@ class Decorated(object):
         return self.__wrapped__.__get__(obj, cls)
 
     def __getattr__(self, attr):
-        if _is_dunder(attr):
+        if is_dunder(attr):
             raise AttributeError(attr)
         return Stub(self.__name__ + "." + attr)
 
@@ -262,7 +269,7 @@ class StubMeta(type(__import__("abc").ABC)):
     """Metaclass of classes made from stubs: missing class attributes are stubs."""
 
     def __getattr__(cls, attr):
-        if _is_dunder(attr) or attr.startswith("_abc"):
+        if is_dunder(attr) or attr.startswith("_abc"):
             raise AttributeError(attr)
         value = Stub(cls.__name__ + "." + attr)
         type.__setattr__(cls, attr, value)
@@ -280,7 +287,7 @@ class StubBase(object, metaclass=StubMeta):
         pass
 
     def __getattr__(self, attr):
-        if _is_dunder(attr):
+        if is_dunder(attr):
             raise AttributeError(attr)
         value = Stub(type(self).__name__ + "." + attr)
         try:
@@ -294,7 +301,7 @@ class StubBase(object, metaclass=StubMeta):
 
 
 def make_stub_class(name):
-    leaf = _leaf(name) or "Stub"
+    leaf = name_leaf(name) or "Stub"
     if not leaf.isidentifier():
         leaf = "Stub"
     module = name.rsplit(".", 1)[0] if "." in name else name
@@ -309,7 +316,7 @@ def absorbing(cls):
         return cls
 
     def __getattr__(self, attr):
-        if _is_dunder(attr):
+        if is_dunder(attr):
             raise AttributeError(attr)
         return Stub(cls.__name__ + "." + attr)
 
@@ -321,7 +328,7 @@ class StubModule(types.ModuleType):
     registry = None
 
     def __getattr__(self, attr):
-        if _is_dunder(attr):
+        if is_dunder(attr):
             raise AttributeError(attr)
         value = self.registry.concrete(self.__name__, attr) if self.registry else MISSING
         if value is MISSING:

@@ -1,7 +1,6 @@
 """The stand-in server's scheduler loop and its warmup request, as SGLang 0.5.x serves.
 
-Installed beside the stand-in as ``sglang_standin_steps.py`` (the stand-in imports it
-by that name on a host, where fleetpatch_demo is not installed). Stdlib only.
+Part of the SGLang stand-in package (``sglang_standin.steps`` on a host). Stdlib only.
 
 * One scheduler loop (``StepLoop``): each step runs the worker's real
   ``forward_batch_generation`` once per TP rank (the stand-in's ``forward``), with
