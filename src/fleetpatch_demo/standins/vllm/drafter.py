@@ -32,6 +32,14 @@ class Obj(stubs.StubBase):
         for k, v in fields.items():
             object.__setattr__(self, k, v)
 
+    def __getattr__(self, attr):
+        # a setting the launch did not give: off (enable_dbo, lora_config, ...), still absorbing
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        value = stubs.Off("%s.%s" % (self._name, attr))
+        object.__setattr__(self, attr, value)
+        return value
+
     def __repr__(self):
         return "%s(%s)" % (self._name, ", ".join("%s=%r" % (k, v) for k, v in sorted(vars(self).items())
                                                  if not k.startswith("_") and not isinstance(v, (stubs.Stub, Obj))))
@@ -68,6 +76,28 @@ class CompilationMode(enum.IntEnum):
     STOCK_TORCH_COMPILE = 1
     DYNAMO_TRACE_ONCE = 2
     VLLM_COMPILE = 3
+
+
+class ModelLayers(object):
+    """vllm.config.get_layers_from_vllm_config: the attention layers registered in the config,
+    the target model's from the start and the draft model's once it is loaded (the drafter asks
+    before and after loading it and keeps the difference). Other layer types: none."""
+
+    TARGET = "model.layers.0.self_attn.attn"
+    DRAFT = "draft_model.layers.0.self_attn.attn"
+
+    def __init__(self):
+        self.asked = 0
+
+    def __call__(self, vllm_config, layer_type, layer_names=None):
+        name = getattr(layer_type, "_stub_name", None) or getattr(layer_type, "__name__", "")
+        if "Attention" not in str(name):
+            return {}
+        self.asked += 1
+        out = {self.TARGET: stubs.Stub(self.TARGET)}
+        if self.asked > 1:
+            out[self.DRAFT] = stubs.Stub(self.DRAFT)
+        return out
 
 
 CONFIG_ENUMS = {"CompilationLevel": CompilationLevel, "CompilationMode": CompilationMode}
@@ -149,6 +179,15 @@ def _call_with(func, given):
     return func(*args, **kwargs)
 
 
+def model_runner():
+    """The V1 GPUModelRunner as the drafter sees it: its attention groups hold the target's and
+    the draft model's attention layers (ModelLayers), each group's metadata builder a stub."""
+    builder = stubs.Stub("AttentionMetadataBuilder")
+    group = Obj("AttentionGroup", layer_names=[ModelLayers.TARGET, ModelLayers.DRAFT], metadata_builder=builder,
+                metadata_builders=[builder], get_metadata_builder=lambda *a, **k: builder)
+    return Obj("GPUModelRunner", attn_groups=[[group]])
+
+
 def _v2_class_name(release, method):
     """0.34+: the speculator class named for `method` (the one in the method's own package)."""
     branches = [b for b in release["extracted"]["speculator_branches"]
@@ -184,12 +223,14 @@ def build(release, route, config):
     if route.runner == "v1":
         module = importlib.import_module(route.drafter_file[:-3].replace("/", "."))
         cls = stubs.absorbing(getattr(module, route.drafter))
-        instance = _call_with(cls, {"vllm_config": config, "device": device, "runner": stubs.Stub("GPUModelRunner")})
+        runner = model_runner()
+        instance = _call_with(cls, {"vllm_config": config, "device": device, "runner": runner})
         file = route.drafter_file
     else:
         qual = _v2_class_name(release, route.method)
         if qual is not None:
             object.__setattr__(route.spec, "speculator_config", Obj("SpeculatorConfig", speculator_class=qual))
+        runner = model_runner()
         init_mod = importlib.import_module("vllm.v1.worker.gpu.spec_decode")
         instance = _call_with(init_mod.init_speculator, {"vllm_config": config, "device": device,
                                                          "req_states": stubs.Stub("RequestState")})
@@ -203,4 +244,6 @@ def build(release, route, config):
     # are stubs here): the drafting layers' block size, the cache config's
     if getattr(instance, "block_size", None) == -1:
         instance.block_size = config.cache_config.block_size
+    if getattr(instance, "draft_attn_groups", None) == []:
+        instance.draft_attn_groups = [g for groups in runner.attn_groups for g in groups]
     return Drafter(instance, route.runner, file, route.method, route.spec.num_speculative_tokens)

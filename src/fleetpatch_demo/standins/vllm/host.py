@@ -86,9 +86,12 @@ def set_up(host, process_name):
     registry.by_module["vllm.logger"] = {"init_logger": logs.init_logger, "logger": logs.init_logger("vllm")}
     for mod in ("vllm.utils.import_utils", "vllm.utils"):
         registry.by_module[mod] = {"resolve_obj_by_qualname": resolve_obj_by_qualname}
-    from .drafter import CONFIG_ENUMS
-    for mod in ("vllm.config", "vllm.config.compilation"):
-        registry.by_module[mod] = dict(CONFIG_ENUMS)
+    from .drafter import CONFIG_ENUMS, ModelLayers
+    layers = ModelLayers()
+    for mod in ("vllm.config", "vllm.config.compilation", "vllm.config.utils", "vllm.config.vllm"):
+        registry.by_module[mod] = dict(CONFIG_ENUMS, get_layers_from_vllm_config=layers)
+    # the data-parallel coordination of a single engine: no micro-batching (DBO off)
+    registry.by_name["coordinate_batch_across_dp"] = lambda *a, **k: stubs.LeadingOff("coordinate_batch_across_dp()")
     registry.by_module["vllm.version"] = {"__version__": host.version}
     registry.by_module["vllm"] = {"__version__": host.version}
     stubs.install(registry)

@@ -235,6 +235,14 @@ class Off(Stub):
         return False
 
 
+class LeadingOff(Stub):
+    """A result unpacked as (flag, values...) whose flag is off (`should_ubatch, n, _ = ...`)."""
+
+    def __iter__(self):
+        n = unpacked_count(sys._getframe(1))
+        return iter([Off(self._stub_name + "[0]")] + [Stub("%s[%d]" % (self._stub_name, i)) for i in range(1, n)])
+
+
 class Decorated(object):
     """A real function under a stubbed decorator (``@torch.inference_mode()``, a kernel
     registry, ...): calling it runs the real function; attributes the decorator would have added
