@@ -543,3 +543,49 @@ def test_sigterm_before_ready_stops_the_server_and_its_processes(host, tmp_path)
                 and time.monotonic() < end:
             time.sleep(0.2)
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_the_probe_sees_the_trace_at_the_first_start_and_nothing_at_a_cached_start(pristine, tmp_path):
+    """Compiled (no --enforce-eager): the first start traces the patched propose step (the probe
+    records its lines as traced, T-), a request runs it (L-/F-); a restart with the same files
+    loads from the cache: nothing at start-up, the request's run only."""
+    python, site = venv_site(tmp_path)
+    shutil.copytree(pristine["0.33.0"], site, dirs_exist_ok=True)
+    source = V2_PROPOSE["0.33.0"]
+    add_mark(site, source, "propose", "patched")
+    text = (site / source).read_text().splitlines()
+    added = {source: [i + 1 for i, line in enumerate(text) if "STANDIN_MARK" in line]}
+    probe_dir = tmp_path / "probe"
+    probe_install.install(str(site), str(probe_dir), "abc123def456", probe_install.make_plan(added, str(site)))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "STANDIN_MARK": str(home / "mark")}
+
+    def start():
+        s = Server.__new__(Server)
+        s.port, s.log_path, s.mark = free_port(), home / f"server-{len(list(home.glob('*.log')))}.log", home / "mark"
+        with open(s.log_path, "wb") as out:
+            s.proc = subprocess.Popen([str(python), "-m", "vllm_standin", "serve", model_dir(home),
+                                       "--speculative-config", EAGLE, "--port", str(s.port)],
+                                      cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
+        assert s.wait_ready(), s.log
+        return s
+
+    def kinds(pid):
+        procs = parse_records(probe_install.read_records(str(probe_dir)))
+        return {n.split("-", 1)[0] for p in procs.values() if p["process"] and str(p["process"]["pid"]) == pid
+                for n, _ in p["records"] if n[:2] in ("L-", "F-", "T-")}
+
+    first = start()
+    core = first.pid_of("EngineCore")
+    assert kinds(core) == {"T"}                     # traced at start-up, not run
+    first.complete(max_tokens=1)
+    assert kinds(core) >= {"T"} and kinds(core) & {"L", "F"}
+    assert first.stop() == 0
+    second = start()
+    core2 = second.pid_of("EngineCore")
+    assert "Directly load the compiled graph(s) for" in second.log
+    assert kinds(core2) == set()                    # loaded from the cache: no line of it at start-up
+    second.complete(max_tokens=1)
+    assert kinds(core2) & {"L", "F"} and "T" not in kinds(core2)
+    assert second.stop() == 0

@@ -7,8 +7,9 @@ sha256 of the files that define the drafter's class and its bases (the host's fi
 
 * ``--enforce-eager``: no compilation, no cache; nothing is traced at start-up.
 * First start for a key (a changed drafter file is a new key): the worker "traces": it runs the
-  drafter's propose step once at start-up (its Python lines run, as TorchDynamo steps through
-  the code it compiles), logs the release's "Dynamo bytecode transform time" and "Compiling a
+  drafter's propose step once at start-up with ``torch.compiler.is_compiling()`` True (its
+  Python lines run, as TorchDynamo steps through the code it compiles; fleetpatch's probe
+  records them as traced), logs the release's "Dynamo bytecode transform time" and "Compiling a
   graph for ..." lines and stores the key's directory.
 * A later start with the same key logs the release's "Directly load the compiled graph(s) for
   ... from the cache" line and runs no Python of the drafter at start-up.
@@ -18,6 +19,7 @@ the propose step's Python is what a patch changes and what the probe must see).
 Stdlib only; Python 3.8+.
 """
 import hashlib
+import importlib
 import inspect
 import logging
 import os
@@ -78,6 +80,21 @@ def _line(log, source, needle, shape, seconds, near=None):
     return True
 
 
+class compiling(object):
+    """While the region is traced, ``torch.compiler.is_compiling()`` is True in this process, as
+    under TorchDynamo: fleetpatch's probe then records the lines that run as traced (T-), not as
+    run; the drafter's own checks of it see the same."""
+
+    def __enter__(self):
+        self.compiler = importlib.import_module("torch").compiler      # the stub torch of this process
+        object.__setattr__(self.compiler, "is_compiling", lambda *a, **k: True)
+        return self
+
+    def __exit__(self, *exc):
+        object.__setattr__(self.compiler, "is_compiling", lambda *a, **k: False)
+        return False
+
+
 def start(log, drafter, cache_root, rank, enforce_eager, site_dir, max_tokens):
     """At worker start-up: trace (run the propose step once) or load from the cache.
     Returns "eager", "traced" or "cached"."""
@@ -92,7 +109,8 @@ def start(log, drafter, cache_root, rank, enforce_eager, site_dir, max_tokens):
         _line(log, BACKENDS, "Directly load the compiled graph(s) for", shape, time.time() - began)
         _line(log, MONITOR, "torch.compile t", shape, time.time() - began)
         return "cached"
-    drafter.propose()            # TorchDynamo steps through the region's Python once
+    with compiling():            # TorchDynamo steps through the region's Python once
+        drafter.propose()
     _line(log, BACKENDS, "Dynamo bytecode transform time", shape, time.time() - began)
     _line(log, BACKENDS, "Compiling a graph for", shape, time.time() - began)
     os.makedirs(rank_dir, exist_ok=True)

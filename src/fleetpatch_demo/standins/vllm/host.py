@@ -37,10 +37,40 @@ class Host(object):
             source = ""
         return logs.prefix_style(self.version_tuple, source)
 
+    def source(self, rel):
+        try:
+            with open(os.path.join(self.site_dir, rel), encoding="utf-8") as f:
+                return f.read()
+        except OSError:
+            return ""
+
     def engine_core_name(self):
-        """The EngineCore process's name: 0.10.x names the multiprocessing process EngineCore_DP0
-        and prefixes its lines with that name; later releases use the process title "EngineCore"."""
+        """The EngineCore process's name (its log prefix), as the host's vllm/v1/engine/utils.py
+        names the process: EngineCore_0 (0.10.0-0.10.1), EngineCore_DP0 (0.10.2), and "EngineCore"
+        without data parallelism (later)."""
+        m = re.search(r'name=f"(EngineCore_\w*)\{global_index\}"(?:\s+if\s+\w+\s+else\s+"(\w+)")?',
+                      self.source("vllm/v1/engine/utils.py"))
+        if m:
+            return m.group(2) or m.group(1) + "0"
         return "EngineCore_DP0" if self.version_tuple < (0, 11) else "EngineCore"
+
+    def api_server_name(self):
+        """"APIServer", or None where the API server does not prefix its lines (0.10.0: its
+        api_server.py has no decorate_logs("APIServer"))."""
+        if self.log_style() == "format" or 'decorate_logs("APIServer")' in self.source(
+                "vllm/entrypoints/openai/api_server.py"):
+            return "APIServer"
+        return None
+
+    def worker_name(self, rank):
+        """A TP worker's process name, as the host's multiproc_executor.py makes it:
+        "VllmWorker rank=R" (0.10.0), "VllmWorker TP<r>" (0.10.1), "Worker_TP<r>" (0.10.2+)."""
+        text = self.source("vllm/v1/executor/multiproc_executor.py")
+        if 'process_name = "VllmWorker"' in text:
+            return "VllmWorker TP%d" % rank
+        if "VllmWorker rank=" in text:
+            return "VllmWorker rank=%d" % rank
+        return "Worker_TP%d" % rank
 
 
 def find_site_dir():
@@ -91,7 +121,7 @@ def set_up(host, process_name):
     for mod in ("vllm.config", "vllm.config.compilation", "vllm.config.utils", "vllm.config.vllm"):
         registry.by_module[mod] = dict(CONFIG_ENUMS, get_layers_from_vllm_config=layers)
     # the data-parallel coordination of a single engine: no micro-batching (DBO off)
-    registry.by_name["coordinate_batch_across_dp"] = lambda *a, **k: stubs.LeadingOff("coordinate_batch_across_dp()")
+    registry.by_name["coordinate_batch_across_dp"] = lambda *a, **k: stubs.LeadingNone("coordinate_batch_across_dp()")
     registry.by_module["vllm.version"] = {"__version__": host.version}
     registry.by_module["vllm"] = {"__version__": host.version}
     stubs.install(registry)

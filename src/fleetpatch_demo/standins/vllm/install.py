@@ -6,8 +6,9 @@ host's site-packages directory.  Runs on the controller (not copied to hosts).
   shipped facts, generated from the same wheel).
 * ``install_vllm_files(site_dir, release)``: the release's real files from the PyPI wheel: the
   members fleetpatch's facts read (cached by ``vllm_members``) and the few more the stand-in
-  quotes (``vllm/compilation/*.py``, ``vllm/entrypoints/**/api_server.py``), fetched by HTTP
-  range once per machine.
+  quotes (``vllm/compilation/*.py``, ``vllm/entrypoints/**/api_server.py``) or reads its
+  process names from (``vllm/v1/engine/utils.py``, ``vllm/v1/executor/multiproc_executor.py``),
+  fetched by HTTP range once per machine.
 """
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ CONTROLLER_ONLY = {"install.py"}
 CACHE = Path.home() / ".cache" / "fleetpatch" / "wheels"
 
 
+EXTRA_FILES = ("vllm/v1/engine/utils.py", "vllm/v1/executor/multiproc_executor.py")
+
+
 def _extra_member(name: str) -> bool:
-    return name.endswith(".py") and (name.startswith("vllm/compilation/")
+    return name.endswith(".py") and (name.startswith("vllm/compilation/") or name in EXTRA_FILES
                                      or (name.startswith("vllm/entrypoints/") and "api_server" in name))
 
 
@@ -61,7 +65,7 @@ def install_standin(site_dir: Path, facts_dir: Path = vllm_wheel.FACTS_DIR) -> P
 def members_dirs(release: str, cache: Path = CACHE) -> list:
     """The cached member trees of `release` (fetched if missing): the facts' and the stand-in's."""
     base = cache / f"vllm-{release}.members"
-    extra = cache / f"vllm-{release}.standin.members"
+    extra = cache / f"vllm-{release}.standin2.members"
     missing = [d for d in (base, extra) if not d.is_dir()]
     if missing:
         w = wheel_file(release)

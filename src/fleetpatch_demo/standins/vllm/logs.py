@@ -112,8 +112,11 @@ class VllmFormatter(logging.Formatter):
 
     def format(self, record):
         stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(record.created))
-        name = "(%s pid=%d)" % (self.process_name, os.getpid())
-        prefix = (CYAN + name + RESET if self.style == "colour" else name) + " "
+        if self.process_name is None:        # a process that does not decorate its output
+            prefix = ""
+        else:
+            name = "(%s pid=%d)" % (self.process_name, os.getpid())
+            prefix = (CYAN + name + RESET if self.style == "colour" else name) + " "
         header = "%s%s %s [%s:%d] " % (prefix, record.levelname, stamp, os.path.basename(record.pathname or "?"),
                                         record.lineno)
         msg = record.getMessage()

@@ -89,7 +89,7 @@ def run(argv):
     line_buffer_streams()
     stop_on_signals()
     host = hostmod.Host()
-    envs, log = hostmod.set_up(host, "APIServer")
+    envs, log = hostmod.set_up(host, host.api_server_name())
     model, values, bare = routing.parse_argv(argv)
     banner(host, envs, log, model)
     non_default_args(host, log, model, values, bare)

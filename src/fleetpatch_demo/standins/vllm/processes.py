@@ -91,7 +91,7 @@ def worker_main(launch, rank, conn, parent_end):
     if parent_end is not None:
         parent_end.close()
     host = hostmod.Host(launch.site_dir)
-    envs, log = hostmod.set_up(host, "Worker_TP%d" % rank)
+    envs, log = hostmod.set_up(host, host.worker_name(rank))
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
     try:
         worker = Worker(launch, rank, host, envs, log)
@@ -135,7 +135,7 @@ class Executor(object):
         ctx = mp_context(self.launch.method)
         for rank in range(tp):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(name="Worker_TP%d" % rank, target=worker_main,
+            p = ctx.Process(name=self.host.worker_name(rank), target=worker_main,
                             args=(self.launch, rank, theirs, mine if self.launch.method == "fork" else None),
                             daemon=True)
             p.start()

@@ -235,12 +235,13 @@ class Off(Stub):
         return False
 
 
-class LeadingOff(Stub):
-    """A result unpacked as (flag, values...) whose flag is off (`should_ubatch, n, _ = ...`)."""
+class LeadingNone(Stub):
+    """A result unpacked as (what is off, values...): its first value is None
+    (`ubatch_slices, n = ...` in 0.12, `should_ubatch, n, _ = ...` later)."""
 
     def __iter__(self):
         n = unpacked_count(sys._getframe(1))
-        return iter([Off(self._stub_name + "[0]")] + [Stub("%s[%d]" % (self._stub_name, i)) for i in range(1, n)])
+        return iter([None] + [Stub("%s[%d]" % (self._stub_name, i)) for i in range(1, n)])
 
 
 class Decorated(object):
