@@ -230,9 +230,12 @@ def test_a_v1_only_fix_on_a_v2_runner_is_refused_and_forced_not_executed(cli, vf
 # ------------------------------------------------------------------ compiled from the cache
 
 def test_a_restart_that_loads_the_compiled_graph_from_the_cache_is_not_not_executed(cli):
-    rc, out, doc = cli("deploy-patch", "--patch", "propose-v2", "--hosts", "v033")   # traced at start-up
+    # the first start after the patch traces the patched source (the probe records the lines as traced)
+    rc, out, doc = cli("deploy-patch", "--patch", "propose-v2", "--hosts", "v033")
     first = doc["hosts"]["v033"]
-    assert rc == 0 and first["status"] == "verified" and first["execution"]["proved_by"] == "startup", out
+    assert rc == 0 and first["status"] == "verified" and first["execution"]["proved_by"] == "trace", out
+    assert list(first["execution"]["compiled"]["traced"]) == [PROPOSE["0.33.0"]] and not first["execution"]["ran"]
+    assert "executed under trace" in first["message"]
     rc, out, _ = cli("rollback", "--hosts", "v033")
     assert rc == 0, out
     rc, out, doc = cli("deploy-patch", "--patch", "propose-v2", "--hosts", "v033")   # the same sources: cached
