@@ -4,11 +4,12 @@ speculator the launch selects from the host's files and runs its propose step pe
 
 - 0.10.2 (V1 engine, Model Runner V1) and 0.20.2 (V2 opt-in: V1 by default), --enforce-eager;
 - 0.33.0 (Model Runner V2 by default, V1 still shipped) and 0.34.0 (V2 only);
-- 0.33.0 with VLLM_ENABLE_V1_MULTIPROCESSING=0 (EngineCore in the API server's process);
+- 0.33.0 with VLLM_ENABLE_V1_MULTIPROCESSING=0 (EngineCore in the API server's process), and with
+  --tensor-parallel-size 2 (two forked workers);
 - 0.33.0 in a container laid out like vllm/vllm-openai (needs the test Docker daemon);
 - and an SGLang 0.5.9 host beside them: a mixed fleet, each host judged by its own profile.
 
-One fleet for the module (seven server starts); each test leaves its hosts rolled back.
+One fleet for the module (eight server starts); each test leaves its hosts rolled back.
 The patches: the shipped demo patches (eagle-drafter-line: both EAGLE paths of 0.33.0, the
 speculator on 0.34.0; vllm-v1-only-beacon: V1's eagle.py only), and `propose-line` /
 `propose-v2`, written here from the hosts' own wheel files: one line added as the first
@@ -44,6 +45,7 @@ SPECS = [
     HostSpec("v033", version="0.33.0", engine="vllm"),
     HostSpec("v034", version="0.34.0", engine="vllm"),
     HostSpec("v033mp0", version="0.33.0", engine="vllm", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    HostSpec("v033tp2", version="0.33.0", engine="vllm", args=("--tensor-parallel-size", "2")),
     HostSpec("s059", version="0.5.9", spec_v2=True),
 ]
 CONTAINER = HostSpec("c033", version="0.33.0", engine="vllm", container=True)
@@ -198,12 +200,16 @@ def test_v2_runner_releases_verified_in_the_speculator_then_rolled_back(cli, vfl
     assert sha256(host_file(vfleet, "v034", V2_EAGLE)) == pristine("0.34.0", V2_EAGLE)
 
 
-def test_engine_core_in_the_api_server_process_is_probed_there(cli):
-    rc, out, doc = cli("deploy-patch", "--patch", "eagle-drafter-line", "--hosts", "v033mp0")
-    r = doc["hosts"]["v033mp0"]
-    assert rc == 0 and r["status"] == "verified", out
-    assert r["execution"]["ran_in"] == ["API server"] and len(r["execution"]["pids"]) == 1
-    rc, out, _ = cli("rollback", "--hosts", "v033mp0")
+def test_the_verdict_names_the_process_the_line_ran_in(cli):
+    """EngineCore in the API server's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), and two forked
+    workers (--tensor-parallel-size 2): the probe is in each, and the verdict says which ran it."""
+    rc, out, doc = cli("deploy-patch", "--patch", "eagle-drafter-line", "--hosts", "v033mp0,v033tp2")
+    one, two = doc["hosts"]["v033mp0"], doc["hosts"]["v033tp2"]
+    assert rc == 0 and one["status"] == two["status"] == "verified", out
+    assert one["execution"]["ran_in"] == ["API server"] and len(one["execution"]["pids"]) == 1
+    assert two["execution"]["ran_in"] == ["Worker"] and len(two["execution"]["pids"]) >= 4   # API, EngineCore, 2 workers
+    assert "; in Worker)" in two["message"]
+    rc, out, _ = cli("rollback", "--hosts", "v033mp0,v033tp2")
     assert rc == 0, out
 
 
