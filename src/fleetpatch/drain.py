@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from . import protocol
-from .hostcalls import HostResult, base_request
+from .hostcalls import HostResult, base_request, smoke_fields
 from .errors import HostFailure, Status, UsageError
 from .router import Router, RouterConf, RouterError, Routers, capacity_problem, check_smoke_answer, find_worker
 
@@ -269,11 +269,12 @@ def _with_router(result, info: dict):
     return result
 
 
-def smoke_verdict(status, body: bytes, expect: List[str], reply: dict) -> Optional[tuple]:
-    """(status, why) of a failed smoke request, or None. Pure: the agent's reply judged."""
+def smoke_verdict(status, body: bytes, expect: List[str], reply: dict, answer: str = "text") -> Optional[tuple]:
+    """(status, why) of a failed smoke request, or None. Pure: the agent's reply judged (`answer`:
+    how the engine's answer holds its text, as hostcalls.smoke_fields says)."""
     if status is None:
         return Status.SMOKE_FAILED, f"smoke request failed: no answer ({body[:200].decode('utf-8', 'replace')})"
-    bad = check_smoke_answer(status, body)
+    bad = check_smoke_answer(status, body, answer)
     if bad:
         return Status.SMOKE_FAILED, f"smoke request failed: {bad}"
     missing = reply.get("missing") or []
@@ -286,16 +287,17 @@ def smoke_verdict(status, body: bytes, expect: List[str], reply: dict) -> Option
 
 def smoke(job, host, remote, expect: List[str]) -> Optional[tuple]:
     """Send the smoke request from the host; (status, why) if it failed, else None."""
-    job.progress(host.name, "smoke", "POST /generate")
     conf = host.server.smoke
+    shaped = smoke_fields(host, conf.prompt, conf.max_new_tokens)
+    job.progress(host.name, "smoke", f"POST {shaped['path']}")
     req = dict(base_request(host, job), url=host.server.url, prompt=conf.prompt,
                max_new_tokens=conf.max_new_tokens, timeout=SMOKE_TIMEOUT_S, expect=list(expect),
-               expect_wait=SMOKE_EXPECT_WAIT_S)
+               expect_wait=SMOKE_EXPECT_WAIT_S, **shaped)
     try:
         reply = remote.call("smoke", req, timeout=SMOKE_TIMEOUT_S + SMOKE_EXPECT_WAIT_S + 30)
     except HostFailure as f:
         return Status.SMOKE_FAILED, f"smoke request failed: {f.message}"
-    return smoke_verdict(reply.get("status"), protocol.unpack(reply["body"]), expect, reply)
+    return smoke_verdict(reply.get("status"), protocol.unpack(reply["body"]), expect, reply, shaped["answer"])
 
 
 # ----------------------------------------------------------------- pre-flight

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from . import protocol
+from .engines import LaunchConfig
 from .engines import get as get_profile
 from .errors import Status
 from .inventory import Host
@@ -63,7 +64,17 @@ def base_request(host: Host, job) -> protocol.Request:
     return protocol.Request(state_dir=host.engine.state_dir, package=profile.package,
                             launch_env_prefixes=list(profile.launch_env_prefixes), log=host.server.log,
                             restart=agent_restart(host), health_url=host.server.health_url,
-                            lock_token=job.token, **container_fields(host), **server_fields(host))
+                            lock_token=job.token, **container_fields(host), **server_fields(host),
+                            **({"version_file": profile.version_file} if profile.version_file else {}))
+
+
+def smoke_fields(host: Host, prompt: str, max_new_tokens: int) -> dict:
+    """The smoke request as the host's engine takes it (`path`, `body`, `answer`, maybe `model_from`):
+    SGLang's POST /generate, vLLM's POST /v1/completions naming the model the start command serves."""
+    profile = get_profile(host.engine.kind)
+    r = host.server.restart
+    argv = [tok.replace("{python}", host.engine.python) for tok in split_command(r.start)] if r.start else []
+    return profile.smoke_request(prompt, int(max_new_tokens), LaunchConfig(argv=argv, env=dict(r.env or {})))
 
 
 def server_fields(host: Host) -> dict:

@@ -94,6 +94,8 @@ class Request(TypedDict, total=False):
     op: str
     state_dir: str
     package: str                # the engine's import name, e.g. "sglang"
+    version_file: str           # the file in the package dir that states the version (`__version__ = "X"`):
+                                # read where no dist-info says (the profile's; absent: none)
     launch_env_prefixes: List[str]  # which of the server's environment variables route the engine
     log: Optional[str]
     restart: Optional[RestartSettings]   # None: apply without a restart (--no-restart)
@@ -177,6 +179,11 @@ class SmokeSpec(TypedDict, total=False):
     requests: int
     concurrency: int
     timeout: float          # per request
+    # as the engine's profile shapes the request (absent: SGLang's POST /generate {text, sampling_params})
+    path: str               # e.g. "/v1/completions"
+    body: Dict[str, Any]    # the JSON body, prompt and max tokens in it
+    answer: str             # how its text is read: "text" (a `text` field) | "choices" (choices[0].text)
+    model_from: str         # the body needs the served model's name: GET this (e.g. "/v1/models") for it
 
 
 class LedgerUpdate(TypedDict, total=False):

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import FleetpatchError
+from .engines.base import answer_text
 from .protocol import parse_worker_loads  # noqa: F401  (shared with the agent)
 
 __all__ = [
@@ -142,18 +143,21 @@ def _near_misses(workers: List[Worker], url: str) -> List[str]:
     return [w.url for w in workers if w.url != url and norm(w.url) == norm(url)]
 
 
-def check_smoke_answer(status: int, body: bytes) -> Optional[str]:
-    """None if a /generate answer is well-formed (HTTP 200, JSON object with a string
-    'text'), else the reason."""
+def check_smoke_answer(status: int, body: bytes, answer: str = "text") -> Optional[str]:
+    """None if a smoke answer is well-formed (HTTP 200, JSON object with a non-empty string
+    text: SGLang's /generate `text`, or with `answer` "choices" OpenAI's choices[0].text, as
+    vLLM's /v1/completions answers), else the reason."""
     if status != 200:
         return f"HTTP {status}: {first_line(body)}"
     try:
         doc = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return f"not JSON: {body[:200].decode('utf-8', 'replace')!r}"
-    if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-        return "no string 'text' field in the answer"
-    if not doc["text"]:
+    text = answer_text(doc, answer)
+    if text is None:
+        return "no string choices[0].text in the answer" if answer == "choices" else \
+            "no string 'text' field in the answer"
+    if not text:
         return f"HTTP 200 with no text: {first_line(body)}"
     return None
 

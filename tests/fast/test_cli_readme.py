@@ -56,7 +56,9 @@ def test_a_bare_status_in_the_repo_fails_at_once_naming_each_host():
 FOREIGN_FLAGS = {"--speculative-eagle-topk", "--speculative-num-steps", "--speculative-num-draft-tokens",
                  "--speculative-disable-batch-threshold", "--disable-overlap-schedule", "--unit",
                  "--fleetpatch-before", "--host", "--skip-server-warmup",
-                 "--speculative-config", "--enforce-eager", "--tensor-parallel-size"}  # last three: vllm serve's
+                 # vllm serve's
+                 "--speculative-config", "--enforce-eager", "--served-model-name", "--model",
+                 "--tensor-parallel-size"}
 PROGRAM_FLAGS = {"--help", "-h", "--version", "-V", "--list", "-l"}
 
 

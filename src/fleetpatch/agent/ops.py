@@ -5,6 +5,7 @@ import os
 import sys
 import time
 
+from . import inroot
 from .base import (AgentError, atomic_write, ensure_dir, expand, file_meta, now_iso, protocol, read_bytes, sha256_bytes,
                    state_path, unpack)
 from .files import (describe_file, digest, read_or_none, recover, safe_join, sibling_meta, write_with_ledger,
@@ -14,7 +15,7 @@ from .http import http_get
 from .ledger import load_ledger, save_ledger
 from .lock import check_lock, read_lock, release_lock, take_lock
 from .logs import LogFollower, find_inode
-from .package import package_dir, package_version
+from .package import file_version, package_dir, package_version
 from .probing import install_probe, remove_stale
 from .procs import own_age, pid_alive, proc_launch
 from .restart import log_position, restart_server, server_pid, stop_server
@@ -42,11 +43,15 @@ def op_probe(state, req):
     package = req["package"]
     if req.get("_container"):   # a container host: found in the container's site dirs, read from the host
         root, out["package_dir"], out["version"] = locate_package(req, package)
+        if not out["version"]:   # no dist-info that says: the profile's version file, read inside the container
+            croot = req["_container"]["root"]
+            out["version"] = file_version(out["package_dir"], req.get("version_file"),
+                                          read=lambda path: inroot.read(croot, path))
         out["container"] = dict((k, req["_container"][k]) for k in ("name", "id", "created", "started_at", "image"))
     else:
         root = package_dir(package)
         out["package_dir"] = root
-        out["version"] = package_version(package, root)
+        out["version"] = package_version(package, root, req.get("version_file"))
     files = list(req.get("files") or [])
     ledger = load_ledger(req)
     if req.get("ledger_files"):  # status: every file fleetpatch wrote, to spot drift in this same trip

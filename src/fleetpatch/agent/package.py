@@ -1,6 +1,7 @@
 """Where the engine's package is on this host and which version it is, as the
 engine's own interpreter sees it (its site step run only when needed)."""
 import os
+import re
 import sys
 
 from .base import AgentError, read_bytes
@@ -81,8 +82,31 @@ def dist_info_version(root, package, read=None):
     return None
 
 
-def package_version(package, root=None):
-    found = dist_info_version(root, package) if root else None
+VERSION_ASSIGN = (r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:(?:__version__|version)\s*=\s*)?"""
+                  r"""(['"])([^'"]+)\1\s*$""")
+
+
+def version_in_source(data):
+    """The version a `_version.py` / `version.py` states (`__version__ = version = '0.33.0'` as
+    setuptools-scm writes it, or `__version__ = "0.5.9"`), or None. Pure: bytes in."""
+    m = re.search(VERSION_ASSIGN, data.decode("utf-8", "replace"), re.M)
+    return m.group(2) if m else None
+
+
+def file_version(root, version_file, read=None):
+    """The version in the profile's `version_file` inside `root` (None: no such file, or it says none)."""
+    if not root or not version_file:
+        return None
+    try:
+        return version_in_source((read or read_bytes)(os.path.join(root, version_file)))
+    except (IOError, OSError, AgentError):
+        return None
+
+
+def package_version(package, root=None, version_file=None):
+    """The dist-info's version, else the profile's version file's (a source tree on sys.path has no
+    dist-info beside it), else importlib.metadata's; None when nothing says."""
+    found = (dist_info_version(root, package) or file_version(root, version_file)) if root else None
     if found:
         return found
     with_site()

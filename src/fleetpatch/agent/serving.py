@@ -7,10 +7,11 @@ import json
 import time
 
 from .base import AgentError, pack, protocol
-from .http import http_get, http_post_json
+from .http import http_get
 from .logs import close_reader, log_reader_since
 from .procs import pid_alive
 from .restart import log_position, server_pid, uses_journal
+from .smoke import post_smoke
 
 
 def read_worker_load(url):
@@ -57,16 +58,12 @@ def op_drain(state, req):
 
 
 def op_smoke(state, req):
-    """POST url/generate with the smoke prompt from the host; then, if `expect` lines are
+    """POST the smoke prompt from the host (SGLang's /generate, or the profile's `path` and `body`); then, if `expect` lines are
     given, read the server's output written since the request until each has appeared
     (at most `expect_wait` s). The laptop judges the answer."""
     since = time.time()
     pos = log_position(req["log"]) if req.get("log") and req.get("log") != "journal" else {}
-    status, body = http_post_json(req["url"].rstrip("/") + "/generate",
-                                  {"text": req.get("prompt", "Hello"),
-                                   "sampling_params": {"max_new_tokens": int(req.get("max_new_tokens", 4)),
-                                                       "temperature": 0}},
-                                  float(req.get("timeout", 60)))
+    status, body = post_smoke(req, req.get("prompt", "Hello"), int(req.get("max_new_tokens", 4)))
     out = {"status": status, "body": pack(body[:65536] if isinstance(body, bytes) else b"")}
     expect = list(req.get("expect") or [])
     if not expect or status != 200:

@@ -8,11 +8,11 @@ import threading
 import time
 
 from .base import pack
-from .http import http_post_json
+from .http import http_get, http_post_json
 
 
 class SmokeRequests(object):
-    """`requests` POSTs of `prompt` to `url`/generate, `concurrency` at a time."""
+    """`requests` POSTs of `prompt` to the server (`url` + the profile's `path`), `concurrency` at a time."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -52,11 +52,7 @@ class SmokeRequests(object):
         self.ended = time.time()
 
     def _one(self):
-        status, body = http_post_json(self.spec["url"].rstrip("/") + "/generate",
-                                      {"text": self.spec.get("prompt", "Hello"),
-                                       "sampling_params": {"max_new_tokens": int(self.spec.get("max_new_tokens", 8)),
-                                                           "temperature": 0}},
-                                      float(self.spec.get("timeout", 60)))
+        status, body = post_smoke(self.spec, self.spec.get("prompt", "Hello"), int(self.spec.get("max_new_tokens", 8)))
         return status, body if isinstance(body, bytes) else str(body).encode("utf-8", "replace")
 
     def event(self):
@@ -65,15 +61,47 @@ class SmokeRequests(object):
             return None
         self.told = True
         # every answer's status; the first bad answer's body (else the first one's) suffices
-        bad = next((a for a in self.answers if not answered_text(a)), None)
+        bad = next((a for a in self.answers if not answered_text(a, self.spec.get("answer", "text"))), None)
         shown = [bad or self.answers[0]] if self.answers else []
         return {"t": "smoke", "started": self.started, "ended": self.ended,
                 "statuses": [a[0] for a in self.answers],
                 "bodies": [{"status": a[0], "body": pack(a[1][:65536])} for a in shown]}
 
 
-def answered_text(answer):
-    """Whether a /generate answer is HTTP 200 with a non-empty string `text` (the laptop says why not)."""
+def post_smoke(spec, prompt, max_new_tokens):
+    """One smoke request as the engine's profile shaped it (`path`, `body`: SGLang's POST /generate
+    when the laptop sent neither); the prompt and max_new_tokens go where that body has them. A body
+    that needs the served model's name and has none gets it from `model_from` (GET /v1/models)."""
+    base = spec["url"].rstrip("/")
+    body = spec.get("body")
+    if body is None:   # SGLang's /generate
+        return http_post_json(base + "/generate", {"text": prompt, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "temperature": 0}}, float(spec.get("timeout", 60)))
+    body = dict(body)
+    if spec.get("model_from") and not body.get("model"):
+        model, why = served_model(base + spec["model_from"])
+        if model is None:
+            return None, why
+        body["model"] = model
+    return http_post_json(base + spec.get("path", "/generate"), body, float(spec.get("timeout", 60)))
+
+
+def served_model(url):
+    """(the first model id of an OpenAI GET /v1/models answer, None) or (None, why not as bytes)."""
+    status, body = http_get(url, timeout=10.0)
+    if status != 200:
+        return None, ("GET %s answered %s: %s" % (url, status or "nothing", body[:200].decode("utf-8", "replace"))
+                      ).encode("utf-8")
+    try:
+        data = json.loads(body.decode("utf-8")).get("data")
+        return str(data[0]["id"]), None
+    except (ValueError, AttributeError, LookupError, TypeError):
+        return None, ("GET %s: no model id in %r" % (url, body[:200])).encode("utf-8")
+
+
+def answered_text(answer, how="text"):
+    """Whether an answer is HTTP 200 with non-empty generated text (the laptop says why not): `how`
+    "text" reads the JSON object's `text` (SGLang), "choices" choices[0].text (OpenAI completions)."""
     status, body = answer
     if status != 200:
         return False
@@ -81,4 +109,9 @@ def answered_text(answer):
         doc = json.loads(body.decode("utf-8"))
     except ValueError:
         return False
+    if not isinstance(doc, dict):
+        return False
+    if how == "choices":
+        choices = doc.get("choices")
+        doc = choices[0] if isinstance(choices, list) and choices else None
     return isinstance(doc, dict) and isinstance(doc.get("text"), str) and bool(doc["text"])

@@ -147,6 +147,23 @@ class EngineProfile:
     whole_evidence: Tuple[str, ...] = ()  # log evidence starting so is a summary fleetpatch wrote: never cut
     exception_line: re.Pattern = PYTHON_EXCEPTION_LINE
     sibling_pairs: Sequence[Tuple[str, str]] = ()   # files that serve one role on two paths
+    # the file inside the package directory that states the version (`__version__ = "X"`): the agent
+    # reads it when the install has no dist-info that says (a source tree on sys.path)
+    version_file: str = ""
+    # the GET endpoint whose JSON states the running settings (SGLang's /server_info); None: the
+    # engine has none, and the facts come from the log and the launch (argv and env from /proc)
+    server_info_path: Optional[str] = "/server_info"
+    # the smoke request: POST `smoke_path`, its answer's text read as `smoke_answer` says
+    # ("text": a JSON object's string `text`; "choices": OpenAI's choices[0].text)
+    smoke_path: str = "/generate"
+    smoke_answer: str = "text"
+    # log lines that say the engine loaded compiled code from its cache (no Python line of the
+    # compiled region runs then): kept for the verdict, which names them (Signature.text substrings)
+    compiled_cache_lines: Tuple["Signature", ...] = ()
+    # files (prefixes, inside the package dir) whose code runs compiled (torch.compile): an added line
+    # there may never run as Python after a start that loaded the compiled graph from the cache
+    compiled_prefixes: Tuple[str, ...] = ()
+    compiled_cache_advice: str = ""   # what to do to see such lines run (a verdict's last line)
 
     # ---------------------------------------------------------- the log
     def strip_prefix(self, line: str) -> str:
@@ -164,6 +181,49 @@ class EngineProfile:
 
     def short_noun(self) -> str:
         return self.path_noun_short or self.path_noun
+
+    # ---------------------------------------------------------- a running server
+    def smoke_body(self, prompt: str, max_new_tokens: int, model: Optional[str] = None) -> dict:
+        """The JSON body of one smoke request (POST `smoke_path`); `model`: the served model's
+        name where the engine's API needs one (None: the agent asks the server)."""
+        return {"text": prompt, "sampling_params": {"max_new_tokens": int(max_new_tokens), "temperature": 0}}
+
+    def smoke_request(self, prompt: str, max_new_tokens: int, launch: Optional[LaunchConfig] = None) -> dict:
+        """The fields of a smoke request as the host's agent sends it: `path`, `body`, `answer` (how its
+        text is read) and, where the body must name the served model and the launch does not say
+        which, `model_from` (the GET that lists it)."""
+        model = self.served_model(launch)
+        out = {"path": self.smoke_path, "body": self.smoke_body(prompt, max_new_tokens, model),
+               "answer": self.smoke_answer}
+        if self.smoke_answer == "choices" and not model:
+            out["model_from"] = "/v1/models"
+        return out
+
+    def smoke_text(self, doc: object) -> Optional[str]:
+        """The generated text of a smoke answer's JSON (None: the answer holds none), as `smoke_answer` reads it."""
+        return answer_text(doc, self.smoke_answer)
+
+    def served_model(self, launch: Optional[LaunchConfig]) -> Optional[str]:
+        """The model name requests must name, from how the server was launched (None: not needed, or unknown)."""
+        return None
+
+    def compiled_from_cache(self, lines: Sequence[str], line_nos: Optional[Sequence[int]] = None
+                            ) -> List["Evidence"]:
+        """The log lines (since the restart) that say compiled code came from the cache."""
+        out = []
+        for i, raw in enumerate(lines):
+            text = self.strip_prefix(raw)
+            if any(sig.matches(text) for sig in self.compiled_cache_lines):
+                out.append(Evidence("log", line_nos[i] if line_nos else i + 1, text))
+        return out
+
+    def in_compiled_region(self, path: str) -> bool:
+        return any(path.startswith(p) for p in self.compiled_prefixes)
+
+    def process_role(self, name: Optional[str]) -> Optional[str]:
+        """What a process of the server is, from its multiprocessing name as the probe recorded it
+        (None: the engine does not say)."""
+        return None
 
     # ---------------------------------------------------------- what a subclass implements
     def knows(self, version: str) -> bool:
@@ -213,6 +273,20 @@ class EngineProfile:
 
     def resolve(self, version: Optional[str], values: Dict[str, object]) -> Resolution:
         raise NotImplementedError
+
+
+def answer_text(doc: object, how: str) -> Optional[str]:
+    """A smoke answer's text: `how` "text" reads a JSON object's string `text`, "choices" OpenAI's
+    choices[0].text (vLLM's /v1/completions). None: not there, or not a string."""
+    if not isinstance(doc, dict):
+        return None
+    if how == "choices":
+        choices = doc.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        text = first.get("text") if isinstance(first, dict) else None
+    else:
+        text = doc.get("text")
+    return text if isinstance(text, str) else None
 
 
 class NodeRankView:

@@ -29,6 +29,22 @@ POLICIES = ("v0-v1", "v1-only", "v2-opt-in", "v2-by-architecture", "v2-default",
 # vLLM's own prefix: "(EngineCore_DP0 pid=7) INFO 12-06 02:33:52 [core.py:71] " (colour codes before 0.20)
 LOG_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)*(?:\(\S+ pid=\d+\)(?:\x1b\[[0-9;]*m)* )?"
                         r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ")
+# What vLLM logs when it loads compiled code from its torch.compile cache instead of tracing the
+# source (then no Python line of the compiled region runs), quoted from the wheels:
+COMPILED_CACHE_LINES = (
+    # vllm/compilation/backends.py: 0.10.2 :162 ("for dynamic shape") and :166 ("for shape %s");
+    # 0.20.2 :291 and 0.33.0 :311, 0.34.0 :315 ("%sDirectly load ... for compile range %s from the cache")
+    Signature("compiled-graph-from-cache", "Directly load the compiled graph(s)", "vllm/compilation/backends.py",
+              (("0.10.2", 162), ("0.20.2", 291), ("0.33.0", 311), ("0.34.0", 315)),
+              means="the compiled graph(s) came from the torch.compile cache: the traced source did not run",
+              regex=r"Directly load the compiled graph\(s\) for .* from the cache"),
+    # vllm/compilation/decorators.py (AOT compile): 0.20.2 :306, 0.33.0 and 0.34.0 :327
+    Signature("aot-compilation-from-cache", "Directly load AOT compilation from path",
+              "vllm/compilation/decorators.py", (("0.20.2", 306), ("0.33.0", 327), ("0.34.0", 327)),
+              means="the AOT-compiled model came from the cache: the traced source did not run"),
+)
+# the code torch.compile traces in vLLM: the model's forward and the layers it calls
+COMPILED_PREFIXES = ("vllm/model_executor/models/", "vllm/model_executor/layers/")
 FAILURES = ("EngineCore failed to start.", "Engine core initialization failed.", "Traceback (most recent call last):")
 
 
@@ -94,6 +110,22 @@ def parse_serve(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str], List[st
     return values, bare, notes
 
 
+def served_model(argv: Sequence[str]) -> Optional[str]:
+    """The model name a request to this server names: the first `--served-model-name`, else the
+    model it serves (`vllm serve MODEL`, or `--model M`). None: the argv does not say."""
+    values, _bare, _notes = parse_serve(argv)
+    names = values.get("served-model-name")
+    if names:
+        return names.split()[0]
+    if values.get("model"):
+        return values["model"]
+    args = [str(a) for a in argv]
+    at = args.index("serve") if "serve" in args else -1
+    if 0 <= at < len(args) - 1 and not args[at + 1].startswith("-"):
+        return args[at + 1]
+    return None
+
+
 def speculative_method(values: Mapping[str, str]) -> Tuple[Optional[str], Optional[str]]:
     """The method of --speculative-config (JSON), or (None, error)."""
     raw = values.get("speculative-config")
@@ -135,8 +167,15 @@ class VllmProfile(EngineProfile):
     fact_keys = ("engine", "runner")
     path_noun = "speculative drafter or speculator"
     path_noun_short = "drafter"
-    smoke_request = SMOKE_REQUEST
     version_file = "vllm/_version.py"
+    server_info_path = None      # vLLM has no /server_info: the log and the launch say what runs
+    smoke_path = SMOKE_REQUEST[1]
+    smoke_answer = "choices"
+    compiled_cache_lines = COMPILED_CACHE_LINES
+    compiled_prefixes = COMPILED_PREFIXES
+    compiled_cache_advice = ("to see its lines run, restart with --enforce-eager (no torch.compile), or clear the "
+                             "compile cache (the torch_compile_cache folder under $VLLM_CACHE_ROOT, default "
+                             "~/.cache/vllm) and restart: the next start traces the patched source")
 
     def __init__(self, facts_dir: Path = FACTS_DIR) -> None:
         self.releases = load(facts_dir)
@@ -185,6 +224,35 @@ class VllmProfile(EngineProfile):
                 "VLLM_WORKER_MULTIPROC_METHOD": _default(env.get("VLLM_WORKER_MULTIPROC_METHOD")),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": _default(env.get("VLLM_ENABLE_V1_MULTIPROCESSING"))}
 
+    # ------------------------------------------------------------ a running server
+    def smoke_body(self, prompt: str, max_new_tokens: int, model: Optional[str] = None) -> dict:
+        """OpenAI's completions request; without `model` the agent asks GET /v1/models first."""
+        body = {"prompt": prompt, "max_tokens": int(max_new_tokens), "temperature": 0}
+        if model:
+            body["model"] = model
+        return body
+
+    def served_model(self, launch: Optional[LaunchConfig]) -> Optional[str]:
+        """`--served-model-name N ...` (the first name), else `vllm serve MODEL` or `--model M`."""
+        return served_model(launch.argv) if launch is not None else None
+
+    def in_compiled_region(self, path: str) -> bool:
+        """The model's code (model_executor) and the drafters' and speculators' files: vLLM compiles
+        the draft model with torch.compile and captures the propose steps in CUDA graphs."""
+        return super().in_compiled_region(path) or bool(self.paths_of_file(path))
+
+    def process_role(self, name: Optional[str]) -> Optional[str]:
+        """API server, EngineCore or Worker, from the multiprocessing name: vLLM names EngineCore's
+        process `EngineCore_DP<r>` (or `EngineCore`) and its workers `VllmWorker-<r>` / `Worker_TP<r>`;
+        with VLLM_ENABLE_V1_MULTIPROCESSING=0 EngineCore runs in the API server's MainProcess."""
+        if not name:
+            return None
+        if name == "MainProcess":
+            return "API server"
+        if name.startswith("EngineCore"):
+            return "EngineCore"
+        return "Worker" if "Worker" in name else None
+
     # ------------------------------------------------------------ files and paths
     def siblings(self, version: Optional[str]) -> List[Tuple[str, str]]:
         """The sibling rule's pairs: the model runners side by side (V0/V1, V1/V2), and a method's own
@@ -222,6 +290,20 @@ class VllmProfile(EngineProfile):
     def path_names(self) -> List[str]:
         return sorted(self._all_classes())
 
+    def ancestors(self, path_name: Optional[str], version: Optional[str]) -> List[str]:
+        """The drafter's or speculator's base classes, nearest first, as the release's wheel defines
+        them (EagleProposer -> SpecDecodeBaseProposer): a change to a base runs in the class."""
+        rel = self.release(version)
+        bases = (rel.x.get("bases") or {}) if rel is not None else {}
+        out: List[str] = []
+        todo = list(bases.get(path_name or "", []))
+        while todo:
+            name = todo.pop(0)
+            if name not in out and name != path_name:
+                out.append(name)
+                todo += bases.get(name, [])
+        return out
+
     def file_of_path(self, path_name: Optional[str], version: Optional[str] = None) -> Optional[str]:
         if not path_name:
             return None
@@ -248,6 +330,28 @@ class VllmProfile(EngineProfile):
                 facts.values[key] = value
                 facts.evidence[key] = ev
                 facts.notes.append(ev)
+        return facts
+
+    def launch_facts(self, prediction: Optional[Prediction], launch: Optional[LaunchConfig]) -> Optional[Facts]:
+        """The method (--speculative-config) and the engine and runner the launch selects, where it
+        shows them; the log's lines ("Using V2 Model Runner", a V1 fallback, "Falling back to V0")
+        come later and win."""
+        if prediction is None or not prediction.known_version or not prediction.starts or launch is None:
+            return None
+        rel = self.release(prediction.version)
+        method, err = speculative_method(parse_serve(launch.argv)[0])
+        if rel is None or err:
+            return None
+        ev = Evidence("launch", None, f"{launch.source} launch configuration: {prediction.inputs}")
+        facts = Facts("launch")
+        runner, _why, error = choose_runner(rel, launch.env, method)
+        found = {"method": method} if method else {}
+        if runner == "v0":
+            found["engine"] = "v0"
+        elif runner in ("v1", "v2") and not error:
+            found["runner"] = runner
+        for key, value in found.items():
+            facts.values[key], facts.evidence[key] = value, ev
         return facts
 
     def resolve(self, version: Optional[str], values: Dict[str, object]) -> Resolution:

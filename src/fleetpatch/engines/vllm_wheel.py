@@ -109,6 +109,19 @@ def classes_in(src: Source, files: List[str], suffixes: Tuple[str, ...]) -> Dict
     return out
 
 
+def class_bases(src: Source, known: Dict[str, str]) -> Dict[str, List[str]]:
+    """{class: [its direct bases that are known classes too]} (EagleProposer(SpecDecodeBaseProposer)):
+    a fix to a base runs in every class built on it."""
+    out: Dict[str, List[str]] = {}
+    for name, path in sorted(known.items()):
+        node = next((n for n in src.tree(path).body if isinstance(n, ast.ClassDef) and n.name == name), None)
+        bases = [ast.unparse(b).rsplit(".", 1)[-1] for b in (node.bases if node is not None else [])]
+        found = [b for b in bases if b in known and b != name]
+        if found:
+            out[name] = found
+    return out
+
+
 def _built(st: ast.stmt, known: Dict[str, str]) -> Optional[str]:
     """The class a statement builds: `return X(...)` or `self.drafter = X(...)`."""
     value = st.value if isinstance(st, (ast.Return, ast.Assign)) else None
@@ -391,6 +404,7 @@ def extract(src: Source) -> dict:
         "v0_spec_decode": v0,
         "drafters": drafters,
         "speculators": speculators,
+        "bases": class_bases(src, {**v0, **drafters, **speculators}),
         "drafter_branches": v1,
         "speculator_branches": v2,
         "method_tests": preds,

@@ -69,6 +69,17 @@ DISABLE_EVENT = getattr(getattr(sys, "monitoring", None), "DISABLE", None)
 ARG_CHARS = 300
 
 
+def process_name():
+    """This process's multiprocessing name where the server uses multiprocessing (vLLM names its
+    processes EngineCore_DP0, VllmWorker-0 / Worker_TP0; the main one MainProcess), else None. Read
+    when a record is written, not at fork: a forked child is renamed only after the fork returns."""
+    mp = sys.modules.get("multiprocessing")
+    try:
+        return str(mp.current_process().name) if mp is not None else None
+    except Exception:
+        return None
+
+
 def traced_now():
     """Why the code running now is only being traced or captured ('' when it really runs).
 
@@ -190,6 +201,8 @@ class Records:
 
     def write(self, name, obj):
         folder = self.mine()
+        if name != "process.json" and "pid" in obj:
+            obj["proc"] = process_name()
         tmp = os.path.join(folder, "." + name + ".tmp")
         data = to_json(obj).encode("ascii")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)

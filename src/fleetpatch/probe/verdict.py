@@ -185,7 +185,7 @@ def pid_of(folder, proc):
 def collect(procs, plan_modules, added, pids):
     """Walk every process's records; returns the pieces execution_block reports."""
     seen = {"ran": {}, "traced": {}, "files": {}, "pids": set(), "modes": set(), "disabled": [],
-            "calls": {}, "ran_at": None}
+            "calls": {}, "ran_at": None, "procs": {}}
     for folder, entry in procs.items():
         pid = pid_of(folder, entry["process"])
         if pids is not None and pid not in pids:
@@ -217,6 +217,8 @@ def take_record(seen, name, obj, pid, plan_modules, added):
     got = {n for n in lines or () if isinstance(n, int) and n in wanted}
     if name.startswith(("L-", "F-")):
         seen["ran"].setdefault(path, set()).update(got)
+        if got and isinstance(obj.get("proc"), str):   # the process's multiprocessing name (runtime.process_name)
+            seen["procs"].setdefault(path, set()).add(obj["proc"])
         at = obj.get("t")
         if got and isinstance(at, (int, float)) and (seen["ran_at"] is None or at < seen["ran_at"]):
             seen["ran_at"] = float(at)
@@ -286,6 +288,7 @@ def execution_block(files, plan, added, pids=None):
     return {"mode": mode, "pids": sorted(p for p in seen["pids"] if p is not None), "ran": ran,
             "imported": imported, "not_run": not_run, "traced": traced, "calls": seen["calls"],
             "ran_at": seen["ran_at"], "siblings": sibling_paths(plan_modules, added),
+            "processes": {p: sorted(v) for p, v in sorted(seen["procs"].items()) if p in ran},
             "message": summary(mode, seen, ran, traced)}
 
 

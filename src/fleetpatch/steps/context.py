@@ -204,11 +204,13 @@ def running_launch(host: Host, probe_reply: dict) -> LaunchConfig:
     return inventory_launch(host)
 
 
-def server_info_url(health_url: str | None) -> str | None:
-    if not health_url:
+def server_info_url(health_url: str | None, path: str | None = "/server_info") -> str | None:
+    """The server's settings endpoint beside its health URL (the profile's `server_info_path`);
+    None where the engine has none (vLLM: its facts come from the log and the launch)."""
+    if not health_url or not path:
         return None
     parts = urlsplit(health_url)
-    return urlunsplit((parts.scheme, parts.netloc, "/server_info", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 def sha256(data: bytes) -> str:

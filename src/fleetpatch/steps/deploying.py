@@ -126,7 +126,7 @@ def probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) -
     stacked = execution.stacked_added(reply.get("ledger") or {}, run.job.patch.name,
                                       None if plan.already else revision, plan.states)
     return execution.probe_request(run.host, run.profile, plan.label, reply["package_dir"], added, run.job.token,
-                                   stacked)
+                                   stacked, reply.get("version"))
 
 
 def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:

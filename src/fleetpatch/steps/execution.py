@@ -45,11 +45,15 @@ def added_of(revision, states: dict | None = None) -> dict:
     return probe_verdict.added_lines(revision.diff_text, offsets)
 
 
-def siblings(profile, paths) -> dict[str, list[str]]:
+def siblings(profile, paths, version: str | None = None) -> dict[str, list[str]]:
     """{sibling file: [the patched files of `paths` it pairs with]}: reported as imported or never
     imported, and its functions named like the patched ones counted."""
     out: dict[str, list[str]] = {}
-    for a, b in getattr(profile, "sibling_pairs", None) or []:
+    pairs = getattr(profile, "sibling_pairs", None)
+    if not pairs and hasattr(profile, "releases"):
+        # per-release pairs (vLLM): the host's release's (0.34.0 has no V1 drafter to watch), else any release's
+        pairs = profile.siblings(version) if profile.knows(version) else profile.siblings_for(None)
+    for a, b in pairs or []:
         for have, other in ((a, b), (b, a)):
             if have in paths and other not in paths and have not in out.setdefault(other, []):
                 out[other].append(have)
@@ -76,7 +80,7 @@ def stacked_added(ledger: dict, name: str, revision=None, states: dict | None = 
 
 
 def probe_request(host, profile, label: str, package_dir: str, added: dict, token: str,
-                  stacked: dict | None = None) -> dict:
+                  stacked: dict | None = None, version: str | None = None) -> dict:
     """The `probe` field of a request that restarts: the agent installs this just before. It watches
     the lines of every patch applied (`stacked`: the others'), each patch judged by its own."""
     per_patch = {**(stacked or {}), label: added}
@@ -84,7 +88,7 @@ def probe_request(host, profile, label: str, package_dir: str, added: dict, toke
     for lines in per_patch.values():
         for path, numbers in lines.items():
             union[path] = sorted(set(union.get(path, ())) | set(numbers))
-    plan = probe_install.make_plan(union, package_dir, watch=siblings(profile, set(union)))
+    plan = probe_install.make_plan(union, package_dir, watch=siblings(profile, set(union), version))
     plan["label"] = label
     plan["patches"] = per_patch
     return {"token": token, "python": host.engine.python, "plan": plan, "runtime": runtime_packed()}
@@ -169,6 +173,9 @@ class Context:
         self.host, self.label, self.profile, self.version = host, label, profile, version
         self.settled, self.timed_out, self.elapsed = settled, timed_out, elapsed
         self.timeline = timeline or probe_verdict.Timeline()
+        # the log lines since the restart that say compiled code came from the engine's cache (Evidence);
+        # the follow sets them from its window (profile.compiled_from_cache)
+        self.compiled_cache: list = []
 
 
 def timeline_of(given, ready_epoch: float | None, smoke_epoch: float | None = None):
@@ -231,15 +238,70 @@ def fold(v, block: dict, ctx: Context, marker_seen: bool):
                           for f, n in sorted(ran.items()))
         by = f"; proved by {block['proved_by']}" if block["proved_by"] else ""
         v.message += (f"\n  executed ({block['mode']} mode): {shown} (pids {', '.join(map(str, block['pids']))}"
-                      f"{_where(block)}){by}")
+                      f"{_where(block)}{_in_processes(block, ran, ctx)}){by}")
         return v
     if not done:
         return _pending(v, ctx, "a line this patch adds to run")
+    compiled = compiled_verdict(v, block, ctx)
+    if compiled is not None:
+        return compiled
     reached = probe_verdict.reach(block, block.get("added") or {}, ctx.timeline) if not block["ran"] else None
     if reached and reached["status"] == probe_verdict.UNPROVEN and not _off_path(v, block, ctx):
         return _final(v, Status.UNPROVEN, [f"FAIL {ctx.host}  {ctx.label} unproven: its code was reached, "
                                            "none of the lines it adds ran yet"] + reached["lines"] + _runs(v, ctx))
     return _final(v, Status.NOT_EXECUTED, _none_ran(v, block, ctx) + (reached["lines"] if reached else []))
+
+
+def _in_processes(block: dict, ran: dict, ctx: Context) -> str:
+    """'; in EngineCore' where the probe's records name the processes the lines ran in (vLLM:
+    API server, EngineCore, Worker), else ''."""
+    role = getattr(ctx.profile, "process_role", None)
+    names = {n for f in ran for n in (block.get("processes") or {}).get(f, ())}
+    roles = sorted({role(n) or n for n in names}) if role else []
+    if not roles:
+        return ""
+    block["ran_in"] = roles
+    return "; in " + " and ".join(roles) if len(roles) < 3 else "; in " + ", ".join(roles)
+
+
+def compiled_verdict(v, block: dict, ctx: Context):
+    """No added line ran as Python, and the engine compiles (its profile names compile-cache lines):
+    - added lines the probe saw traced (torch.compile's trace or a CUDA graph capture) ran under
+      trace: they are in the compiled graph that serves, so the patch is verified, proved by `trace`;
+    - else a log line since the restart says the compiled graph came from the cache, and a patched file
+      is one whose code runs compiled: no Python line of it runs, which is not `not-executed`; the
+      verdict is `unproven`, naming the line and what to do.
+    None: neither (the markers' and the probe's usual verdict stands)."""
+    if not getattr(ctx.profile, "compiled_cache_lines", ()):
+        return None
+    traced = ran_on_path(dict(block, ran=block.get("traced") or {}), v, ctx)   # on the path that runs
+    if traced and v.status == Status.VERIFIED:
+        block["proved_by"] = "trace"
+        block["compiled"] = {"traced": traced}
+        shown = "; ".join(f"{f} line{'s' if len(n) > 1 else ''} {', '.join(map(str, n[:8]))}"
+                          for f, n in sorted(traced.items()))
+        v.message += (f"\n  executed under trace ({block['mode']} mode): {shown} ran while torch.compile traced "
+                      "them (or a CUDA graph was captured): the compiled graph the server runs holds them; "
+                      "proved by trace")
+        return v
+    added = block.get("added") or {}
+    # a file the server imported (a never-imported one is in no graph it loaded), on the path that runs
+    loaded = (probe_verdict.NO_LINE_RAN, probe_verdict.ONLY_TRACED)
+    compiled_files = sorted(p for p, lines in added.items() if lines and not (block.get("ran") or {}).get(p)
+                            and (block.get("not_run") or {}).get(p) in loaded and ctx.profile.in_compiled_region(p))
+    if not ctx.compiled_cache or not compiled_files or _off_path(v, block, ctx):
+        return None
+    block["proved_by"] = None
+    block["compiled"] = {"from_cache": True, "files": compiled_files,
+                         "evidence": [{"line_no": e.line_no, "text": e.text} for e in ctx.compiled_cache[:3]]}
+    from ..evidence import shorten
+    first = ctx.compiled_cache[0]
+    return _final(v, Status.UNPROVEN, [
+        f"FAIL {ctx.host}  {ctx.label} unproven: the patched code was compiled from the cache, no Python line of it ran",
+        f'  evidence: log line {first.line_no} "{shorten(first.text, 160)}"',
+        f"  {', '.join(compiled_files)}: code torch.compile compiles; the server loaded its compiled graph from "
+        "the cache (keyed by the traced sources' contents), so the probe cannot see its lines run",
+        "  " + ctx.profile.compiled_cache_advice] + _runs(v, ctx))
 
 
 def _rolled_back(v, block: dict):
@@ -281,7 +343,10 @@ def _none_ran(v, block: dict, ctx: Context) -> list:
 def _off_path(v, block: dict, ctx: Context) -> bool:
     """The profile knows the path that runs, and the patch changes no file of it."""
     paths = {p for f in block.get("changed_files") or [] for p in ctx.profile.paths_of_file(f) or []}
-    return bool(paths and v.executed_path and v.executed_path not in paths)
+    if not (paths and v.executed_path):
+        return False
+    # a base class of the path that runs is on it (vLLM's EagleSpeculator runs TargetDependentARSpeculator's code)
+    return not paths & {v.executed_path, *ctx.profile.ancestors(v.executed_path, ctx.version or "")}
 
 
 def _where(block: dict) -> str:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .. import lockview, protocol
 from ..engines import LaunchConfig
 from ..errors import HostFailure, Status
-from ..hostcalls import HostResult, base_request
+from ..hostcalls import HostResult, base_request, smoke_fields
 from ..inventory import Host
 from .context import HostRun, Job, lock_claim, profile_of, server_info_url
 
@@ -124,6 +124,7 @@ class Needles:
         route_sigs = getattr(range_for(version) if range_for and version else None, "signatures", ()) or ()
         more_texts, more_patterns = self._split(route_sigs)
         texts += more_texts + [w[:-3] for w in getattr(profile, "whole_evidence", ()) if w.endswith("...")]
+        texts += [sig.text for sig in getattr(profile, "compiled_cache_lines", ())]   # a cache load, for the verdict
         self.texts = list(dict.fromkeys(t for t in texts + self.failure_texts if t))
         self.patterns = [self._compile(r) for r in dict.fromkeys(patterns + more_patterns + self.failure_patterns)]
         self.patterns = [r for r in self.patterns if r is not None]
@@ -381,9 +382,11 @@ class Judging:
                                     # a re-read (verify-logs) sees the ready line now: the ledger's time is the one
                                     None if self.watch.recorded_as == "verify-logs" else self.events.ready_epoch,
                                     self._smoke_epoch()))
+        ctx.compiled_cache = self.run.profile.compiled_from_cache(obs.lines, obs.line_nos)
         v = execution.fold(v, block, ctx, marker_seen=bool(v.markers_seen))
         self.timings["execution"] = {k: block[k] for k in ("mode", "pids", "ran", "imported", "not_run", "traced",
-                                                           "proved_by", "calls", "message", "pid_namespace")
+                                                           "proved_by", "calls", "message", "pid_namespace",
+                                                           "ran_in", "compiled")
                                      if k in block}
         return v
 
@@ -472,19 +475,21 @@ def server_base_url(host: Host) -> str | None:
 
 def smoke_failure(event: dict | None, spec: dict | None) -> str | None:
     """Why the smoke requests failed (how many, the first bad answer's status and first body
-    line), or None: not all answered yet, or every one answered with text. Pure."""
+    line), or None: not all answered yet, or every one answered with text (as the spec's
+    `answer` reads it: SGLang's `text`, vLLM's choices[0].text). Pure."""
     if not event:
         return None
     from ..router import check_smoke_answer, first_line
+    spec = spec or {}
     statuses = event.get("statuses") or []
     for shown in event.get("bodies") or []:
         body = protocol.unpack(shown["body"])
-        why = check_smoke_answer(shown["status"], body) if shown.get("status") is not None else \
-            f"no answer ({first_line(body)})"
+        why = check_smoke_answer(shown["status"], body, spec.get("answer", "text")) \
+            if shown.get("status") is not None else f"no answer ({first_line(body)})"
         if why:
             bad = sum(1 for st in statuses if st != 200) or 1
             return (f"{bad} of {len(statuses)} smoke request{'s' if len(statuses) > 1 else ''} to "
-                    f"{(spec or {}).get('url', 'the server')}/generate failed; the first: {why}")
+                    f"{spec.get('url', 'the server')}{spec.get('path', '/generate')} failed; the first: {why}")
     return None
 
 
@@ -509,11 +514,10 @@ def smoke_spec(host: Host, patch) -> protocol.SmokeSpec | None:
     if host.node_rank or not url or requests <= 0:
         return None
     conf = host.server.smoke
-    return protocol.SmokeSpec(url=url, prompt=conf.prompt,
-                              max_new_tokens=(prove.max_new_tokens if prove and prove.max_new_tokens
-                                              else conf.max_new_tokens),
+    max_new_tokens = prove.max_new_tokens if prove and prove.max_new_tokens else conf.max_new_tokens
+    return protocol.SmokeSpec(url=url, prompt=conf.prompt, max_new_tokens=max_new_tokens,
                               requests=requests, concurrency=prove.concurrency if prove is not None else 1,
-                              timeout=SMOKE_TIMEOUT_S)
+                              timeout=SMOKE_TIMEOUT_S, **smoke_fields(host, conf.prompt, max_new_tokens))
 
 
 def rollback_smoke(host: Host, patches: list) -> protocol.SmokeSpec | None:
@@ -568,7 +572,8 @@ def follow_request(host: Host, job: Job, start: dict, timeout: float, probe: boo
     req = protocol.FollowRequest(**base_request(host, job), inode=start.get("inode"), offset=start.get("offset", 0),
                                  pid=start.get("pid"), timeout=timeout, ready_line=profile_of(host).ready_line,
                                  # a rank above 0 answers only the dummy /health
-                                 server_info_url=None if host.node_rank else server_info_url(host.server.health_url))
+                                 server_info_url=None if host.node_rank else server_info_url(
+                                     host.server.health_url, profile_of(host).server_info_path))
     if start.get("after_restart"):
         req["after_restart"] = True
     if probe:

@@ -140,7 +140,8 @@ def _rollback_locked(run: HostRun, reply: protocol.ProbeReply, name: str, found:
         left = {k: v for k, v in execution.stacked_added(reply.get("ledger") or {}, name).items() if k not in labels}
         request["probe"] = execution.probe_request(run.host, run.profile, ", ".join(labels), reply["package_dir"],
                                                    {p: [] for u in earlier for p in u.files} |
-                                                   {p: [] for p in entry["files"]}, run.job.token, left)
+                                                   {p: [] for p in entry["files"]}, run.job.token, left,
+                                                   reply.get("version"))
     # the smoke requests the deploy sent (patch.yaml's prove), so a rolled-back server is proven to
     # answer requests too (smoke-failed otherwise); no added line is wanted from them
     smoke = follow.rollback_smoke(run.host, [patch])
