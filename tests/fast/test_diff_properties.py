@@ -148,6 +148,22 @@ def ends_where_the_diff_says(fd, n_lines: int, offsets, post: bool) -> bool:
     return True
 
 
+def hunks_in_order(fd, offsets, post: bool) -> bool:
+    """False when GNU patch placed a hunk over the previous hunk's lines.
+
+    GNU patch copies a hunk's trailing context lazily, so the next hunk may start on
+    those lines (with -F0 too); fleetpatch places each hunk after the whole of the one
+    before, as the diff was made. Where GNU overlapped them, it is no reference."""
+    end = 0
+    for h, off in zip(fd.hunks, offsets):
+        start, block = (h.target_start, h.target_lines) if post else (h.source_start, h.source_lines)
+        pos = max(start - 1, 0) + off
+        if pos < end:
+            return False
+        end = pos + len(block)
+    return True
+
+
 _HEADER = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 
 
@@ -174,16 +190,18 @@ def check_against_gnu(diff: str, host: bytes, tmp: Path):
     fwd_ok, fwd_out, fwd_offsets = gnu_patch(diff, host, tmp)
     rev_ok, _, rev_offsets = gnu_patch(diff, host, tmp, reverse=True)
     n_lines = len(split_lines(host.decode("utf-8", "surrogateescape")))
-    fwd_odd = fwd_ok and not ends_where_the_diff_says(fd, n_lines, fwd_offsets, post=False)
-    rev_odd = rev_ok and not ends_where_the_diff_says(fd, n_lines, rev_offsets, post=True)
+    fwd_odd = fwd_ok and not (ends_where_the_diff_says(fd, n_lines, fwd_offsets, post=False)
+                               and hunks_in_order(fd, fwd_offsets, post=False))
+    rev_odd = rev_ok and not (ends_where_the_diff_says(fd, n_lines, rev_offsets, post=True)
+                              and hunks_in_order(fd, rev_offsets, post=True))
     fwd_ok, rev_ok = fwd_ok and not fwd_odd, rev_ok and not rev_odd
     r = apply_file(fd, host)
     note(f"diff:\n{diff}\nhost: {host!r}\nGNU forward {fwd_ok} {fwd_offsets}, reverse {rev_ok} {rev_offsets}"
-         f"{' (placed away from the end of the file)' if fwd_odd or rev_odd else ''}\n"
+         f"{' (placed away from the end of the file, or over the hunk before)' if fwd_odd or rev_odd else ''}\n"
          f"fleetpatch: {r.state} {r.offsets} {r.detail}")
     if fwd_odd or rev_odd:
-        # GNU's nearest match broke the end-of-file rule, so it is no reference for where the
-        # hunk goes; GNU still checks what fleetpatch did, with the headers moved to its places.
+        # GNU's nearest match broke the end-of-file rule or overlapped two hunks, so it is no
+        # reference for where the hunk goes; GNU still checks what fleetpatch did, with the headers moved to its places.
         zeros = [0] * len(fd.hunks)
         if r.state == "applies":
             ok, out, offsets = gnu_patch(moved(diff, fd, r.offsets), host, tmp)
