@@ -5,6 +5,9 @@ cache). Medians of `--reps` calls of time.process_time; each call a fresh probe 
 state dir for all (the module cache, where the install keeps one, warm after the first call).
 
     PYTHONPATH=src python3 bench/probe_install_cpu.py [--reps 10] [--mode functions|lines] [--tree DIR]
+
+`--agent`: the agent's whole `install_probe` instead (a venv of this Python, its site-dir query
+cached after the first call; each call clears the last window's probe dir and removes the last .pth).
 """
 import argparse
 import glob
@@ -26,6 +29,7 @@ def main():
     ap.add_argument("--tree", default=(glob.glob(os.path.expanduser(
         "~/.cache/fleetpatch/trees/*/0.5.8/sglang/srt/speculative/eagle_worker.py")) or [""])[0])
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--agent", action="store_true")
     args = ap.parse_args()
     src_dir = os.path.dirname(args.tree)
     work = tempfile.mkdtemp(prefix="fp-install-cpu-")
@@ -48,6 +52,8 @@ def main():
     source = probe_install.runtime_source()
     state = os.path.join(work, "state")
     os.makedirs(state)
+    if args.agent:
+        return agent_bench(args, work, plan, source, state)
     times = []
     for rep in range(args.reps + 1):
         folder = os.path.join(work, "probe-%d" % rep)
@@ -74,6 +80,38 @@ def main():
     print("mode %s, %s, first call %.1f ms, median of the next %d: %.1f ms CPU (min %.1f, max %.1f); compiled: %s"
           % (args.mode, sys.version.split()[0], times[0] * 1e3, args.reps, statistics.median(times[1:]) * 1e3,
              min(times[1:]) * 1e3, max(times[1:]) * 1e3, ", ".join(compiled) or "none"))
+    shutil.rmtree(work)
+
+
+def agent_bench(args, work, plan, source, state):
+    import subprocess
+    from fleetpatch.agent.probing import install_probe
+    from fleetpatch.agent.state import Session
+    from fleetpatch import protocol
+    venv = os.path.join(work, "venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = os.path.join(venv, "bin", "python")
+    times = []
+    for rep in range(args.reps + 1):
+        req = {"state_dir": state, "probe": {"token": "bench%d" % rep, "plan": plan, "python": python,
+                                             "runtime": protocol.pack(source)}}
+        session = Session()
+        if args.profile and rep == args.reps:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+        t0 = time.process_time()
+        out = install_probe(session, req)
+        t = time.process_time() - t0
+        if args.profile and rep == args.reps:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(15)
+        assert out.get("installed"), out
+        times.append(t)
+    print("install_probe, mode %s, %s, first call %.1f ms, median of the next %d: %.1f ms CPU (min %.1f, max %.1f)"
+          % (args.mode, sys.version.split()[0], times[0] * 1e3, args.reps, statistics.median(times[1:]) * 1e3,
+             min(times[1:]) * 1e3, max(times[1:]) * 1e3))
     shutil.rmtree(work)
 
 
