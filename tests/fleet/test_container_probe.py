@@ -99,7 +99,7 @@ def test_a_patch_without_markers_is_verified_in_the_container_by_the_lines_it_ra
         module = "sglang.srt.speculative." + rel.rsplit("/", 1)[1][:-3]
         assert ex["imported"] == {module: f"{CHECKOUT}/{rel}"}, "the path as the container's python sees it"
         assert ex["pid_namespace"] == "container" and ex["pids"] == [1], "the server is the container's pid 1"
-        assert "executed (lines mode)" in host["message"] and "in the container)" in host["message"]
+        assert "executed (lines mode)" in host["message"] and "pids 1 in the container" in host["message"]
         # the worker is built before the server logs that it is ready: proved at start-up
         assert ex["proved_by"] == "startup" and "; proved by startup" in host["message"], host["message"]
         assert probe_pths(f, name) == [], "the probe is out of the container's site dir once the verdict is in"

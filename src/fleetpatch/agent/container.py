@@ -449,6 +449,7 @@ class ContainerLogFollower(object):
     without one is the runtime's own message (an error)."""
 
     more = False
+    ended = False   # the CLI's pipe at its end: no more output to wait for
     BUDGET = 4 << 20
 
     def __init__(self, runtime, name, since, tty=False):
@@ -477,6 +478,13 @@ class ContainerLogFollower(object):
             raise AgentError("error", "cannot read the container's output: %s: %s" % (runtime, e))
         os.set_blocking(self.proc.stdout.fileno(), False)
 
+    def wake_fd(self):
+        """The descriptor that is readable when output arrives (the follow selects on it); None
+        once the stream has ended (a closed stream or pipe is always readable)."""
+        if self.stream is not None:
+            return None if self.stream.closed else self.stream.fileno()
+        return None if self.ended or self.proc.stdout.closed else self.proc.stdout.fileno()
+
     def _available(self):
         chunks, size = [], 0
         while size < self.BUDGET:
@@ -485,6 +493,7 @@ class ContainerLogFollower(object):
             except (BlockingIOError, InterruptedError):
                 break
             if not chunk:
+                self.ended = True
                 break
             chunks.append(chunk)
             size += len(chunk)

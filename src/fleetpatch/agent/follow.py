@@ -6,7 +6,7 @@ import sys
 import time
 
 from .http import http_get
-from .logs import LogFollower, LogWatch, open_follower
+from .logs import LogFollower, LogWatch, StreamWake, open_follower
 from .probing import RecordReader
 from .procs import pid_alive, proc_launch
 from .restart import server_pid
@@ -31,7 +31,7 @@ class Follow(object):
         self.state = state
         self.req = req
         self.follower = open_follower(req)
-        self.watch = LogWatch(self.follower.path) if isinstance(self.follower, LogFollower) else None
+        self.watch = self.wake_for(self.follower)
         restart = req.get("restart") or {}
         self.managed = restart.get("kind") in ("systemd", "supervisor", "container")
         self.pid = req.get("pid") or (server_pid(restart) if self.managed else None)
@@ -55,6 +55,16 @@ class Follow(object):
         self.next_health = 0.0
         # The session's request stream (the laptop's decision arrives on it), or stdin when run alone.
         self.requests = state.requests or RequestReader(sys.stdin.fileno())
+
+    @staticmethod
+    def wake_for(follower):
+        """What wakes the follow when the log has output: inotify on a log file, the stream's
+        descriptor where the follower reads one (a container's); None: it polls."""
+        if isinstance(follower, LogFollower):
+            return LogWatch(follower.path)
+        if getattr(follower, "wake_fd", None) is not None:
+            return StreamWake(follower)
+        return None
 
     def run(self):
         while True:
@@ -206,7 +216,7 @@ class Follow(object):
         """How long the next wait for the laptop's decision may last."""
         if getattr(self.follower, "more", False):
             return 0   # no wait while the log has more to read: a burst is passed on as fast as it is read
-        if self.watch is None or self.watch.fd is None:
+        if self.watch is None or not self.watch.watching():
             return self.POLL_S
         wait = self.WATCHED_POLL_S
         if self.smoke is not None and self.smoke.thread is not None and not self.smoke.told:

@@ -183,7 +183,7 @@ def install_probe(state, req):
             server_code = runtime_code_for(req, python, source, os.path.join(folder, probe_install.RUNTIME_NAME), other)
         atomic_write(state_path(req, INSTALLED), json.dumps(note).encode())
         done = probe_install.install(site, folder, spec["token"], plan, source=source, probe_dir_seen=seen,
-                                     server_code=server_code)
+                                     server_code=server_code, cache_dir=state_path(req, PLAN_CACHE))
     except (probe_install.ProbeInstallError, OSError, KeyError, ValueError) as e:
         return dict(out, installed=False, error=str(e))
     state.probe = dict(note, state_dir=req.get("state_dir"))
@@ -206,6 +206,9 @@ def placement(req, spec, python):
 
 
 RUNTIME_CODES = "probe-code"
+# install's per-file work (the watched modules rewritten and compiled, the sibling's names), kept
+# between deploys keyed by the files' bytes, the lines and the build: a file already seen costs a read
+PLAN_CACHE = "probe-plans"
 RUNTIME_CODES_MOST = 8
 
 
