@@ -2,12 +2,15 @@
 files of a vLLM release's PyPI wheel and the vLLM stand-in (which builds the drafter or
 speculator the launch selects from the host's files and runs its propose step per request):
 
-- 0.10.2 (V1 engine, Model Runner V1) and 0.20.2 (V2 opt-in: V1 by default), --enforce-eager;
+- 0.10.2 (V1 engine, Model Runner V1) and 0.20.2 (V2 opt-in: V1 by default);
 - 0.33.0 (Model Runner V2 by default, V1 still shipped) and 0.34.0 (V2 only);
 - 0.33.0 with VLLM_ENABLE_V1_MULTIPROCESSING=0 (EngineCore in the API server's process), and with
   --tensor-parallel-size 2 (two forked workers);
 - 0.33.0 in a container laid out like vllm/vllm-openai (needs the test Docker daemon);
 - and an SGLang 0.5.9 host beside them: a mixed fleet, each host judged by its own profile.
+
+Every vLLM host runs as a user runs it: EAGLE-3 with its draft model, compiled (no
+--enforce-eager), so the first start after a patch traces the propose step.
 
 One fleet for the module (eight server starts); each test leaves its hosts rolled back.
 The patches: the shipped demo patches (eagle-drafter-line: both EAGLE paths of 0.33.0, the
@@ -38,10 +41,9 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD), reason="needs root and /usr/sbin/sshd")
 
 DEMO_PATCHES = Path(fleetmod.__file__).resolve().parent / "patches"
-EAGER = ("--enforce-eager",)
 SPECS = [
-    HostSpec("v010", version="0.10.2", engine="vllm", method="eagle", args=EAGER),
-    HostSpec("v020", version="0.20.2", engine="vllm", method="eagle", args=EAGER),
+    HostSpec("v010", version="0.10.2", engine="vllm"),
+    HostSpec("v020", version="0.20.2", engine="vllm"),
     HostSpec("v033", version="0.33.0", engine="vllm"),
     HostSpec("v034", version="0.34.0", engine="vllm"),
     HostSpec("v033mp0", version="0.33.0", engine="vllm", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
