@@ -286,9 +286,13 @@ class VllmProfile(EngineProfile):
                 out.setdefault(cls, f)
         return out
 
-    def paths_of_file(self, path: str) -> List[str]:
+    def paths_of_file(self, path: str, version: Optional[str] = None) -> List[str]:
+        """The drafter and speculator classes `path` defines: in `version` where the facts know it
+        (SpecDecodeBaseProposer moved out of eagle.py), else in any release."""
         path = path.replace("\\", "/").lstrip("./")
-        return sorted({cls for r in self.releases.values() for cls, f in r.classes.items() if f == path})
+        rel = self.release(version) if version else None
+        releases = [rel] if rel is not None else list(self.releases.values())
+        return sorted({cls for r in releases for cls, f in r.classes.items() if f == path})
 
     def path_names(self) -> List[str]:
         return sorted(self._all_classes())
