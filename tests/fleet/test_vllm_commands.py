@@ -319,6 +319,13 @@ def test_vllm_container_hosts_of_each_release_check_deploy_verify_status_rollout
     assert rc == 0 and all(r["ok"] for r in doc["hosts"].values()), out
     rc, out, doc = cli("rollback", "--hosts", ",".join(names))
     assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"rolled-back"}, out
+    # the other way round: rollout on the V1-runner releases, deploy-patch on 0.34.0 (0.33.0's: below)
+    rc, out, doc = cli("rollout", "--patch", "propose-line", "--hosts", "c010,c020", "--canary", "1")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"verified"}, out
+    rc, out, doc = cli("deploy-patch", "--patch", "eagle-drafter-line", "--hosts", "c034")
+    assert rc == 0 and doc["hosts"]["c034"]["status"] == "verified", out
+    rc, out, doc = cli("rollback", "--hosts", "c010,c020,c034")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"rolled-back"}, out
 
 
 def test_a_vllm_container_host_deploys_verifies_and_rolls_back(cli, vfleet):
