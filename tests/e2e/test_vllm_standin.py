@@ -488,6 +488,26 @@ def test_the_method_picks_its_own_drafter_file(host, serve, release, method, env
     assert {t for t, _ in s.marks()} == files, s.log
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_each_release_starts_compiled_with_eagle3_as_a_user_runs_it(host, serve, release):
+    """No --enforce-eager, EAGLE-3 with its draft model (as most EAGLE deployments run): the start-up
+    trace runs the release's propose step with the launch's config (it once failed an assert of
+    0.10.2's and 0.20.2's propose on the stand-in's inputs), then a request runs it again."""
+    site, home = host(release)
+    mark_every_propose(site)
+    draft = Path(home) / "draft"
+    draft.mkdir(exist_ok=True)
+    (draft / "config.json").write_text(json.dumps({"architectures": ["Eagle3LlamaForCausalLM"]}))
+    spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
+    s = serve(site, home, [model_dir(home), "--speculative-config", spec])
+    assert s.ready, s.log
+    assert "Dynamo bytecode transform time" in s.log and "Error" not in s.log, s.log
+    at_start = len(s.marks())
+    assert at_start >= 1, s.log                         # traced once at start-up
+    assert s.complete(max_tokens=1)["choices"][0]["text"]
+    assert len(s.marks()) > at_start, s.log
+
+
 # --------------------------------------------------------------------------- failures
 
 def test_a_patch_that_raises_in_the_drafter_kills_the_engine_and_the_server(host, serve):

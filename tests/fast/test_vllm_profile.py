@@ -214,3 +214,13 @@ def test_the_cli_checks_a_patch_against_the_profile_its_engine_names(lh, tmp_pat
     assert profile is engines.get("sglang")
     with pytest.raises(UsageError, match="this patch is for 'tgi', but the engine profile is 'sglang'"):
         load_patch("vllm-fix", [root], profile)
+
+
+def test_a_file_names_the_classes_it_defines_in_the_host_s_release():
+    """SpecDecodeBaseProposer lived in v1/spec_decode/eagle.py in 0.15-0.19 only: a 0.33.0 host's
+    pre-flight must not say a patch of eagle.py changes it (it moved to llm_base_proposer.py)."""
+    f = "vllm/v1/spec_decode/eagle.py"
+    assert PROFILE.paths_of_file(f, "0.19.1") == ["EagleProposer", "SpecDecodeBaseProposer"]
+    assert PROFILE.paths_of_file(f, "0.33.0") == ["EagleProposer"]
+    assert PROFILE.paths_of_file("vllm/v1/spec_decode/llm_base_proposer.py", "0.33.0") == ["SpecDecodeBaseProposer"]
+    assert PROFILE.paths_of_file(f, "9.9.9") == PROFILE.paths_of_file(f) == ["EagleProposer", "SpecDecodeBaseProposer"]

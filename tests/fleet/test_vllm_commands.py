@@ -2,14 +2,17 @@
 files of a vLLM release's PyPI wheel and the vLLM stand-in (which builds the drafter or
 speculator the launch selects from the host's files and runs its propose step per request):
 
-- 0.10.2 (V1 engine, Model Runner V1) and 0.20.2 (V2 opt-in: V1 by default), --enforce-eager;
+- 0.10.2 (V1 engine, Model Runner V1) and 0.20.2 (V2 opt-in: V1 by default);
 - 0.33.0 (Model Runner V2 by default, V1 still shipped) and 0.34.0 (V2 only);
 - 0.33.0 with VLLM_ENABLE_V1_MULTIPROCESSING=0 (EngineCore in the API server's process), and with
   --tensor-parallel-size 2 (two forked workers);
-- 0.33.0 in a container laid out like vllm/vllm-openai (needs the test Docker daemon);
+- each release in a container laid out like vllm/vllm-openai (needs the test Docker daemon);
 - and an SGLang 0.5.9 host beside them: a mixed fleet, each host judged by its own profile.
 
-One fleet for the module (eight server starts); each test leaves its hosts rolled back.
+Every vLLM host runs as a user runs it: EAGLE-3 with its draft model, compiled (no
+--enforce-eager), so the first start after a patch traces the propose step.
+
+One fleet for the module (seven server starts, and four containers with the Docker daemon); each test leaves its hosts rolled back.
 The patches: the shipped demo patches (eagle-drafter-line: both EAGLE paths of 0.33.0, the
 speculator on 0.34.0; vllm-v1-only-beacon: V1's eagle.py only), and `propose-line` /
 `propose-v2`, written here from the hosts' own wheel files: one line added as the first
@@ -38,17 +41,20 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD), reason="needs root and /usr/sbin/sshd")
 
 DEMO_PATCHES = Path(fleetmod.__file__).resolve().parent / "patches"
-EAGER = ("--enforce-eager",)
 SPECS = [
-    HostSpec("v010", version="0.10.2", engine="vllm", method="eagle", args=EAGER),
-    HostSpec("v020", version="0.20.2", engine="vllm", method="eagle", args=EAGER),
+    HostSpec("v010", version="0.10.2", engine="vllm"),
+    HostSpec("v020", version="0.20.2", engine="vllm"),
     HostSpec("v033", version="0.33.0", engine="vllm"),
     HostSpec("v034", version="0.34.0", engine="vllm"),
     HostSpec("v033mp0", version="0.33.0", engine="vllm", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
     HostSpec("v033tp2", version="0.33.0", engine="vllm", args=("--tensor-parallel-size", "2")),
     HostSpec("s059", version="0.5.9", spec_v2=True),
 ]
-CONTAINER = HostSpec("c033", version="0.33.0", engine="vllm", container=True)
+# one container per release, laid out like vllm/vllm-openai (one image per release)
+CONTAINERS = [HostSpec("c010", version="0.10.2", engine="vllm", container=True),
+              HostSpec("c020", version="0.20.2", engine="vllm", container=True),
+              HostSpec("c033", version="0.33.0", engine="vllm", container=True),
+              HostSpec("c034", version="0.34.0", engine="vllm", container=True)]
 V1_EAGLE = "vllm/v1/spec_decode/eagle.py"
 V2_EAGLE = "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py"
 # where the propose step that the release's runner calls is defined, for the propose-line patches
@@ -121,7 +127,7 @@ def vfleet(tmp_path_factory, request):
     if os.environ.get("FLEETPATCH_TEST_DOCKER_SOCK"):
         request.getfixturevalue("docker_daemon")
         sock = os.environ["FLEETPATCH_TEST_DOCKER_SOCK"]
-        specs.append(CONTAINER)
+        specs.extend(CONTAINERS)
     root = tmp_path_factory.mktemp("vllm-fleet")
     with Fleet(root, specs, docker_sock=sock) as f:
         yield f
@@ -165,6 +171,10 @@ def test_check_patch_applies_per_release_and_refuses_the_other_engine(cli, vflee
 # ------------------------------------------------------------------ deploy, verify-logs, rollback
 
 def test_v1_runner_releases_verified_by_the_smoke_completion_then_rolled_back(cli, vfleet):
+    rc, out, doc = cli("check-patch", "--patch", "propose-line", "--hosts", "v010,v020")
+    assert rc == 0, out
+    assert {h: (r["status"], r["patch"], r["executed_path"]) for h, r in doc["hosts"].items()} == {
+        "v010": ("applies", "propose-line@1", "EagleProposer"), "v020": ("applies", "propose-line@2", "EagleProposer")}
     rc, out, doc = cli("deploy-patch", "--patch", "propose-line", "--hosts", "v010,v020")
     assert rc == 0, out
     for name, version, rev in (("v010", "0.10.2", 1), ("v020", "0.20.2", 2)):
@@ -181,6 +191,11 @@ def test_v1_runner_releases_verified_by_the_smoke_completion_then_rolled_back(cl
     assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"rolled-back"}, out
     for name, version in (("v010", "0.10.2"), ("v020", "0.20.2")):
         assert sha256(host_file(vfleet, name, PROPOSE[version])) == pristine(version, PROPOSE[version])
+    # the same through rollout (canary, then the rest), and back
+    rc, out, doc = cli("rollout", "--patch", "propose-line", "--hosts", "v010,v020", "--canary", "1")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"verified"}, out
+    rc, out, doc = cli("rollback", "--hosts", "v010,v020")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"rolled-back"}, out
 
 
 def test_v2_runner_releases_verified_in_the_speculator_then_rolled_back(cli, vfleet):
@@ -192,6 +207,8 @@ def test_v2_runner_releases_verified_in_the_speculator_then_rolled_back(cli, vfl
         assert list(r["execution"]["ran"]) == [V2_EAGLE]
         assert any(m["text"].startswith("eagle-drafter-line: EagleSpeculator (V2 model runner)") for m in r["markers"])
     assert "Using V2 Model Runner" in out          # the runner-choice line quoted as evidence (0.33.0)
+    rc, out, doc = cli("verify-logs", "--hosts", "v033,v034")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"verified"}, out
     rc, out, doc = cli("status", "--hosts", "v033,v034")
     assert rc == 0 and all(r["ok"] for r in doc["hosts"].values()), out
     rc, out, doc = cli("rollback", "--hosts", "v033,v034")
@@ -275,6 +292,41 @@ def test_a_mixed_fleet_rolls_out_per_engine(cli, vfleet):
 
 
 # ------------------------------------------------------------------ a container host
+
+def test_vllm_container_hosts_of_each_release_check_deploy_verify_status_rollout_and_roll_back(cli, vfleet):
+    names = [c.name for c in CONTAINERS]
+    if not all(n in vfleet.hosts for n in names):
+        pytest.skip("needs the test Docker daemon (FLEETPATCH_TEST_DOCKER_SOCK)")
+    rc, out, doc = cli("status", "--hosts", ",".join(names))
+    assert rc == 0, out
+    assert {h: r["engine_version"] for h, r in doc["hosts"].items()} == {c.name: c.version for c in CONTAINERS}
+    rc, out, doc = cli("check-patch", "--patch", "propose-line", "--hosts", "c010,c020")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"applies"}, out
+    rc, out, doc = cli("deploy-patch", "--patch", "propose-line", "--hosts", "c010,c020")
+    assert rc == 0, out
+    for name in ("c010", "c020"):
+        r = doc["hosts"][name]
+        assert r["status"] == "verified" and r["executed_path"] == "EagleProposer", out
+        assert list(r["execution"]["ran"]) == [PROPOSE[r["engine_version"]]]
+    rc, out, doc = cli("rollout", "--patch", "eagle-drafter-line", "--hosts", "c033,c034", "--canary", "1")
+    assert rc == 0, out
+    for name in ("c033", "c034"):
+        r = doc["hosts"][name]
+        assert r["status"] == "verified" and list(r["execution"]["ran"]) == [V2_EAGLE], out
+    rc, out, doc = cli("verify-logs", "--hosts", ",".join(names))
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"verified"}, out
+    rc, out, doc = cli("status", "--hosts", ",".join(names))
+    assert rc == 0 and all(r["ok"] for r in doc["hosts"].values()), out
+    rc, out, doc = cli("rollback", "--hosts", ",".join(names))
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"rolled-back"}, out
+    # the other way round: rollout on the V1-runner releases, deploy-patch on 0.34.0 (0.33.0's: below)
+    rc, out, doc = cli("rollout", "--patch", "propose-line", "--hosts", "c010,c020", "--canary", "1")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"verified"}, out
+    rc, out, doc = cli("deploy-patch", "--patch", "eagle-drafter-line", "--hosts", "c034")
+    assert rc == 0 and doc["hosts"]["c034"]["status"] == "verified", out
+    rc, out, doc = cli("rollback", "--hosts", "c010,c020,c034")
+    assert rc == 0 and {r["status"] for r in doc["hosts"].values()} == {"rolled-back"}, out
+
 
 def test_a_vllm_container_host_deploys_verifies_and_rolls_back(cli, vfleet):
     if "c033" not in vfleet.hosts:

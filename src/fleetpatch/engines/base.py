@@ -235,7 +235,8 @@ class EngineProfile:
     def siblings_for(self, specifier) -> List[Tuple[str, str]]:
         return list(self.sibling_pairs)
 
-    def paths_of_file(self, path: str) -> List[str]:
+    def paths_of_file(self, path: str, version: Optional[str] = None) -> List[str]:
+        """The code path names `path` defines, in `version` where the profile tells versions apart."""
         raise NotImplementedError
 
     def path_names(self) -> List[str]:

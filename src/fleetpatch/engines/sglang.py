@@ -376,7 +376,7 @@ class SGLangProfile(EngineProfile):
             p = p[len("python/"):]
         return p
 
-    def paths_of_file(self, path: str) -> List[str]:
+    def paths_of_file(self, path: str, version: Optional[str] = None) -> List[str]:
         p = self._norm_path(path)
         return [name for name, f in PATH_FILES.items() if f == p]
 

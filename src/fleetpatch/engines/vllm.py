@@ -26,8 +26,11 @@ from .vllm_wheel import FACTS_DIR, V2_SPEC, branches_for
 READY_LINE = "Application startup complete."   # uvicorn's, once vLLM's API server listens
 SMOKE_REQUEST = ("POST", "/v1/completions")
 POLICIES = ("v0-v1", "v1-only", "v2-opt-in", "v2-by-architecture", "v2-default", "v2-only")
-# vLLM's own prefix: "(EngineCore_DP0 pid=7) INFO 12-06 02:33:52 [core.py:71] " (colour codes before 0.20)
-LOG_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)*(?:\(\S+ pid=\d+\)(?:\x1b\[[0-9;]*m)* )?"
+# vLLM's own prefix: "(EngineCore_DP0 pid=7) INFO 12-06 02:33:52 [core.py:71] " (colour codes before 0.20).
+# The process name may hold spaces: "(VllmWorker rank=0 pid=7)" (0.10.0: multiproc_executor.py's
+# _add_prefix(sys.stdout, f"VllmWorker rank={rank}", pid)), "(VllmWorker TP0 pid=7)" (0.10.1:
+# decorate_logs(f"{process_name} {suffix}")); "(Worker_TP0 pid=7)" from 0.10.2.
+LOG_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)*(?:\([^()\n]+? pid=\d+\)(?:\x1b\[[0-9;]*m)* )?"
                         r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ")
 # What vLLM logs when it loads compiled code from its torch.compile cache instead of tracing the
 # source (then no Python line of the compiled region runs), quoted from the wheels:
@@ -283,9 +286,13 @@ class VllmProfile(EngineProfile):
                 out.setdefault(cls, f)
         return out
 
-    def paths_of_file(self, path: str) -> List[str]:
+    def paths_of_file(self, path: str, version: Optional[str] = None) -> List[str]:
+        """The drafter and speculator classes `path` defines: in `version` where the facts know it
+        (SpecDecodeBaseProposer moved out of eagle.py), else in any release."""
         path = path.replace("\\", "/").lstrip("./")
-        return sorted({cls for r in self.releases.values() for cls, f in r.classes.items() if f == path})
+        rel = self.release(version) if version else None
+        releases = [rel] if rel is not None else list(self.releases.values())
+        return sorted({cls for r in releases for cls, f in r.classes.items() if f == path})
 
     def path_names(self) -> List[str]:
         return sorted(self._all_classes())

@@ -79,7 +79,7 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
         return servers.deploy_each(run, plan, probe, applied=False)
     if plan.already:
         return already_applied(run, plan, reply, probe)
-    run.progress("apply", f"{len(plan.changes)} files")
+    run.progress("apply", f"{len(plan.changes)} file{'' if len(plan.changes) == 1 else 's'}")
     apply_req = apply_request(run, plan, reply, revision)
     if probe is not None:
         apply_req["probe"] = probe

@@ -197,7 +197,7 @@ def _apply_all(group: NodeGroup, writes: list) -> list[HostResult] | None:
     for run, (plan, reply, revision) in zip(group.runs, writes):
         if plan.already:
             continue
-        run.progress("apply", f"{len(plan.changes)} files")
+        run.progress("apply", f"{len(plan.changes)} file{'' if len(plan.changes) == 1 else 's'}")
         try:
             # every rank is restarted once all are written
             run.remote.call("apply", dict(apply_request(run, plan, reply, revision), restart=None))

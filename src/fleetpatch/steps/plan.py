@@ -224,7 +224,8 @@ def preflight_verdict(host, profile, revision, prediction, label) -> evidence.Ve
         return None  # said in the plan's message; the log decides
     changed_paths = set()
     for fd in revision.files:
-        changed_paths.update(profile.paths_of_file(fd.path))
+        # the classes the file defines in the host's release (a class may move between files)
+        changed_paths.update(profile.paths_of_file(fd.path, prediction_version(prediction) or None))
     if not changed_paths:
         return None  # patches no path-bearing file: nothing to route around
     # Code in a base class's file runs on its subclasses too (StandaloneWorker is an EAGLEWorker).
