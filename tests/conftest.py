@@ -23,6 +23,7 @@ from fleetpatch_demo.fleet import Fleet, HostSpec
 from support.localhost import LocalHost, template_env
 from support.operator import Operator
 from support.paths import TESTS
+from support.standin_env import QUICK_STOP
 
 # A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored, and so
 # would every fleetpatch it starts; the Ctrl-C tests need what a terminal gives: the default.
@@ -34,11 +35,11 @@ TIERS = ("fast", "fleet", "e2e")
 # v1 hosts: launched without SGLANG_ENABLE_SPEC_V2 and with topk 4 (the
 # motivating configuration); v2 hosts: SGLANG_ENABLE_SPEC_V2=True, topk 1.
 FLEET_SPECS = [
-    HostSpec("v1a", version="0.5.9", spec_v2=False),
-    HostSpec("v2a", version="0.5.9", spec_v2=True),
-    HostSpec("v1b", version="0.5.9", spec_v2=False),
-    HostSpec("v2b", version="0.5.9", spec_v2=True),
-    HostSpec("old", version="0.5.8", spec_v2=False),
+    HostSpec("v1a", version="0.5.9", spec_v2=False, env=QUICK_STOP),
+    HostSpec("v2a", version="0.5.9", spec_v2=True, env=QUICK_STOP),
+    HostSpec("v1b", version="0.5.9", spec_v2=False, env=QUICK_STOP),
+    HostSpec("v2b", version="0.5.9", spec_v2=True, env=QUICK_STOP),
+    HostSpec("old", version="0.5.8", spec_v2=False, env=QUICK_STOP),
 ]
 
 
@@ -102,9 +103,9 @@ def docker_daemon():
 
 
 CONTAINER_FLEET_SPECS = [
-    HostSpec("c1", version="0.5.9", container=True),
-    HostSpec("c2", version="0.5.9", container=True, spec_v2=True),
-    HostSpec("p1", version="0.5.9"),
+    HostSpec("c1", version="0.5.9", container=True, env=QUICK_STOP),
+    HostSpec("c2", version="0.5.9", container=True, spec_v2=True, env=QUICK_STOP),
+    HostSpec("p1", version="0.5.9", env=QUICK_STOP),
 ]
 
 

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD), reason="needs root and /usr/sbin/sshd")
 
 from support.paths import FIXTURE_PATCHES as PATCHES  # noqa: E402
+from support.standin_env import QUICK_STOP  # noqa: E402
 PATCH = "release-marker"
 MARKER = "fleetpatch fixture release-marker: EAGLEWorkerV2 ("
 EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
@@ -48,7 +49,7 @@ def sha256(path: Path) -> str:
 def release_fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("release-fleet")
     specs = [HostSpec(name, version=version, startup_delay=0.1, args=(SYNC_FLAG,) if sync else (),
-                      env=RUST_ENV.get(name, {}))
+                      env={**QUICK_STOP, **RUST_ENV.get(name, {})})
              for name, version, sync in HOSTS]
     with Fleet(root, specs) as fleet:
         yield fleet

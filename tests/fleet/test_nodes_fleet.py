@@ -15,6 +15,7 @@ import pytest
 from support.marks import needs_fleet
 from support.operator import Operator
 from support.paths import FIXTURE_PATCHES, sha256
+from support.standin_env import QUICK_STOP
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
 
@@ -28,7 +29,8 @@ PRISTINE = {f: sha256(sglang_tree("0.5.9") / f) for f in FILES}
 
 @pytest.fixture(scope="module")
 def nfleet(tmp_path_factory):
-    specs = [HostSpec("b0", node_group=GROUP), HostSpec("b1", node_group=GROUP), HostSpec("p1")]
+    specs = [HostSpec("b0", node_group=GROUP, env=QUICK_STOP), HostSpec("b1", node_group=GROUP, env=QUICK_STOP),
+             HostSpec("p1", env=QUICK_STOP)]
     with Fleet(tmp_path_factory.mktemp("nodes"), specs) as f:
         yield f
 

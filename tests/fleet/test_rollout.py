@@ -16,6 +16,7 @@ from support.operator import Operator
 from support.paths import FIXTURE_PATCHES, sha256
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
+from support.standin_env import QUICK_STOP
 
 pytestmark = needs_fleet
 
@@ -29,7 +30,7 @@ NAMES = [f"r{i}" for i in range(8)]
 @pytest.fixture(scope="module")
 def fleet8(tmp_path_factory):
     root = tmp_path_factory.mktemp("fleet8")
-    with Fleet(root, [HostSpec(n, spec_v2=(i % 2 == 1), startup_delay=0.3) for i, n in enumerate(NAMES)]) as f:
+    with Fleet(root, [HostSpec(n, spec_v2=(i % 2 == 1), startup_delay=0.3, env=QUICK_STOP) for i, n in enumerate(NAMES)]) as f:
         yield f
 
 

@@ -14,6 +14,7 @@ from support.operator import Operator
 from support.paths import sha256
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
+from support.standin_env import QUICK_STOP
 
 pytestmark = needs_fleet
 
@@ -26,7 +27,7 @@ PRISTINE = {f: sha256(sglang_tree("0.5.9") / f) for f in FILES}
 
 @pytest.fixture(scope="module")
 def mfleet(tmp_path_factory):
-    with Fleet(tmp_path_factory.mktemp("servers"), [HostSpec(HOST, servers=4), HostSpec("p1")]) as f:
+    with Fleet(tmp_path_factory.mktemp("servers"), [HostSpec(HOST, servers=4, env=QUICK_STOP), HostSpec("p1", env=QUICK_STOP)]) as f:
         yield f
 
 

@@ -17,6 +17,7 @@ from fleetpatch_demo.wheels import sglang_tree
 from support.marks import needs_fleet
 from support.operator import Operator
 from support.paths import FIXTURE_PATCHES, sha256
+from support.standin_env import QUICK_STOP
 
 EAGLE = "sglang/srt/speculative/eagle_worker.py"
 EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
@@ -24,8 +25,8 @@ EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
 
 # ------------------------------------------------ supervisor, end to end
 
-SPECS = [HostSpec("sv1", restart_kind="supervisor", spec_v2=False),
-         HostSpec("sv2", restart_kind="supervisor", spec_v2=True)]
+SPECS = [HostSpec("sv1", restart_kind="supervisor", spec_v2=False, env=QUICK_STOP),
+         HostSpec("sv2", restart_kind="supervisor", spec_v2=True, env=QUICK_STOP)]
 
 
 @pytest.fixture(scope="module")

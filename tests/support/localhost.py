@@ -28,6 +28,7 @@ from fleetpatch.inventory import parse_inventory
 from fleetpatch.patchset import load_patch, search_dirs
 from fleetpatch.transport_local import LocalTransport
 from support.paths import FIXTURE_PATCHES, REPO, sha256
+from support.standin_env import QUICK_STOP
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -113,7 +114,7 @@ class LocalHost:
     # -- inventory ---------------------------------------------------------
     def inventory(self, **restart) -> dict:
         topk = 1 if self.spec_v2 else 4
-        env = {"FLEETPATCH_STANDIN_STARTUP_DELAY": "0"}
+        env = {"FLEETPATCH_STANDIN_STARTUP_DELAY": "0", **QUICK_STOP}   # a test's own env= replaces it
         if self.spec_v2:
             env["SGLANG_ENABLE_SPEC_V2"] = "True"
         start = ("{python} -m sglang_standin --model-path " + str(self.root / "models/demo")
