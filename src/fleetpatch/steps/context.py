@@ -170,6 +170,13 @@ def host_step(fn: Callable[[HostRun], HostResult]):
             result = fn(hr)
         except HostFailure as f:
             result = HostResult(host.name, False, f.status, f.message)
+        except EOFError as e:
+            # paramiko's own, when the link or the host's sshd session dies at a moment that no
+            # narrower handler covers (between the dial and the agent's first answer)
+            result = HostResult(host.name, False, Status.ERROR, (
+                f"{host.name}: the SSH session closed (the connection was cut or the host's sshd session killed"
+                f"{': ' + str(e) if str(e) else ''}); a plain rerun reads the host's ledger and finishes or "
+                "undoes what was done"))
         except Exception as e:  # a bug must not take the other hosts down with it
             result = HostResult(host.name, False, Status.ERROR, f"{host.name}: {type(e).__name__}: {e}")
         except BaseException:
