@@ -25,21 +25,9 @@ from fleetpatch_demo import traffic as demo_traffic
 from fleetpatch_demo.fleet import Fleet
 from fleetpatch_demo.routerproc import router_command
 from fleetpatch.router import Router
+from support.demo_cli import fleetpatch, section
 from support.marks import needs_fleet
 from support.paths import REPO
-
-
-def fleetpatch(*args, cwd, timeout=300, **extra_env):
-    env = {**os.environ, "COLUMNS": "200", demo_run.STARTUP_DELAY_ENV: "0.2", **extra_env}
-    env.pop("FLEETPATCH_INVENTORY", None)
-    proc = subprocess.run([sys.executable, "-m", "fleetpatch", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def section(out: str, start: str, end: str | None) -> str:
-    i = out.index(start)
-    return out[i:out.index(end, i)] if end else out[i:]
 
 
 def test_the_demo_patch_is_the_fixture():

@@ -7,30 +7,15 @@ on the V2 hosts, and, forced, not-executed with the speculator file that ran nam
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import yaml
 
-from fleetpatch_demo import run as demo_run
 from fleetpatch_demo import run_vllm, vllm_hosts
 from fleetpatch_demo.fleet import Fleet
+from support.demo_cli import fleetpatch, section
 from support.marks import needs_fleet
-
-
-def fleetpatch(*args, cwd, timeout=600, **extra_env):
-    env = {**os.environ, "COLUMNS": "200", demo_run.STARTUP_DELAY_ENV: "0.2", **extra_env}
-    env.pop("FLEETPATCH_INVENTORY", None)
-    proc = subprocess.run([sys.executable, "-m", "fleetpatch", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def section(out: str, start: str, end: str | None) -> str:
-    i = out.index(start)
-    return out[i:out.index(end, i)] if end else out[i:]
 
 
 def test_an_unknown_engine_is_a_usage_error(tmp_path):
