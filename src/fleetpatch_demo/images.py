@@ -164,7 +164,7 @@ def base_image(docker: Dockerd) -> str:
 def engine_image(docker: Dockerd, version: str) -> str:
     """The engine image's tag for SGLang `version`, built unless it exists already."""
     return _image(docker, ENGINE_REPO, IMAGE_RECIPE, version,
-                  lambda rootfs, pyver: _lay_out(rootfs, sglang_tree(version), version, pyver), _dockerfile)
+                  lambda rootfs, pyver: _lay_out(rootfs, sglang_tree(version), version, pyver), _sglang_dockerfile)
 
 
 def vllm_image(docker: Dockerd, version: str) -> str:
@@ -241,7 +241,7 @@ def _vllm_dockerfile(base: str, version: str) -> str:
     ])
 
 
-def _dockerfile(base: str, version: str) -> str:
+def _sglang_dockerfile(base: str, version: str) -> str:
     return "\n".join([
         f"FROM {base}",
         "COPY rootfs/ /",
