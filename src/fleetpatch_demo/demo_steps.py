@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +137,15 @@ def host_digests(fleet: Fleet) -> dict:
     for (name, rel), digest in sorted(tree_hashes(fleet, list(fleet.hosts)).items()):
         out.setdefault(name, hashlib.sha256()).update(f"{rel}\0{digest}\n".encode())
     return {name: h.hexdigest() for name, h in out.items()}
+
+
+def fresh_reports(root: Path) -> Path:
+    """root/reports, emptied: where this run's steps write their reports."""
+    reports = root / "reports"
+    if reports.exists():
+        shutil.rmtree(reports)
+    reports.mkdir(parents=True)
+    return reports
 
 
 def point_at(inventory: Path) -> str:

@@ -456,10 +456,7 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     console.print(f"Inventory {inv} (group canary: [{V2_HOSTS[0]}]"
                   + (f"; router: {router_url}, each server's url as the router lists it)" if router_url
                      else ")"), markup=False)
-    reports = root / "reports"
-    if reports.exists():
-        shutil.rmtree(reports)
-    reports.mkdir(parents=True)
+    reports = demo_steps.fresh_reports(root)
     patches = _show_path(DEMO_PATCHES)
     v1 = ",".join(V1_HOSTS)
     paths = {**{n: "EAGLEWorkerV2" for n in V2_HOSTS}, **{n: "EAGLEWorker" for n in V1_HOSTS}}

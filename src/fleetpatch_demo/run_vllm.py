@@ -31,7 +31,6 @@ demo takes too, from this demo's ``Trap``.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import yaml
 from rich.console import Console
 from rich.rule import Rule
 
-from .demo_steps import Misbehaved, Trap, four_steps, host_digests, point_at, show_path
+from .demo_steps import Misbehaved, Trap, four_steps, fresh_reports, host_digests, point_at, show_path
 from .fleet import Fleet, FleetError, HostSpec
 
 DEMO_PATCHES = Path(__file__).resolve().with_name("patches")
@@ -98,10 +97,7 @@ def flow(console: Console, root: Path, delay: float, down_cmd: str, started: flo
     ctx["inventory"] = inventory
     inv = show_path(inventory)
     say(f"Inventory {inv} (engine.kind: vllm on every host; group canary: [{V2_HOSTS[0]}])", markup=False)
-    reports = root / "reports"
-    if reports.exists():
-        shutil.rmtree(reports)
-    reports.mkdir(parents=True)
+    reports = fresh_reports(root)
     patches = show_path(DEMO_PATCHES)
     v2 = ",".join(V2_HOSTS)
     paths = {**{n: V2_PATH for n in V2_HOSTS}, **{n: V1_PATH for n in V1_HOSTS}}
