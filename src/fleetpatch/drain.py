@@ -63,11 +63,13 @@ class Drainer:
                 try:
                     workers = r.list_workers()
                 except RouterError as e:
-                    raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: {e}; the host was not touched") from None
+                    raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: {e}; the host was not touched",
+                                      reason=str(e)) from None
                 out_now = [u for u in self.out.get(r.label, set()) if u != url]
                 problem = capacity_problem(r.label, workers, out_now + [url], self.max_unavailable)
                 if problem:
-                    raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: refused, not touched: {problem}")
+                    raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: refused, not touched: {problem}",
+                                      reason=problem)
             for r in routers.routers:
                 self.out.setdefault(r.label, set()).add(url)
 
@@ -139,7 +141,7 @@ def around_restart(job, host, remote, restart: Callable[[], HostResult], *,
             d.take_out(host, routers)
     except HostFailure as f:
         if job.interrupt.is_set():
-            raise HostFailure(Status.INTERRUPTED, f.message) from None
+            raise HostFailure(Status.INTERRUPTED, f.message, reason=f.reason) from None
         raise
     try:
         info["was_listed"] = _remove_all(host, routers)
@@ -148,11 +150,10 @@ def around_restart(job, host, remote, restart: Callable[[], HostResult], *,
         if waited is not None:   # not drained: back in, untouched
             status, why = waited
             problem = _put_back(host, routers, info)
-            msg = f"{host.name}: {why}; put back into the router{'s' if len(routers.routers) > 1 else ''} " \
-                  "unrestarted, files unchanged"
-            if problem:
-                msg += f"\n  putting it back FAILED: {problem}"
-            return _with_router(HostResult(host.name, False, status, msg), info)
+            said = f"{why}; put back into the router{'s' if len(routers.routers) > 1 else ''} unrestarted"
+            failed = f"\n  putting it back FAILED: {problem}" if problem else ""
+            return _with_router(HostResult(host.name, False, status, f"{host.name}: {said}, files unchanged{failed}",
+                                           reason=said + failed), info)
         try:
             result = restart()
         except HostFailure as f:
@@ -189,7 +190,7 @@ def _remove_all(host, routers: Routers) -> bool:
             except RouterError:
                 pass  # the first error is the one to report
         raise HostFailure(Status.ROUTER_ERROR, f"{host.name}: {e}; the host was not touched (it was put back "
-                                               "into any router it had left)") from None
+                                               "into any router it had left)", reason=str(e)) from None
     return everywhere
 
 

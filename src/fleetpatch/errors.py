@@ -84,13 +84,16 @@ class NoAnswer(str, Enum):
 
 class HostFailure(FleetpatchError):
     """A per-host failure: the host ends with `status`, the run goes on for the others.
-    `cause` is set when the host's answer never came (the host may have acted)."""
+    `cause` is set when the host's answer never came (the host may have acted). `reason`, where
+    the raiser gives one, is what failed in its own words, without the host's name or what that
+    left on the host (the drain's router steps: for a caller that says the rest its own way)."""
 
-    def __init__(self, status: str, message: str, cause: NoAnswer | None = None):
+    def __init__(self, status: str, message: str, cause: NoAnswer | None = None, reason: str | None = None):
         super().__init__(message)
         self.status = Status(status)
         self.message = message
         self.cause = cause
+        self.reason = reason
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -28,6 +28,9 @@ class HostResult:
     round_trips: int = 0
     files: dict | None = None
     details: dict = field(default_factory=dict)
+    # what failed in its own words, without the host's name or what that left on the host (set by
+    # the drain's router steps that end before the restart); not in the report: `message` says it
+    reason: str | None = None
 
     def to_json(self) -> dict:
         out = {"ok": self.ok, "status": str(self.status), "message": self.message,

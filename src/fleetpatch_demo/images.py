@@ -163,41 +163,28 @@ def base_image(docker: Dockerd) -> str:
 
 def engine_image(docker: Dockerd, version: str) -> str:
     """The engine image's tag for SGLang `version`, built unless it exists already."""
-    base = base_image(docker)
-    pyver = _python_version(trixie_root())
-    with tempfile.TemporaryDirectory(prefix="fleetpatch-engine-") as tmp:
-        context = Path(tmp)
-        _lay_out(context / "rootfs", sglang_tree(version), version, pyver)
-        (context / "Dockerfile").write_text(_dockerfile(base, version))
-        tag = f"{ENGINE_REPO}:{version}-{_hash12(IMAGE_RECIPE.encode(), base.encode(), _tree_digest(context))}"
-        if docker.inspect_image(tag) is not None:
-            return tag
-        with _image_lock(docker):
-            if docker.inspect_image(tag) is None:
-                try:
-                    docker.cli("build", "--network", "host", "-q", "-t", tag, str(context), timeout=600)
-                except DockerError as e:
-                    raise ImageError(f"building {tag}: {e}") from e
-    return tag
+    return _image(docker, ENGINE_REPO, IMAGE_RECIPE, version,
+                  lambda rootfs, pyver: _lay_out(rootfs, sglang_tree(version), version, pyver), _sglang_dockerfile)
 
 
 def vllm_image(docker: Dockerd, version: str) -> str:
     """The vLLM engine image's tag for vLLM `version`, built unless it exists already."""
+    return _image(docker, VLLM_REPO, VLLM_RECIPE, version,
+                  lambda rootfs, pyver: _lay_out_vllm(rootfs, vllm_hosts.vllm_tree(version), version, pyver),
+                  _vllm_dockerfile)
+
+
+def _image(docker: Dockerd, repo: str, recipe: str, version: str, lay_out, dockerfile) -> str:
+    """An engine image's tag, built on the base image unless it exists already: what the engine
+    adds is `lay_out(rootfs, python version)`, its Dockerfile `dockerfile(base tag, version)`; the
+    tag is `repo`:`version`-<hash of `recipe`, the base and every file of the build context>."""
     base = base_image(docker)
     pyver = _python_version(trixie_root())
-    with tempfile.TemporaryDirectory(prefix="fleetpatch-vllm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"fleetpatch-{repo.rsplit('/', 1)[-1]}-") as tmp:
         context = Path(tmp)
-        _lay_out_vllm(context / "rootfs", vllm_hosts.vllm_tree(version), version, pyver)
-        (context / "Dockerfile").write_text("\n".join([
-            f"FROM {base}",
-            "COPY rootfs/ /",
-            f"WORKDIR {VLLM_WORKDIR}",
-            *(f"ENV {k}={v}" for k, v in VLLM_IMAGE_ENV.items()),
-            f"ENTRYPOINT {json.dumps(VLLM_ENTRYPOINT)}",
-            f'LABEL fleetpatch.demo.vllm="{version}"',
-            "",
-        ]))
-        tag = f"{VLLM_REPO}:{version}-{_hash12(VLLM_RECIPE.encode(), base.encode(), _tree_digest(context))}"
+        lay_out(context / "rootfs", pyver)
+        (context / "Dockerfile").write_text(dockerfile(base, version))
+        tag = f"{repo}:{version}-{_hash12(recipe.encode(), base.encode(), _tree_digest(context))}"
         if docker.inspect_image(tag) is not None:
             return tag
         with _image_lock(docker):
@@ -233,25 +220,28 @@ def _lay_out_vllm(rootfs: Path, tree: Path, version: str, pyver: str) -> None:
     shutil.copyfile(next(tree.glob("vllm-*.dist-info")) / "METADATA", site / dist / "METADATA")
     (site / dist / "INSTALLER").write_text("uv\n")
     (site / dist / "REQUESTED").write_text("")
-    record = io.StringIO()
-    for path in sorted(p for p in (site / "vllm").rglob("*") if p.is_file()) + [site / dist / n for n in
-                                                                            ("METADATA", "INSTALLER", "REQUESTED")]:
-        data = path.read_bytes()
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.write(f"{path.relative_to(site)},sha256={digest},{len(data)}\n")
-    record.write(f"{dist}/RECORD,,\n")
-    (site / dist / "RECORD").write_text(record.getvalue())
+    files = sorted(p for p in (site / "vllm").rglob("*") if p.is_file()) + [site / dist / n for n in
+                                                                         ("METADATA", "INSTALLER", "REQUESTED")]
+    _write_record(site / dist, {str(path.relative_to(site)): path.read_bytes() for path in files})
     vllm_hosts.install_standin(site)
     vllm_hosts.model_files(rootfs)
     (rootfs / VLLM_WORKDIR.lstrip("/")).mkdir(parents=True)
-    for dirpath, dirnames, filenames in os.walk(rootfs):
-        for d in dirnames:
-            os.chmod(os.path.join(dirpath, d), 0o755)
-        for f in filenames:
-            os.chmod(os.path.join(dirpath, f), 0o644)
+    _readable_by_all(rootfs)
 
 
-def _dockerfile(base: str, version: str) -> str:
+def _vllm_dockerfile(base: str, version: str) -> str:
+    return "\n".join([
+        f"FROM {base}",
+        "COPY rootfs/ /",
+        f"WORKDIR {VLLM_WORKDIR}",
+        *(f"ENV {k}={v}" for k, v in VLLM_IMAGE_ENV.items()),
+        f"ENTRYPOINT {json.dumps(VLLM_ENTRYPOINT)}",
+        f'LABEL fleetpatch.demo.vllm="{version}"',
+        "",
+    ])
+
+
+def _sglang_dockerfile(base: str, version: str) -> str:
     return "\n".join([
         f"FROM {base}",
         "COPY rootfs/ /",
@@ -288,16 +278,27 @@ def _lay_out(rootfs: Path, tree: Path, version: str, pyver: str) -> None:
                               "Root-Is-Purelib: true\nTag: py3-none-any\n")
     files[f"{dist}/direct_url.json"] = json.dumps({"dir_info": {"editable": True},
                                                    "url": f"file://{SGL_CHECKOUT}"})
-    record = io.StringIO()
     for rel, text in files.items():
-        data = text.encode()
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(text.encode())
+    _write_record(site / dist, {rel: text.encode() for rel, text in files.items()})
+    install_sglang_standin(site)
+    _readable_by_all(rootfs)
+
+
+def _write_record(dist_info: Path, files: dict) -> None:
+    """`dist_info`/RECORD as an installer writes it: a line per installed file {path relative to
+    the site dir: bytes}, with its sha256 and size, and the RECORD's own line last."""
+    record = io.StringIO()
+    for rel, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         record.write(f"{rel},sha256={digest},{len(data)}\n")
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-    record.write(f"{dist}/RECORD,,\n")
-    (site / dist / "RECORD").write_text(record.getvalue())
-    install_sglang_standin(site)
+    record.write(f"{dist_info.name}/RECORD,,\n")
+    (dist_info / "RECORD").write_text(record.getvalue())
+
+
+def _readable_by_all(rootfs: Path) -> None:
+    """Every directory under `rootfs` 0755 and every file 0644, as an image's files are."""
     for dirpath, dirnames, filenames in os.walk(rootfs):
         for d in dirnames:
             os.chmod(os.path.join(dirpath, d), 0o755)

@@ -56,14 +56,12 @@ from . import traffic as trafficmod
 from .demo_steps import Interrupted as _Interrupted
 from .demo_steps import Misbehaved as _Misbehaved
 from .demo_steps import Step
-from .demo_steps import expect_hosts as _expect_hosts
 from .demo_steps import host_digests as _host_digests
 from .demo_steps import misbehaved as _misbehaved
 from .demo_steps import point_at as _point_at
 from .demo_steps import read_report as _report
 from .demo_steps import run_step as _run_step
 from .demo_steps import show_path as _show_path
-from .demo_steps import tree_hashes as _tree_hashes
 from .fleet import Fleet, FleetError, HostSpec
 from .wheels import cache_dir
 
@@ -458,100 +456,41 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
     console.print(f"Inventory {inv} (group canary: [{V2_HOSTS[0]}]"
                   + (f"; router: {router_url}, each server's url as the router lists it)" if router_url
                      else ")"), markup=False)
-    reports = root / "reports"
-    if reports.exists():
-        shutil.rmtree(reports)
-    reports.mkdir(parents=True)
+    reports = demo_steps.fresh_reports(root)
     patches = _show_path(DEMO_PATCHES)
     v1 = ",".join(V1_HOSTS)
     paths = {**{n: "EAGLEWorkerV2" for n in V2_HOSTS}, **{n: "EAGLEWorker" for n in V1_HOSTS}}
 
-    def rep(name):
-        return reports / f"{name}.json"
-
-    # 1 ------------------------------------------------------------- status
-    console.print(Rule("1. status"))
-    console.print("What the fleet runs now: every host reachable, SGLang 0.5.9, nothing applied.")
-    s1 = Step("status", ["status", "--inventory", inv, "--report", _show_path(rep("1-status"))], 0, rep("1-status"))
-    if _run_step(console, s1).problem:
-        return _misbehaved(console, s1, down_cmd)
-
-    # 2 ------------------------------------------------------------- rollout
-    console.print(Rule("2. rollout"))
-    console.print(
-        f"Roll the shipped patch {SHIPPED_PATCH} out to the whole fleet: the canary {V2_HOSTS[0]} first, then "
-        "the rest. It changes both eagle_worker.py and eagle_worker_v2.py, so whichever worker a host runs, "
-        "its marker must show up in the log written since fleetpatch's own restart."
-        + (" Meanwhile clients send a steady mix of streaming and plain requests through the router: each "
-           "worker leaves the router, finishes what it has in flight, restarts, answers a smoke request and "
-           "goes back, so none of them should fail or be cut." if router_url else ""))
-    s2 = Step("rollout", ["rollout", "--patch", SHIPPED_PATCH, "--group", "all", "--inventory", inv,
-                          "--report", _show_path(rep("2-rollout"))], 0, rep("2-rollout"))
-    if router_url:
-        _run_rollout_under_traffic(console, s2, router_url, fleet, ctx)
-    else:
-        _run_step(console, s2)
-    if s2.problem:
-        return _misbehaved(console, s2, down_cmd)
-    try:
-        doc = _report(s2)
-        _expect_hosts(doc, list(paths), "verified", paths)
-        stages = doc.get("stages") or []
-        if stages and stages[0] != [V2_HOSTS[0]]:
-            raise _Misbehaved(f"the first stage was {stages[0]}, expected the canary [{V2_HOSTS[0]}]")
+    def drained(doc: dict) -> None:
+        """Under the router: no request lost, and what that proves said."""
         if router_url:
             problem = _traffic_problem(ctx["traffic"], ctx["traffic_gen"])
             if problem:
                 raise _Misbehaved(problem)
-    except _Misbehaved as e:
-        s2.problem = str(e)
-        return _misbehaved(console, s2, down_cmd)
-    if router_url:
-        console.print(_drain_proof(doc), style="green", markup=False)
+            console.print(_drain_proof(doc), style="green", markup=False)
 
-    # 3 ------------------------------------------------------------- check-patch
-    console.print(Rule("3. check-patch"))
-    console.print(
-        f"Now the motivating failure. {ONE_PATH_PATCH} changes only eagle_worker_v2.py (EAGLEWorkerV2). "
-        f"{' and '.join(V1_HOSTS)} were launched without SGLANG_ENABLE_SPEC_V2 and with "
-        "--speculative-eagle-topk 4, so they run EAGLEWorker and the patched file would never execute. "
-        "The dry run says so before anything is written:")
-    before = _tree_hashes(fleet, V1_HOSTS)
-    pids = {n: fleet.server_pid(n) for n in V1_HOSTS}
-    s3 = Step("check-patch", ["check-patch", "--patch", ONE_PATH_PATCH, "--patches", patches, "--hosts", v1,
-                              "--inventory", inv, "--report", _show_path(rep("3-check-patch"))], 1,
-              rep("3-check-patch"))
-    if _run_step(console, s3).problem:
-        return _misbehaved(console, s3, down_cmd)
-    try:
-        _expect_hosts(_report(s3), V1_HOSTS, "not-executed", paths)
-        if _tree_hashes(fleet, V1_HOSTS) != before:
-            raise _Misbehaved("the SGLang files of the hosts changed: a dry run must write nothing")
-        if {n: fleet.server_pid(n) for n in V1_HOSTS} != pids:
-            raise _Misbehaved("a server was restarted: a dry run must change nothing")
-    except _Misbehaved as e:
-        s3.problem = str(e)
-        return _misbehaved(console, s3, down_cmd)
-    console.print("Exit 1, as it should be: refused by the pre-flight check, and the hosts' files and servers "
-                  "are untouched (checked).")
-
-    # 4 ------------------------------------------------------------- forced deploy
-    console.print(Rule("4. deploy-patch --force"))
-    console.print(
-        "Force it past the pre-flight check and this is the original incident: the patch applies, imports "
-        "and restarts cleanly, and SGLang never complains. fleetpatch reads the log written since its "
-        "restart, works out which worker ran, and fails loudly:")
-    s4 = Step("deploy-patch --force", [
-        "deploy-patch", "--patch", ONE_PATH_PATCH, "--patches", patches, "--hosts", v1, "--force",
-        "--timeout", DEPLOY_TIMEOUT, "--inventory", inv, "--report", _show_path(rep("4-deploy-patch"))], 1,
-        rep("4-deploy-patch"))
-    if _run_step(console, s4).problem:
-        return _misbehaved(console, s4, down_cmd)
-    try:
-        _expect_hosts(_report(s4), V1_HOSTS, "not-executed", paths)
-    except _Misbehaved as e:
-        s4.problem = str(e)
-        return _misbehaved(console, s4, down_cmd)
+    trap = demo_steps.Trap(
+        "SGLang", SGLANG_VERSION, SHIPPED_PATCH, ONE_PATH_PATCH, V1_HOSTS, paths, V2_HOSTS[0], DEPLOY_TIMEOUT,
+        rollout_says=f"Roll the shipped patch {SHIPPED_PATCH} out to the whole fleet: the canary {V2_HOSTS[0]} first, "
+                     "then the rest. It changes both eagle_worker.py and eagle_worker_v2.py, so whichever worker a "
+                     "host runs, its marker must show up in the log written since fleetpatch's own restart."
+                     + (" Meanwhile clients send a steady mix of streaming and plain requests through the router: "
+                        "each worker leaves the router, finishes what it has in flight, restarts, answers a smoke "
+                        "request and goes back, so none of them should fail or be cut." if router_url else ""),
+        check_says=f"Now the motivating failure. {ONE_PATH_PATCH} changes only eagle_worker_v2.py (EAGLEWorkerV2). "
+                   f"{' and '.join(V1_HOSTS)} were launched without SGLANG_ENABLE_SPEC_V2 and with "
+                   "--speculative-eagle-topk 4, so they run EAGLEWorker and the patched file would never execute. "
+                   "The dry run says so before anything is written:",
+        force_says="Force it past the pre-flight check and this is the original incident: the patch applies, imports "
+                   "and restarts cleanly, and SGLang never complains. fleetpatch reads the log written since its "
+                   "restart, works out which worker ran, and fails loudly:",
+        run_rollout=(lambda console, step: _run_rollout_under_traffic(console, step, router_url, fleet, ctx))
+        if router_url else _run_step,
+        after_rollout=drained)
+    code, steps = demo_steps.four_steps(console, trap, fleet, inv, patches, reports, down_cmd)
+    if code is not None:
+        return code
+    s1, s2, s3, s4 = steps
 
     # 5-8 ----------------------------------------------------------- proof under traffic (proof.py)
     try:

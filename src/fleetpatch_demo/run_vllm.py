@@ -25,12 +25,12 @@ command:
    naming EagleSpeculator and its file as what ran.
 
 run.py does what both engines' demos share (prerequisites, the demo's root, Ctrl-C,
-``--down``) and calls ``flow``.
+``--down``) and calls ``flow``; demo_steps.four_steps runs the four steps, which SGLang's
+demo takes too, from this demo's ``Trap``.
 """
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -38,8 +38,7 @@ import yaml
 from rich.console import Console
 from rich.rule import Rule
 
-from .demo_steps import (Misbehaved, Step, expect_hosts, host_digests, misbehaved, point_at, read_report, run_step,
-                         show_path, tree_hashes)
+from .demo_steps import Misbehaved, Trap, four_steps, fresh_reports, host_digests, point_at, show_path
 from .fleet import Fleet, FleetError, HostSpec
 
 DEMO_PATCHES = Path(__file__).resolve().with_name("patches")
@@ -98,87 +97,33 @@ def flow(console: Console, root: Path, delay: float, down_cmd: str, started: flo
     ctx["inventory"] = inventory
     inv = show_path(inventory)
     say(f"Inventory {inv} (engine.kind: vllm on every host; group canary: [{V2_HOSTS[0]}])", markup=False)
-    reports = root / "reports"
-    if reports.exists():
-        shutil.rmtree(reports)
-    reports.mkdir(parents=True)
+    reports = fresh_reports(root)
     patches = show_path(DEMO_PATCHES)
     v2 = ",".join(V2_HOSTS)
     paths = {**{n: V2_PATH for n in V2_HOSTS}, **{n: V1_PATH for n in V1_HOSTS}}
 
-    def rep(name: str) -> Path:
-        return reports / f"{name}.json"
-
-    # 1 ------------------------------------------------------------- status
-    say(Rule("1. status"))
-    say(f"What the fleet runs now: every host reachable, vLLM {VLLM_VERSION}, nothing applied.")
-    s1 = Step("status", ["status", "--inventory", inv, "--report", show_path(rep("1-status"))], 0, rep("1-status"))
-    if run_step(console, s1).problem:
-        return misbehaved(console, s1, down_cmd)
-
-    # 2 ------------------------------------------------------------- rollout
-    say(Rule("2. rollout"))
-    say(f"Roll {SHIPPED_PATCH} out to the whole fleet, the canary {V2_HOSTS[0]} first. It changes both EAGLE paths "
-        f"({DRAFTER_FILE} and {SPECULATOR_FILE}), so whichever runner a host picked, its own line must run in the "
-        "server restarted by fleetpatch.", markup=False)
-    s2 = Step("rollout", ["rollout", "--patch", SHIPPED_PATCH, "--patches", patches, "--group", "all",
-                          "--inventory", inv, "--report", show_path(rep("2-rollout"))], 0, rep("2-rollout"))
-    if run_step(console, s2).problem:
-        return misbehaved(console, s2, down_cmd)
-    try:
-        doc = read_report(s2)
-        expect_hosts(doc, list(paths), "verified", paths)
-        stages = doc.get("stages") or []
-        if stages and stages[0] != [V2_HOSTS[0]]:
-            raise Misbehaved(f"the first stage was {stages[0]}, expected the canary [{V2_HOSTS[0]}]")
-    except Misbehaved as e:
-        s2.problem = str(e)
-        return misbehaved(console, s2, down_cmd)
-
-    # 3 ------------------------------------------------------------- check-patch
-    say(Rule("3. check-patch"))
-    say(f"Now the one-path mistake. {ONE_PATH_PATCH} changes only {DRAFTER_FILE} ({V1_PATH}, Model Runner V1). "
-        f"{' and '.join(V2_HOSTS)} run vLLM {VLLM_VERSION} with no runner setting, so they run Model Runner V2 and "
-        f"{V2_PATH}: the patched file would never execute. The dry run says so before anything is written:",
-        markup=False)
-    before = tree_hashes(fleet, V2_HOSTS)
-    pids = {n: fleet.server_pid(n) for n in V2_HOSTS}
-    s3 = Step("check-patch", ["check-patch", "--patch", ONE_PATH_PATCH, "--patches", patches, "--hosts", v2,
-                              "--inventory", inv, "--report", show_path(rep("3-check-patch"))], 1, rep("3-check-patch"))
-    if run_step(console, s3).problem:
-        return misbehaved(console, s3, down_cmd)
-    try:
-        expect_hosts(read_report(s3), V2_HOSTS, "not-executed", paths)
-        if tree_hashes(fleet, V2_HOSTS) != before:
-            raise Misbehaved("the vLLM files of the hosts changed: a dry run must write nothing")
-        if {n: fleet.server_pid(n) for n in V2_HOSTS} != pids:
-            raise Misbehaved("a server was restarted: a dry run must change nothing")
-    except Misbehaved as e:
-        s3.problem = str(e)
-        return misbehaved(console, s3, down_cmd)
-    say("Exit 1, as it should be: refused by the pre-flight check, and the hosts' files and servers are untouched "
-        "(checked).")
-
-    # 4 ------------------------------------------------------------- forced deploy
-    say(Rule("4. deploy-patch --force"))
-    say("Force it past the pre-flight check: the patch applies, imports and restarts cleanly, and vLLM never "
-        "complains. fleetpatch reads the log written since its restart and what the probe saw run, and fails "
-        "loudly, naming the speculator that ran instead:")
-    s4 = Step("deploy-patch --force", [
-        "deploy-patch", "--patch", ONE_PATH_PATCH, "--patches", patches, "--hosts", v2, "--force",
-        "--timeout", DEPLOY_TIMEOUT, "--inventory", inv, "--report", show_path(rep("4-deploy-patch"))], 1,
-        rep("4-deploy-patch"))
-    if run_step(console, s4).problem:
-        return misbehaved(console, s4, down_cmd)
-    try:
-        doc = read_report(s4)
-        expect_hosts(doc, V2_HOSTS, "not-executed", paths)
+    def names_the_speculator(doc: dict) -> None:
         for n in V2_HOSTS:
             if SPECULATOR_FILE not in json.dumps(doc["hosts"][n]):
                 raise Misbehaved(f"{n}: the report does not name {SPECULATOR_FILE}, the speculator that ran")
-    except Misbehaved as e:
-        s4.problem = str(e)
-        return misbehaved(console, s4, down_cmd)
+
+    trap = Trap(
+        "vLLM", VLLM_VERSION, SHIPPED_PATCH, ONE_PATH_PATCH, V2_HOSTS, paths, V2_HOSTS[0], DEPLOY_TIMEOUT,
+        rollout_says=f"Roll {SHIPPED_PATCH} out to the whole fleet, the canary {V2_HOSTS[0]} first. It changes both "
+                     f"EAGLE paths ({DRAFTER_FILE} and {SPECULATOR_FILE}), so whichever runner a host picked, its own "
+                     "line must run in the server restarted by fleetpatch.",
+        check_says=f"Now the one-path mistake. {ONE_PATH_PATCH} changes only {DRAFTER_FILE} ({V1_PATH}, Model Runner "
+                   f"V1). {' and '.join(V2_HOSTS)} run vLLM {VLLM_VERSION} with no runner setting, so they run Model "
+                   f"Runner V2 and {V2_PATH}: the patched file would never execute. The dry run says so before "
+                   "anything is written:",
+        force_says="Force it past the pre-flight check: the patch applies, imports and restarts cleanly, and vLLM "
+                   "never complains. fleetpatch reads the log written since its restart and what the probe saw run, "
+                   "and fails loudly, naming the speculator that ran instead:",
+        shipped_in=["--patches", patches], after_force=names_the_speculator)
+    code, steps = four_steps(console, trap, fleet, inv, patches, reports, down_cmd)
+    if code is not None:
+        return code
+    s1, s2, s3, s4 = steps
 
     # summary -------------------------------------------------------------
     say(Rule("demo summary"))

@@ -10,8 +10,8 @@ import yaml
 
 from fleetpatch.agent import base as agent_base
 from fleetpatch_demo.routerproc import free_port
-from fleetpatch.drain import preflight, smoke_verdict
-from fleetpatch.errors import Status, UsageError
+from fleetpatch.drain import Drainer, preflight, routers_of, smoke_verdict
+from fleetpatch.errors import HostFailure, Status, UsageError
 from fleetpatch.inventory import parse_inventory
 from fleetpatch.router import parse_worker_loads
 
@@ -65,6 +65,19 @@ def test_preflight_names_a_router_that_is_down():
     with pytest.raises(UsageError) as e:
         preflight(hosts, [hosts[:1], hosts[1:]], None)
     assert url in str(e.value) and "cannot reach the router" in str(e.value) and "no host was touched" in str(e.value)
+
+
+def test_a_take_out_that_fails_gives_what_failed_as_data_beside_its_message():
+    """steps.servers says a server's failed router step in its own words (the install was written,
+    so "the host was not touched" is no longer so): it reads `reason`, never the message's text."""
+    url = f"http://127.0.0.1:{free_port()}"
+    host = _hosts(url)[0]
+    with pytest.raises(HostFailure) as e:
+        Drainer().take_out(host, routers_of(host.router))
+    failed = e.value
+    assert failed.status == Status.ROUTER_ERROR and url in failed.reason, failed.reason
+    assert not failed.reason.startswith(host.name) and "not touched" not in failed.reason, failed.reason
+    assert failed.message == f"{host.name}: {failed.reason}; the host was not touched", failed.message
 
 
 @pytest.mark.parametrize("flag,value", [("--drain-timeout", "0"), ("--drain-timeout", "soon"),

@@ -47,45 +47,78 @@ def diff_path(header):
     return "/".join(parts)
 
 
+@dataclass(frozen=True)
+class DiffHunk:
+    """One hunk of a unified diff: its header's numbers and the kind of each of its body lines."""
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    kinds: str      # one character a body line: '+' added, '-' removed, ' ' context ('\\' lines left out)
+
+
+def diff_files(diff_text, deleted=False):
+    """[(path, [DiffHunk])]: one entry a '---'/'+++' header pair of a unified diff, in order, keyed
+    by its '+++' path as `diff_path` gives it; with `deleted`, by its '---' path where it has one
+    (a deleted file's too). An entry whose path is None (/dev/null) has its hunks left unread.
+    The one walk of a diff's hunks that `added_lines` and `hunk_maps` share."""
+    files = []
+    lines = diff_text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("+++ ") and i > 0 and lines[i - 1].startswith("--- "):
+            path = diff_path(line)
+            files.append(((diff_path(lines[i - 1]) or path) if deleted else path, []))
+        elif line.startswith("@@") and files and files[-1][0] is not None and HUNK_RE.match(line):
+            hunk, i = read_hunk(lines, i)
+            files[-1][1].append(hunk)
+        i += 1
+    return files
+
+
+def read_hunk(lines, at):
+    """The hunk whose header is lines[at], and the index of its last body line."""
+    m = HUNK_RE.match(lines[at])
+    old_len = int(m.group(2)) if m.group(2) is not None else 1
+    new_len = int(m.group(4)) if m.group(4) is not None else 1
+    kinds, old_left, new_left = [], old_len, new_len
+    while (old_left > 0 or new_left > 0) and at + 1 < len(lines):
+        at += 1
+        kind = lines[at][:1] or " "     # an empty line is a context line whose editor dropped its space
+        if kind in ("+", "-", " "):
+            kinds.append(kind)
+        if kind in (" ", "-"):
+            old_left -= 1
+        if kind in (" ", "+"):
+            new_left -= 1
+        # '\\ No newline at end of file' counts on neither side
+    return DiffHunk(int(m.group(1)), old_len, int(m.group(3)), new_len, "".join(kinds)), at
+
+
+def hunk_shift(offsets, path, number):
+    """How far hunk `number` (from 0) of `path` sits from its header's line (`offsets` as in `added_lines`)."""
+    shift = (offsets or {}).get(path, [])
+    return shift[number] if number < len(shift) else 0
+
+
 def added_lines(diff_text, offsets=None):
     """{path: [post-image line numbers of '+' lines]} of a unified diff.
 
     `offsets` {path: [per-hunk offset]} (diffapply's FileResult.offsets) shifts
     each hunk to where it really applied in the file."""
     out = {}
-    lines = diff_text.split("\n")
-    path = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("+++ ") and i > 0 and lines[i - 1].startswith("--- "):
-            path = diff_path(line)
-            if path is not None:
-                out.setdefault(path, [])
-            hunk = 0
-        elif line.startswith("@@") and path is not None and HUNK_RE.match(line):
-            m = HUNK_RE.match(line)
-            old_left = int(m.group(2)) if m.group(2) is not None else 1
-            new_left = int(m.group(4)) if m.group(4) is not None else 1
-            shift = (offsets or {}).get(path, [])
-            at = int(m.group(3)) + (shift[hunk] if hunk < len(shift) else 0)
-            hunk += 1
-            while (old_left > 0 or new_left > 0) and i + 1 < len(lines):
-                i += 1
-                body = lines[i]
-                kind = body[:1]
+    for path, hunks in diff_files(diff_text):
+        if path is None:      # a deleted file adds no line
+            continue
+        found = out.setdefault(path, [])
+        for number, hunk in enumerate(hunks):
+            at = hunk.new_start + hunk_shift(offsets, path, number)
+            for kind in hunk.kinds:
                 if kind == "+":
-                    out[path].append(at)
+                    found.append(at)
+                if kind in ("+", " "):
                     at += 1
-                    new_left -= 1
-                elif kind == "-":
-                    old_left -= 1
-                elif kind in (" ", ""):
-                    at += 1
-                    new_left -= 1
-                    old_left -= 1
-                # '\ No newline at end of file' counts on neither side
-        i += 1
     return {p: sorted(set(v)) for p, v in out.items()}
 
 
@@ -93,36 +126,21 @@ def hunk_maps(diff_text, offsets=None):
     """{path: [(first old line, old length, new length, {old line: new line} of its context)]}
     of a unified diff, each hunk where it really applied (`offsets` as in `added_lines`)."""
     out = {}
-    lines = diff_text.split("\n")
-    path = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("+++ ") and i > 0 and lines[i - 1].startswith("--- "):
-            path = diff_path(lines[i - 1]) or diff_path(line)
-            out.setdefault(path, [])
-            hunk = 0
-        elif line.startswith("@@") and path is not None and HUNK_RE.match(line):
-            m = HUNK_RE.match(line)
-            old_len = int(m.group(2)) if m.group(2) is not None else 1
-            new_len = int(m.group(4)) if m.group(4) is not None else 1
-            shift = (offsets or {}).get(path, [])
-            drift = shift[hunk] if hunk < len(shift) else 0
-            hunk += 1
-            o, n = int(m.group(1)) + drift, int(m.group(3)) + drift
-            kept, old_left, new_left = {}, old_len, new_len
-            while (old_left > 0 or new_left > 0) and i + 1 < len(lines):
-                i += 1
-                kind = lines[i][:1]
-                if kind in (" ", ""):
+    for path, hunks in diff_files(diff_text, deleted=True):
+        maps = out.setdefault(path, [])
+        for number, hunk in enumerate(hunks):
+            drift = hunk_shift(offsets, path, number)
+            o, n = hunk.old_start + drift, hunk.new_start + drift
+            kept = {}
+            for kind in hunk.kinds:
+                if kind == " ":
                     kept[o] = n
-                if kind in (" ", "", "-"):
-                    o, old_left = o + 1, old_left - 1
-                if kind in (" ", "", "+"):
-                    n, new_left = n + 1, new_left - 1
-            first = int(m.group(1)) + drift if old_len else int(m.group(1)) + drift + 1
-            out[path].append((first, old_len, new_len, kept))
-        i += 1
+                if kind in (" ", "-"):
+                    o += 1
+                if kind in (" ", "+"):
+                    n += 1
+            first = hunk.old_start + drift if hunk.old_len else hunk.old_start + drift + 1
+            maps.append((first, hunk.old_len, hunk.new_len, kept))
     return out
 
 

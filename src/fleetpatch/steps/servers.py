@@ -80,14 +80,14 @@ def around_restart_of(srun: HostRun, restart: Callable[[], HostResult], label: s
     except HostFailure as f:
         if started:
             raise
-        result = srun.result(False, f.status, f.message, patch=label)
+        result = srun.result(False, f.status, f.message, patch=label, reason=f.reason)
     return result if started else not_restarted(srun, result, label, rolling_back)
 
 
 def not_restarted(srun: HostRun, result: HostResult, label: str, rolling_back: bool) -> HostResult:
-    """A server whose router step failed before its restart, said as what it is."""
-    why = result.message.removeprefix(f"{srun.name}: ").removeprefix("refused, not touched: ")
-    why = why.split("; the host was not touched")[0].replace(", files unchanged", "")
+    """A server whose router step failed before its restart, said as what it is: the drain's
+    `reason` (what failed), not its message's "the host was not touched", which is no longer so."""
+    why = result.reason if result.reason is not None else result.message
     name = srun.host.server_name
     state = (f"the install is restored from {label}, but {name} was not restarted onto its originals: its "
              "restart is still to do; fix the cause, then rerun rollback") if rolling_back else (

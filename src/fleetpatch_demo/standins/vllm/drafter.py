@@ -21,10 +21,12 @@ import importlib
 import inspect
 import textwrap
 
+from fleetpatch_standin_common.stubs import ValueStub, ValueStubBase
+
 from . import stubs
 
 
-class Obj(stubs.StubBase):
+class Obj(ValueStubBase):
     """A config object: the given fields are concrete, any other is a stub."""
 
     def __init__(self, name="config", **fields):
@@ -42,7 +44,7 @@ class Obj(stubs.StubBase):
 
     def __repr__(self):
         return "%s(%s)" % (self._name, ", ".join("%s=%r" % (k, v) for k, v in sorted(vars(self).items())
-                                                 if not k.startswith("_") and not isinstance(v, (stubs.Stub, Obj))))
+                                                 if not k.startswith("_") and not isinstance(v, (ValueStub, Obj))))
 
 
 class HfConfig(object):
@@ -94,9 +96,9 @@ class ModelLayers(object):
         if "Attention" not in str(name):
             return {}
         self.asked += 1
-        out = {self.TARGET: stubs.Stub(self.TARGET)}
+        out = {self.TARGET: ValueStub(self.TARGET)}
         if self.asked > 1:
-            out[self.DRAFT] = stubs.Stub(self.DRAFT)
+            out[self.DRAFT] = ValueStub(self.DRAFT)
         return out
 
 
@@ -109,7 +111,7 @@ def vllm_config(model, route, values, bare, tp):
     """The VllmConfig the drafter reads: the launch's settings, stubs for the rest."""
     spec = route.spec
     eager = "enforce-eager" in bare
-    model_config = Obj("ModelConfig", model=model, dtype=stubs.Stub("torch.bfloat16"),
+    model_config = Obj("ModelConfig", model=model, dtype=ValueStub("torch.bfloat16"),
                        max_model_len=int(values.get("max-model-len", 4096)), enforce_eager=eager,
                        is_multimodal_model=False, uses_mrope=False, architectures=route.architectures,
                        hf_config=HfConfig(route.hf_doc, route.architectures),
@@ -171,7 +173,7 @@ def _call_with(func, given):
         elif name in optional:
             value = None
         else:
-            value = stubs.Stub(name)
+            value = ValueStub(name)
         if p.kind == p.POSITIONAL_ONLY:
             args.append(value)
         else:
@@ -182,7 +184,7 @@ def _call_with(func, given):
 def model_runner():
     """The V1 GPUModelRunner as the drafter sees it: its attention groups hold the target's and
     the draft model's attention layers (ModelLayers), each group's metadata builder a stub."""
-    builder = stubs.Stub("AttentionMetadataBuilder")
+    builder = ValueStub("AttentionMetadataBuilder")
     group = Obj("AttentionGroup", layer_names=[ModelLayers.TARGET, ModelLayers.DRAFT], metadata_builder=builder,
                 metadata_builders=[builder], get_metadata_builder=lambda *a, **k: builder)
     return Obj("GPUModelRunner", attn_groups=[[group]])
@@ -213,13 +215,13 @@ class Drafter(object):
     def propose(self):
         given = {"dummy_run": False, "is_profile": False, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "eagle3":      # the target model's auxiliary hidden states feed EAGLE-3
-            given["aux_hidden_states"] = stubs.Stub("aux_hidden_states")
+            given["aux_hidden_states"] = ValueStub("aux_hidden_states")
         return _call_with(self.instance.propose, given)
 
 
 def build(release, route, config):
     """Import and construct the launch's drafter from the host's files; load its model (stubbed)."""
-    device = stubs.Stub("torch.device('cuda:0')")
+    device = ValueStub("torch.device('cuda:0')")
     if route.runner == "v1":
         module = importlib.import_module(route.drafter_file[:-3].replace("/", "."))
         cls = stubs.absorbing(getattr(module, route.drafter))
@@ -233,12 +235,12 @@ def build(release, route, config):
         runner = model_runner()
         init_mod = importlib.import_module("vllm.v1.worker.gpu.spec_decode")
         instance = _call_with(init_mod.init_speculator, {"vllm_config": config, "device": device,
-                                                         "req_states": stubs.Stub("RequestState")})
+                                                         "req_states": ValueStub("RequestState")})
         instance.__class__ = stubs.absorbing(type(instance))
         file = inspect.getsourcefile(inspect.unwrap(type(instance).propose)) or "?"
     for loader in ("load_draft_model", "load_model"):
         if callable(getattr(type(instance), loader, None)):
-            _call_with(getattr(instance, loader), {"target_model": stubs.Stub("target_model")})
+            _call_with(getattr(instance, loader), {"target_model": ValueStub("target_model")})
             break
     # what the runner's initialize_kv_cache -> initialize_attn_backend sets (its KV-cache groups
     # are stubs here): the drafting layers' block size, the cache config's

@@ -112,19 +112,21 @@ def resolve_obj_by_qualname(qualname):
 def set_up(host, process_name):
     """What each vLLM process does first: stubs for what the host lacks, the names whose value
     matters, vLLM's logging.  Returns (envs module, Log)."""
-    registry = stubs.Registry(host.site_dir)
-    registry.by_module["vllm.logger"] = {"init_logger": logs.init_logger, "logger": logs.init_logger("vllm")}
+    rules = stubs.rules(host.site_dir)
+    by_module = rules.module_attrs
+    by_module["vllm.logger"] = {"init_logger": logs.init_logger, "logger": logs.init_logger("vllm")}
     for mod in ("vllm.utils.import_utils", "vllm.utils"):
-        registry.by_module[mod] = {"resolve_obj_by_qualname": resolve_obj_by_qualname}
+        by_module[mod] = {"resolve_obj_by_qualname": resolve_obj_by_qualname}
     from .drafter import CONFIG_ENUMS, ModelLayers
     layers = ModelLayers()
     for mod in ("vllm.config", "vllm.config.compilation", "vllm.config.utils", "vllm.config.vllm"):
-        registry.by_module[mod] = dict(CONFIG_ENUMS, get_layers_from_vllm_config=layers)
+        by_module[mod] = dict(CONFIG_ENUMS, get_layers_from_vllm_config=layers)
     # the data-parallel coordination of a single engine: no micro-batching (DBO off)
-    registry.by_name["coordinate_batch_across_dp"] = lambda *a, **k: stubs.LeadingNone("coordinate_batch_across_dp()")
-    registry.by_module["vllm.version"] = {"__version__": host.version}
-    registry.by_module["vllm"] = {"__version__": host.version}
-    stubs.install(registry)
+    rules.concrete_names["coordinate_batch_across_dp"] = \
+        lambda *a, **k: stubs.LeadingNone("coordinate_batch_across_dp()")
+    by_module["vllm.version"] = {"__version__": host.version}
+    by_module["vllm"] = {"__version__": host.version}
+    stubs.install(rules)
     envs = importlib.import_module("vllm.envs")
     log = logs.Log(host.quoter, host.log_style(), process_name)
     return envs, log
