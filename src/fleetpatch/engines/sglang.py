@@ -115,10 +115,18 @@ def dump_start(line: str) -> int:
 def parse_dump(line: str) -> Dict[str, object]:
     """The routing fields of the ServerArgs dump, by field name, whatever the release's
     shape: `server_args=ServerArgs(...)` or `server_args={...}` (redacted or not)."""
+    return dict(_parse_dump(line))
+
+
+# A follow judges its whole log window again at each decisive batch (~20 times a host), and
+# the dump is a line of several KiB that three look-behind searches scan each time: the
+# laptop's largest cost per host (issue 34). The same line object comes back each time.
+@functools.lru_cache(maxsize=256)
+def _parse_dump(line: str) -> Tuple[Tuple[str, object], ...]:
     out: Dict[str, object] = {}
     start = dump_start(line)
     if start < 0:
-        return out
+        return ()
     body = line[start:]
     for name, rx in _DUMP_FIELDS.items():
         m = rx.search(body)
@@ -128,7 +136,7 @@ def parse_dump(line: str) -> Dict[str, object]:
             out[name] = None if m.group(1) == "None" else m.group(1)[1:-1]
         else:
             out[name] = m.group(1) == "True"
-    return out
+    return tuple(out.items())
 
 
 def _fields_text(fields: Dict[str, object]) -> str:
