@@ -14,6 +14,7 @@ authorization or apikey, or two of them in a row are api and key:
 """
 from __future__ import annotations
 
+import functools
 import re
 
 MASK = "***"
@@ -24,6 +25,8 @@ _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _EMPTY = frozenset({"", "None", "null", "''", '""', "false", "False"})
 
 
+# A report walks every key of every host's result (thousands of the same few hundred names).
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     if "/" in name or name.endswith(".py"):   # a file (sglang/srt/token_utils.py) is no setting
         return False

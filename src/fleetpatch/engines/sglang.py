@@ -115,10 +115,18 @@ def dump_start(line: str) -> int:
 def parse_dump(line: str) -> Dict[str, object]:
     """The routing fields of the ServerArgs dump, by field name, whatever the release's
     shape: `server_args=ServerArgs(...)` or `server_args={...}` (redacted or not)."""
+    return dict(_parse_dump(line))
+
+
+# A follow judges its whole log window again at each decisive batch (~20 times a host), and
+# the dump is a line of several KiB that three look-behind searches scan each time: the
+# laptop's largest cost per host (issue 34). The same line object comes back each time.
+@functools.lru_cache(maxsize=256)
+def _parse_dump(line: str) -> Tuple[Tuple[str, object], ...]:
     out: Dict[str, object] = {}
     start = dump_start(line)
     if start < 0:
-        return out
+        return ()
     body = line[start:]
     for name, rx in _DUMP_FIELDS.items():
         m = rx.search(body)
@@ -128,7 +136,38 @@ def parse_dump(line: str) -> Dict[str, object]:
             out[name] = None if m.group(1) == "None" else m.group(1)[1:-1]
         else:
             out[name] = m.group(1) == "True"
-    return out
+    return tuple(out.items())
+
+
+# Which signatures a log line holds, for a release (None: not a known one). A follow judges
+# its whole window again at each decisive batch, so each line is asked about ~20 times, each
+# time against every signature (issue 34): asked once per line object here.
+def _failures_of(release: Optional[str]) -> Tuple[Signature, ...]:
+    if release is not None:
+        return tuple(facts.BY_NAME[release].failures)
+    out: List[Signature] = []
+    for r in RANGES:
+        for s in r.failures:
+            if s not in out:
+                out.append(s)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16384)
+def _first_failure(release: Optional[str], line: str) -> Optional[Signature]:
+    for s in _failures_of_cached(release):
+        if s.matches(line):
+            return s
+    return None
+
+
+_failures_of_cached = functools.lru_cache(maxsize=64)(_failures_of)   # a release's are fixed
+
+
+@functools.lru_cache(maxsize=16384)
+def _signatures_in(release: Optional[str], line: str) -> Tuple[Signature, ...]:
+    sigs = facts.BY_NAME[release].signatures if release is not None else ()
+    return tuple(s for s in sigs if s.matches(line))
 
 
 def _fields_text(fields: Dict[str, object]) -> str:
@@ -413,23 +452,16 @@ class SGLangProfile(EngineProfile):
 
     def failure_signatures(self, version: Optional[str]) -> List[Signature]:
         rng = self.range_for(version)
-        if rng is not None:
-            return list(rng.failures)
-        out: List[Signature] = []
-        for r in RANGES:
-            for s in r.failures:
-                if s not in out:
-                    out.append(s)
-        return out
+        return list(_failures_of_cached(rng.name if rng is not None else None))
 
     def find_failures(self, version: Optional[str], lines: Sequence[str]) -> List[Tuple[int, Signature]]:
-        sigs = self.failure_signatures(version)
+        rng = self.range_for(version)
+        release = rng.name if rng is not None else None
         hits = []
         for i, line in enumerate(lines):
-            for s in sigs:
-                if s.matches(line):
-                    hits.append((i, s))
-                    break
+            s = _first_failure(release, line)
+            if s is not None:
+                hits.append((i, s))
         return hits
 
     # ---------------------------------------------------------- routing
@@ -471,7 +503,7 @@ class SGLangProfile(EngineProfile):
         """Facts stated by the log window: the version's warnings, then the
         ServerArgs dump (the final values: it wins over the warnings)."""
         rng = self.range_for(version)
-        sigs = rng.signatures if rng else ()
+        release = rng.name if rng is not None else None
         warn = Facts("log")
         dump = Facts("log")
         for i, line in enumerate(lines):
@@ -491,13 +523,12 @@ class SGLangProfile(EngineProfile):
                         dump.values["overlap"] = not fields["disable_overlap_schedule"]
                         dump.evidence["overlap"] = ev
                 continue
-            for s in sigs:
-                if s.matches(line):
-                    ev = Evidence("log", n, self.strip_prefix(line))
-                    warn.notes.append(ev)
-                    for k, v in s.sets:
-                        warn.values[k] = v
-                        warn.evidence[k] = ev
+            for s in _signatures_in(release, line):
+                ev = Evidence("log", n, self.strip_prefix(line))
+                warn.notes.append(ev)
+                for k, v in s.sets:
+                    warn.values[k] = v
+                    warn.evidence[k] = ev
         # The dump's values are final; the warnings stay as supporting lines (notes).
         return Facts("log", {**warn.values, **dump.values}, {**warn.evidence, **dump.evidence},
                      [ev for ev in warn.notes if ev not in dump.evidence.values()])

@@ -1,0 +1,37 @@
+"""The live view on a terminal: the table is drawn by rich's own refresh from the hosts' rows as
+they are then (not rebuilt at every event, issue 34); what it shows at the end is each host's
+last phase, its detail and the time from its first phase to `done`."""
+import io
+import re
+import time
+
+from rich.console import Console
+
+from fleetpatch.report import View
+
+
+def frames(out: str) -> list[str]:
+    """The text of each frame the live view drew, escape sequences dropped."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
+    return [f for f in text.split("fleetpatch rollout") if f.strip()]
+
+
+def test_live_view_shows_each_host_last_phase_and_time():
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=True, color_system=None)
+    with View("rollout", ["h1", "h2"], console=console, live=True) as view:
+        view.progress("h1", "connect")
+        view.progress("h2", "connect")
+        view.progress("h1", "verify", " 0.1s waiting for the marker")
+        time.sleep(0.3)   # rich redraws 8 times a second: a frame shows the rows of that moment
+        assert any("waiting for the marker" in f for f in frames(out.getvalue())), out.getvalue()
+        view.progress("h1", "done", "verified")
+        view.progress("h2", "done", "failed")
+    last = frames(out.getvalue())[-1]
+    rows = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:-1]]
+            for ln in last.splitlines() if ln.startswith("│") and ln.split("│")[1].strip() in ("h1", "h2")}
+    assert rows["h1"][0] == "done" and rows["h1"][2] == "verified", last
+    assert rows["h2"][0] == "done" and rows["h2"][2] == "failed", last
+    took = float(rows["h1"][1].rstrip("s"))
+    assert 0.2 <= took < 5, last   # connect -> done: the sleep inside it counts, the exit does not
+    assert "2/2" in last, last     # the progress bar counted both hosts done
