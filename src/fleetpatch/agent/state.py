@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+from .apikey import scrub_line
 from .base import REPLY_PREFIX
 from .lock import Renewal
 
@@ -84,6 +85,7 @@ class AgentState(object):
     boot       how agentboot loaded each module (cached / compiled), for the probe's answer
     emit_lock  the ticker's lines and the request's must not interleave
     probe      this run's probe while it is in the server's interpreter: {site_dir, token} (probing.py)
+    secrets    the servers' API keys the agent read (apikey.known_key): masked in every line it writes
     """
 
     def __init__(self, boot=None, out=None):
@@ -96,6 +98,7 @@ class AgentState(object):
         self.emit_lock = threading.Lock()
         self.out = out   # None: sys.stdout as it is when a line is written
         self.probe = None
+        self.secrets = set()
 
     def emit(self, obj):
         """One reply line. A laptop that is gone must not stop the step in progress:
@@ -103,6 +106,8 @@ class AgentState(object):
         if self.gone:
             return
         line = REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n"
+        if self.secrets:   # a key never leaves the host: not in a log line, an answer or an error
+            line = scrub_line(line, tuple(self.secrets))   # a snapshot: another thread may add one
         out = self.out or sys.stdout
         with self.emit_lock:
             try:
