@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +52,9 @@ def test_the_flag_goes_before_VLLM_API_KEY_and_only_vllm_reads_the_variable():
     # a shell's `--api-key $KEY`: the value from the process's environment
     shell = b"sh\0-c\0exec vllm serve m --api-key $MY_KEY\0"
     assert apikey.server_key(shell, lambda: b"MY_KEY=expanded-1\0", None) == ("expanded-1", "--api-key")
+    # what the restart settings start it with (for a server that dies before /proc is read)
+    restart = {"argv": ["vllm", "serve", "m", "--api-key=" + KEY], "env": {"VLLM_API_KEY": "env-1"}}
+    assert apikey.start_keys(restart, "VLLM_API_KEY") == [KEY, "env-1"] and apikey.start_keys(restart) == [KEY]
 
 
 def test_an_unreadable_proc_is_said_in_the_401_text_and_no_key_is_sent():
@@ -75,6 +80,10 @@ def keyed_process():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--api-key", KEY, "--port", "1"],
                             env={**os.environ, "VLLM_API_KEY": "env-" + KEY, "VLLM_USE_V1": "1"})
     try:
+        # just after the exec its /proc/PID/cmdline may read empty a moment (read_server_key says so)
+        deadline = time.monotonic() + 30
+        while KEY.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         yield proc.pid
     finally:
         proc.kill()

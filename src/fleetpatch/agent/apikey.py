@@ -119,7 +119,8 @@ def read_server_key(pid, env_name=None, read=read_bytes):
     try:
         cmdline = read(base + "cmdline")
         if not cmdline:
-            return ServerKey(pid=pid, unreadable="cmdline: empty, the process is exiting")
+            # a process just exec'd (its new memory not yet there) or exiting: read again later
+            return ServerKey(pid=pid, unreadable="cmdline: empty, the process is starting or exiting")
         key, source = server_key(cmdline, lambda: read(base + "environ"), env_name)
     except (IOError, OSError) as e:
         what = (getattr(e, "filename", None) or "").rsplit("/", 1)[-1] or "cmdline"
@@ -208,6 +209,16 @@ def scrub_bytes(data, keys):
         if len(key) >= MIN_SCRUB_LEN:
             data = data.replace(key.encode("utf-8", "surrogateescape"), MASK.encode())
     return data
+
+
+def start_keys(restart, env_name=None):
+    """The keys the restart settings start the server with (`argv`, `env`): a server that dies
+    before its /proc is read has still logged its key (SGLang's ServerArgs dump)."""
+    restart = restart or {}
+    keys = [key_from_argv([str(w) for w in restart.get("argv") or []])]
+    if env_name:
+        keys.append((restart.get("env") or {}).get(env_name))
+    return [k for k in keys if k]
 
 
 def known_key(state, pid, env_name=None):

@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from .apikey import known_key, masked_fields
+from .apikey import known_key, masked_fields, start_keys
 from .http import http_get
 from .logs import LogFollower, LogWatch, StreamWake, open_follower
 from .probing import RecordReader
@@ -42,6 +42,7 @@ class Follow(object):
         self.env_prefixes = req.get("launch_env_prefixes") or ()
         self.api_key_env = req.get("api_key_env")
         self.found_key = None   # the server's API key (apikey.ServerKey), read from /proc at the first request
+        state.secrets.update(start_keys(restart, self.api_key_env))
         self.records = RecordReader(req) if req.get("probe") else None
         self.records_watched = {}   # records dir -> its watch descriptor
         # sent once the server is ready and healthy: the verdict comes after their answers
