@@ -382,10 +382,12 @@ def test_vllm_container_hosts_of_each_release_check_deploy_verify_status_rollout
 def test_a_vllm_container_host_deploys_verifies_and_rolls_back(cli, vfleet):
     if "c033" not in vfleet.hosts:
         pytest.skip("needs the test Docker daemon (FLEETPATCH_TEST_DOCKER_SOCK)")
+    # started with --api-key: the agent reads it from the container's process, seen from the host
+    assert direct(vfleet, "c033", "/v1/models") == (401, b'{"error":"Unauthorized"}')
     rc, out, doc = cli("deploy-patch", "--patch", "eagle-drafter-line", "--hosts", "c033")
     r = doc["hosts"]["c033"]
     assert rc == 0 and r["status"] == "verified" and r["engine_version"] == "0.33.0", out
-    assert list(r["execution"]["ran"]) == [V2_EAGLE]
+    assert list(r["execution"]["ran"]) == [V2_EAGLE] and r["smoke"]["statuses"] == [200]
     rc, out, doc = cli("verify-logs", "--hosts", "c033")
     assert rc == 0 and doc["hosts"]["c033"]["status"] == "verified", out
     rc, out, doc = cli("rollback", "--hosts", "c033")
