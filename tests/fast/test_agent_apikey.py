@@ -109,6 +109,13 @@ def test_the_session_masks_a_key_it_read_in_every_line_it_writes(keyed_process):
     text = out.getvalue()
     assert KEY not in text and text.count("***") == 2
     assert "api_key='***'" in text
+    # a key that is one of the protocol's own words leaves the line one the laptop reads
+    state.secrets.add("result")
+    out.seek(0)
+    out.truncate()
+    state.emit({"t": "result", "ok": True, "result": {"message": "the result"}})
+    reply = json.loads(out.getvalue().split(" ", 1)[1])
+    assert reply == {"t": "result", "ok": True, "result": {"message": "the ***"}}
 
 
 class Vllm033(http.server.BaseHTTPRequestHandler):

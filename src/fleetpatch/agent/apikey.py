@@ -7,12 +7,10 @@ else `VLLM_API_KEY` in its environment (the paths under /v1; 0.22+ /v2 and /infe
 for the engine's variable), and sends it on its own requests to that server: the health checks,
 /server_info, the loads of a drain, the smoke requests. The key never leaves the host: the launch
 the agent reports has it masked (`masked_argv`, `masked_env`), and the session masks any key it read
-in every line it writes to the laptop (`scrub_line`), the server's log lines included.
+in every line it writes to the laptop (`scrub`), the server's log lines included.
 
 Pure functions over bytes and words, and one reader of /proc (`read_server_key`). Stdlib, 3.8+.
 """
-import json
-
 from .base import read_bytes
 
 KEY_FLAGS = ("--api-key", "--api_key")   # vLLM's parser takes either spelling; SGLang's the first
@@ -195,12 +193,29 @@ def masked_fields(doc):
     return doc
 
 
-def scrub_line(line, keys):
-    """One JSON line for the laptop with every key of `keys` (as JSON writes it) replaced by MASK."""
-    for key in keys:
-        if len(key) >= MIN_SCRUB_LEN:
-            line = line.replace(json.dumps(key)[1:-1], MASK)
-    return line
+# the protocol's own words: never a secret, and replaced they would break the line for the laptop
+_PROTOCOL_FIELDS = ("t", "op", "code", "ended", "status", "mode")
+
+
+def scrub(obj, keys):
+    """A reply (JSON-like) for the laptop with every key of `keys` in its text values replaced by
+    MASK; names and the protocol's own words (`_PROTOCOL_FIELDS`) are left as they are, so that a
+    key that happens to be one of them cannot break the line."""
+    keys = [k for k in keys if len(k) >= MIN_SCRUB_LEN]
+    return _scrubbed(obj, keys) if keys else obj
+
+
+def _scrubbed(obj, keys):
+    if isinstance(obj, str):
+        for key in keys:
+            if key in obj:
+                obj = obj.replace(key, MASK)
+        return obj
+    if isinstance(obj, dict):
+        return dict((k, v if k in _PROTOCOL_FIELDS else _scrubbed(v, keys)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return [_scrubbed(v, keys) for v in obj]
+    return obj
 
 
 def scrub_bytes(data, keys):

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from .apikey import scrub_line
+from .apikey import scrub
 from .base import REPLY_PREFIX
 from .lock import Renewal
 
@@ -105,9 +105,9 @@ class AgentState(object):
         the write fails quietly and the state notes the channel is gone."""
         if self.gone:
             return
-        line = REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n"
         if self.secrets:   # a key never leaves the host: not in a log line, an answer or an error
-            line = scrub_line(line, tuple(self.secrets))   # a snapshot: another thread may add one
+            obj = scrub(obj, tuple(self.secrets))   # a snapshot: another thread may add one
+        line = REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n"
         out = self.out or sys.stdout
         with self.emit_lock:
             try:
