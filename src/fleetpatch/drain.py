@@ -277,7 +277,8 @@ def smoke_verdict(status, body: bytes, expect: List[str], reply: dict, answer: s
         return Status.SMOKE_FAILED, f"smoke request failed: no answer ({body[:200].decode('utf-8', 'replace')})"
     bad = check_smoke_answer(status, body, answer)
     if bad:
-        return Status.SMOKE_FAILED, f"smoke request failed: {bad}"
+        auth = f"; {reply['auth']}" if reply.get("auth") else ""   # a 401: whether the host had the API key
+        return Status.SMOKE_FAILED, f"smoke request failed: {bad}{auth}"
     missing = reply.get("missing") or []
     if expect and missing:
         return Status.NOT_EXECUTED, (f"the smoke request was answered, but the log shows no "

@@ -68,7 +68,8 @@ def base_request(host: Host, job) -> protocol.Request:
                             launch_env_prefixes=list(profile.launch_env_prefixes), log=host.server.log,
                             restart=agent_restart(host), health_url=host.server.health_url,
                             lock_token=job.token, **container_fields(host), **server_fields(host),
-                            **({"version_file": profile.version_file} if profile.version_file else {}))
+                            **({"version_file": profile.version_file} if profile.version_file else {}),
+                            **({"api_key_env": profile.api_key_env} if profile.api_key_env else {}))
 
 
 def smoke_fields(host: Host, prompt: str, max_new_tokens: int) -> dict:

@@ -97,6 +97,9 @@ class Request(TypedDict, total=False):
     version_file: str           # the file in the package dir that states the version (`__version__ = "X"`):
                                 # read where no dist-info says (the profile's; absent: none)
     launch_env_prefixes: List[str]  # which of the server's environment variables route the engine
+    # the environment variable that gives the server its API key where no --api-key does (vLLM's
+    # VLLM_API_KEY): the agent reads the key from the server's /proc and sends it; it never leaves the host
+    api_key_env: str
     log: Optional[str]
     restart: Optional[RestartSettings]   # None: apply without a restart (--no-restart)
     health_url: Optional[str]

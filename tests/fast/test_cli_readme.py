@@ -55,7 +55,7 @@ def test_a_bare_status_in_the_repo_fails_at_once_naming_each_host():
 # and the misspelling the docs show being caught.
 FOREIGN_FLAGS = {"--speculative-eagle-topk", "--speculative-num-steps", "--speculative-num-draft-tokens",
                  "--speculative-disable-batch-threshold", "--disable-overlap-schedule", "--unit",
-                 "--fleetpatch-before", "--host", "--skip-server-warmup",
+                 "--fleetpatch-before", "--host", "--skip-server-warmup", "--api-key",   # (vllm serve's too)
                  # vllm serve's
                  "--speculative-config", "--enforce-eager", "--served-model-name", "--model",
                  "--tensor-parallel-size"}

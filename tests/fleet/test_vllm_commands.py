@@ -9,6 +9,11 @@ speculator the launch selects from the host's files and runs its propose step pe
 - each release in a container laid out like vllm/vllm-openai (needs the test Docker daemon);
 - and an SGLang 0.5.9 host beside them: a mixed fleet, each host judged by its own profile.
 
+Three servers run with an API key, as a careful operator runs them: 0.10.2 and the SGLang host with
+`--api-key`, 0.20.2 with VLLM_API_KEY in its environment (and the 0.33.0 container with `--api-key`).
+Their stand-ins refuse a request without it as the release does; the agent reads the key from the
+server's /proc on the host, and no command of this module prints or reports it (`Cli`).
+
 Every vLLM host runs as a user runs it: EAGLE-3 with its draft model, compiled (no
 --enforce-eager), so the first start after a patch traces the propose step.
 
@@ -29,6 +34,8 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,19 +48,24 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(fleetmod.SSHD), reason="needs root and /usr/sbin/sshd")
 
 DEMO_PATCHES = Path(fleetmod.__file__).resolve().parent / "patches"
+FIXTURE_PATCHES = Path(__file__).resolve().parents[1] / "fixtures" / "patches"
+# the servers' API keys: read on the host, never in what fleetpatch prints or reports
+KEYS = {"v010": "sk-v010-cli-7d1e93", "v020": "sk-v020-env-52ab0c", "s059": "sk-s059-cli-e1f4a8",
+        "c033": "sk-c033-cli-90c6d2"}
 SPECS = [
-    HostSpec("v010", version="0.10.2", engine="vllm"),
-    HostSpec("v020", version="0.20.2", engine="vllm"),
+    HostSpec("v010", version="0.10.2", engine="vllm", args=("--api-key", KEYS["v010"])),
+    HostSpec("v020", version="0.20.2", engine="vllm", env={"VLLM_API_KEY": KEYS["v020"]}),
     HostSpec("v033", version="0.33.0", engine="vllm"),
     HostSpec("v034", version="0.34.0", engine="vllm"),
     HostSpec("v033mp0", version="0.33.0", engine="vllm", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
     HostSpec("v033tp2", version="0.33.0", engine="vllm", args=("--tensor-parallel-size", "2")),
-    HostSpec("s059", version="0.5.9", spec_v2=True),
+    # no warm-up request: a line that runs per request is proven by the smoke request alone
+    HostSpec("s059", version="0.5.9", spec_v2=True, args=("--api-key", KEYS["s059"], "--skip-server-warmup")),
 ]
 # one container per release, laid out like vllm/vllm-openai (one image per release)
 CONTAINERS = [HostSpec("c010", version="0.10.2", engine="vllm", container=True),
               HostSpec("c020", version="0.20.2", engine="vllm", container=True),
-              HostSpec("c033", version="0.33.0", engine="vllm", container=True),
+              HostSpec("c033", version="0.33.0", engine="vllm", container=True, args=("--api-key", KEYS["c033"])),
               HostSpec("c034", version="0.34.0", engine="vllm", container=True)]
 V1_EAGLE = "vllm/v1/spec_decode/eagle.py"
 V2_EAGLE = "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py"
@@ -82,6 +94,7 @@ def write_patches(root: Path) -> Path:
     out = root / "patches"
     for name in ("eagle-drafter-line", "vllm-v1-only-beacon"):
         shutil.copytree(DEMO_PATCHES / name, out / name)
+    shutil.copytree(FIXTURE_PATCHES / "forward-quiet", out / "forward-quiet")
     line = out / "propose-line"
     line.mkdir()
     (line / "v0102.diff").write_text(with_line("0.10.2", PROPOSE["0.10.2"]))
@@ -116,8 +129,11 @@ class Cli:
         argv = [sys.executable, "-m", "fleetpatch", args[0], "--report", str(report), *patches, *args[1:]]
         proc = subprocess.run(argv, cwd=self.workdir, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "COLUMNS": "200"})
-        doc = json.loads(report.read_text()) if report.exists() else {}
-        return proc.returncode, proc.stdout + proc.stderr, doc
+        written = report.read_text() if report.exists() else ""
+        # a server's API key never leaves its host: not on the terminal, not in the report
+        for host, key in KEYS.items():
+            assert key not in proc.stdout and key not in proc.stderr and key not in written, (host, args)
+        return proc.returncode, proc.stdout + proc.stderr, json.loads(written) if written else {}
 
 
 @pytest.fixture(scope="module")
@@ -291,6 +307,41 @@ def test_a_mixed_fleet_rolls_out_per_engine(cli, vfleet):
     assert rc == 0 and sha256(sglang_file) == before, out
 
 
+# ------------------------------------------------------------------ servers started with an API key
+
+def direct(fleet: Fleet, name: str, path: str, key: str | None = None) -> tuple[int, bytes]:
+    """A GET from here straight to the host's server, not through fleetpatch: (status, body)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{fleet.hosts[name].http_port}{path}",
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_servers_started_with_an_api_key_are_proven_by_their_smoke_request(cli, vfleet):
+    """The stand-ins refuse a request without the key as the release does (vLLM 0.10.2 and 0.20.2:
+    /v1 paths; SGLang 0.5.9: all but /health and /metrics); fleetpatch's smoke requests and
+    /server_info, sent by the agent with the key it read from each server's /proc, are answered.
+    (The vLLM hosts' deploy, proven by the smoke completion, is test_v1_runner_releases_...; `Cli`
+    checks that no key is in any command's output or report.)"""
+    for name, path in (("v010", "/v1/models"), ("v020", "/v1/models"), ("s059", "/server_info")):
+        assert direct(vfleet, name, path) == (401, b'{"error":"Unauthorized"}'), name
+        assert direct(vfleet, name, path, KEYS[name])[0] == 200, name
+        assert direct(vfleet, name, "/health")[0] == 200, name
+    rc, out, doc = cli("deploy-patch", "-v", "--patch", "forward-quiet", "--hosts", "s059")
+    r = doc["hosts"]["s059"]
+    assert rc == 0 and r["status"] == "verified" and r["executed_path"] == "EAGLEWorkerV2", out
+    # --skip-server-warmup: only the smoke request ran the line, and it was answered
+    assert r["execution"]["proved_by"] == "smoke" and r["smoke"]["statuses"] == [200], r
+    assert '/server_info: {' in out and '"api_key": "***"' in out   # read with the key
+    rc, out, doc = cli("rollback", "--hosts", "s059")
+    assert rc == 0 and doc["hosts"]["s059"]["status"] == "rolled-back", out
+    assert doc["hosts"]["s059"]["smoke"]["statuses"] == [200]
+
+
 # ------------------------------------------------------------------ a container host
 
 def test_vllm_container_hosts_of_each_release_check_deploy_verify_status_rollout_and_roll_back(cli, vfleet):
@@ -331,10 +382,12 @@ def test_vllm_container_hosts_of_each_release_check_deploy_verify_status_rollout
 def test_a_vllm_container_host_deploys_verifies_and_rolls_back(cli, vfleet):
     if "c033" not in vfleet.hosts:
         pytest.skip("needs the test Docker daemon (FLEETPATCH_TEST_DOCKER_SOCK)")
+    # started with --api-key: the agent reads it from the container's process, seen from the host
+    assert direct(vfleet, "c033", "/v1/models") == (401, b'{"error":"Unauthorized"}')
     rc, out, doc = cli("deploy-patch", "--patch", "eagle-drafter-line", "--hosts", "c033")
     r = doc["hosts"]["c033"]
     assert rc == 0 and r["status"] == "verified" and r["engine_version"] == "0.33.0", out
-    assert list(r["execution"]["ran"]) == [V2_EAGLE]
+    assert list(r["execution"]["ran"]) == [V2_EAGLE] and r["smoke"]["statuses"] == [200]
     rc, out, doc = cli("verify-logs", "--hosts", "c033")
     assert rc == 0 and doc["hosts"]["c033"]["status"] == "verified", out
     rc, out, doc = cli("rollback", "--hosts", "c033")

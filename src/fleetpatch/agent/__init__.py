@@ -23,7 +23,7 @@ HOST_PACKAGE = "fleetpatch_agent"
 
 # The order agentboot loads them in: each module imports only modules before it
 # (tests/test_layers.py checks it).
-MODULES = ("base", "inroot", "procs", "http", "runtime_api", "ledger", "files", "lock", "state", "package", "container", "container_probe",
+MODULES = ("base", "apikey", "inroot", "procs", "http", "runtime_api", "ledger", "files", "lock", "state", "package", "container", "container_probe",
            "probing", "restart", "logs", "smoke", "follow", "ops", "serving", "session")
 
 ENTRY = "session"   # its serve(fd, boot) is the request loop

@@ -5,6 +5,7 @@ import os
 import sys
 import time
 
+from .apikey import known_key, masked_fields, start_keys
 from .http import http_get
 from .logs import LogFollower, LogWatch, StreamWake, open_follower
 from .probing import RecordReader
@@ -39,10 +40,13 @@ class Follow(object):
         self.info_url = req.get("server_info_url")
         self.ready_text = req.get("ready_line")
         self.env_prefixes = req.get("launch_env_prefixes") or ()
+        self.api_key_env = req.get("api_key_env")
+        self.found_key = None   # the server's API key (apikey.ServerKey), read from /proc at the first request
+        state.secrets.update(start_keys(restart, self.api_key_env))
         self.records = RecordReader(req) if req.get("probe") else None
         self.records_watched = {}   # records dir -> its watch descriptor
         # sent once the server is ready and healthy: the verdict comes after their answers
-        self.smoke = SmokeRequests(req["smoke"]) if req.get("smoke") else None
+        self.smoke = SmokeRequests(req["smoke"], self.server_key, self.api_key_env) if req.get("smoke") else None
         self.next_records = 0.0
         self.started = time.monotonic()
         self.deadline = self.started + float(req.get("timeout", 60)) + 5
@@ -103,6 +107,8 @@ class Follow(object):
 
     def send_launch(self):
         if self.pid and not self.launch_sent and pid_alive(self.pid):
+            # its API key first: from here on no line this session writes carries it (its log's ServerArgs do)
+            self.server_key()
             # How the server that is running now was launched: it, not the inventory, decides the path.
             self.state.emit(dict(proc_launch(self.pid, self.env_prefixes), t="launch", pid=self.pid))
             self.launch_sent = True
@@ -173,17 +179,27 @@ class Follow(object):
                     self.watch.woken.add(wd)   # read it once now: what was written before the watch
         return set(self.records_watched.values()) if root in self.records_watched else set()
 
+    def server_key(self):
+        """The restarted server's API key (an apikey.ServerKey), read from its /proc at the first
+        request to it (a health check, or the smoke requests); read again while /proc could not be."""
+        if self.found_key is None or (self.found_key.key is None and self.found_key.unreadable):
+            self.found_key = known_key(self.state, self.pid, self.api_key_env)
+        return self.found_key
+
     def check_health(self, now, alive):
         if not self.health_url or now < self.next_health or alive is False:
             return None
-        status, _ = http_get(self.health_url, timeout=2.0)
+        # both engines answer /health without the key; a health_url elsewhere may need it
+        status, _ = http_get(self.health_url, timeout=2.0, headers=self.server_key().headers())
         healthy = status == 200
         self.next_health = now + (0.25 if self.ready else 1.0)
         if healthy and self.info_url and not self.info_sent:
-            status, body = http_get(self.info_url, timeout=3.0)
+            status, body = http_get(self.info_url, timeout=3.0, headers=self.server_key().headers())
             if status == 200:
                 try:
-                    self.state.emit({"t": "server_info", "data": json.loads(body.decode("utf-8", "replace"))})
+                    # SGLang's /server_info holds its server_args, api_key and admin_api_key among them
+                    data = masked_fields(json.loads(body.decode("utf-8", "replace")))
+                    self.state.emit({"t": "server_info", "data": data})
                 except ValueError:
                     pass
                 self.info_sent = True

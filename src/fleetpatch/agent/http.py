@@ -9,12 +9,12 @@ import json
 import time
 
 
-def http_get(url, timeout=2.0):
-    """(status, body) or (None, error)."""
-    return http_request("GET", url, None, timeout)
+def http_get(url, timeout=2.0, headers=None):
+    """(status, body) or (None, error). `headers`: extra request headers (the server's API key)."""
+    return http_request("GET", url, None, timeout, headers=headers)
 
 
-def http_request(method, url, data, timeout, limit=1 << 20):
+def http_request(method, url, data, timeout, limit=1 << 20, headers=None):
     """(status, body) or (None, error), spoken over a socket here, so the host needs no
     curl. Not http.client: it imports email, ssl and urllib.parse, about 17 ms of CPU at
     every agent start (a probe checks health), which a fleet pays once per host. An https
@@ -22,14 +22,14 @@ def http_request(method, url, data, timeout, limit=1 << 20):
     handling off: the server is asked directly either way."""
     target = split_http_url(url)
     if target is None:
-        return _urllib_request(method, url, data, timeout, limit)
+        return _urllib_request(method, url, data, timeout, limit, headers)
     host, port, path = target
     deadline = time.monotonic() + timeout
     try:
         sock = http_connect(host, port, timeout)
         try:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
-            sock.sendall(http_request_bytes(method, host, port, path, data))
+            sock.sendall(http_request_bytes(method, host, port, path, data, headers))
             return read_http_response(HTTPReader(sock, deadline), limit)
         finally:
             sock.close()
@@ -81,10 +81,12 @@ def _no_idna(name):
     return name.encode("ascii") if name.isascii() else name
 
 
-def http_request_bytes(method, host, port, path, data):
+def http_request_bytes(method, host, port, path, data, headers=None):
     authority = ("[%s]" % host if ":" in host else host) + ("" if port == 80 else ":%d" % port)
     head = ("%s %s HTTP/1.1\r\nHost: %s\r\nAccept-Encoding: identity\r\nConnection: close\r\n"
             % (method, path, authority))
+    for name, value in sorted((headers or {}).items()):
+        head += "%s: %s\r\n" % (name, value)
     if data is not None:
         head += "Content-Type: application/json\r\nContent-Length: %d\r\n" % len(data)
     return (head + "\r\n").encode("latin-1") + (data or b"")
@@ -164,13 +166,14 @@ def read_chunked(reader, limit):
     return body[:limit]
 
 
-def _urllib_request(method, url, data, timeout, limit):
+def _urllib_request(method, url, data, timeout, limit, extra=None):
     """urllib, for what the socket path does not speak (https, a user in the URL), and
     direct like it: an opener with no proxy handler ignores http_proxy/https_proxy."""
     import urllib.error
     import urllib.request
 
     headers = {"Content-Type": "application/json"} if data is not None else {}
+    headers.update(extra or {})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(urllib.request.Request(url, data=data, method=method, headers=headers),
@@ -182,6 +185,6 @@ def _urllib_request(method, url, data, timeout, limit):
         return None, str(getattr(e, "reason", e)).encode()
 
 
-def http_post_json(url, body, timeout):
+def http_post_json(url, body, timeout, headers=None):
     """(status, body bytes) or (None, error text)."""
-    return http_request("POST", url, json.dumps(body).encode("utf-8"), timeout)
+    return http_request("POST", url, json.dumps(body).encode("utf-8"), timeout, headers=headers)

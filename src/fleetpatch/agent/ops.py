@@ -6,6 +6,7 @@ import sys
 import time
 
 from . import inroot
+from .apikey import known_key
 from .base import (AgentError, atomic_write, ensure_dir, expand, file_meta, now_iso, protocol, read_bytes, sha256_bytes,
                    state_path, unpack)
 from .files import (describe_file, digest, read_or_none, recover, safe_join, sibling_meta, write_with_ledger,
@@ -74,7 +75,8 @@ def op_probe(state, req):
         if alive:
             out["server"].update(proc_launch(pid, req.get("launch_env_prefixes") or ()))
         if req.get("health_url") and alive:
-            status, _ = http_get(req["health_url"], timeout=3.0)
+            found = known_key(state, pid, req.get("api_key_env"))   # for a health_url that wants it
+            status, _ = http_get(req["health_url"], timeout=3.0, headers=found.headers())
             out["server"]["healthy"] = status == 200
     if req.get("log"):
         out["log"] = log_position(req["log"])

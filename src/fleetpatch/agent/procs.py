@@ -7,6 +7,7 @@ import select
 import subprocess
 import time
 
+from .apikey import masked_argv, masked_env
 from .base import AgentError, read_bytes, expand
 
 
@@ -111,8 +112,10 @@ def proc_argv(pid):
 
 
 def proc_launch(pid, env_prefixes=()):
-    """argv and the engine-relevant environment of the running server, from /proc."""
-    out = {"argv": proc_argv(pid), "env": None}
+    """argv and the engine-relevant environment of the running server, from /proc, as the laptop
+    gets them: the value of a secret flag or variable (`--api-key`, VLLM_API_KEY) never leaves the host."""
+    argv = proc_argv(pid)
+    out = {"argv": masked_argv(argv) if argv else argv, "env": None}
     try:
         raw = read_bytes("/proc/%d/environ" % pid)
         env = {}
@@ -122,7 +125,7 @@ def proc_launch(pid, env_prefixes=()):
             # only what routes the engine: the rest of a process environment may hold secrets
             if sep and k.startswith(tuple(env_prefixes) + ("FLEETPATCH_",)):
                 env[k] = value.decode("utf-8", "replace")
-        out["env"] = env
+        out["env"] = masked_env(env)
     except (IOError, OSError):
         pass
     return out
@@ -207,7 +210,7 @@ def pidfile_mismatch(pid, argv, pidfile):
     running = proc_argv(pid)
     if not same_program(pid, running, argv):
         return "its command line `%s` runs another program than server.restart.start `%s`" % (
-            " ".join(running or ["(none)"])[:300], " ".join(argv or [])[:300])
+            " ".join(masked_argv(running or ["(none)"]))[:300], " ".join(masked_argv(argv or []))[:300])
     return None
 
 

@@ -6,7 +6,9 @@ tokens, not requests)."""
 import json
 import time
 
+from .apikey import known_key, refused_text, scrub_bytes
 from .base import AgentError, pack, protocol
+from .container import resolve
 from .http import http_get
 from .logs import close_reader, log_reader_since
 from .procs import pid_alive
@@ -14,12 +16,13 @@ from .restart import log_position, server_pid, uses_journal
 from .smoke import post_smoke
 
 
-def read_worker_load(url):
-    """(running, waiting, path) or (None, None, why) when the worker does not answer."""
+def read_worker_load(url, headers=None):
+    """(running, waiting, path), or (None, the HTTP status or None, why) when the worker does not answer
+    with its load; `headers`: the server's API key."""
     base = url.rstrip("/")
     why = None
     for path in ("/v1/loads", "/get_load"):
-        status, body = http_get(base + path, timeout=3.0)
+        status, body = http_get(base + path, timeout=3.0, headers=headers)
         if status == 200:
             try:
                 running, waiting = protocol.parse_worker_loads(json.loads(body.decode("utf-8", "replace")))
@@ -28,8 +31,22 @@ def read_worker_load(url):
                 raise AgentError("router-error", "GET %s%s answered, but not as SGLang does (%s)" % (base, path, e))
         why = "GET %s%s: %s" % (base, path, "HTTP %s" % status if status else body.decode("utf-8", "replace"))
         if status != 404:
-            break
+            return None, status, why
     return None, None, why
+
+
+def serving_pid(req):
+    """The pid of the server a serving request is for (a container host's: its main process, or the
+    server started in it), None when it is not running or cannot be told. Never raises."""
+    restart = req.get("restart") or {}
+    if not restart:
+        return None
+    if req.get("container") and not restart.get("_container"):   # drain: the container is not checked first
+        try:
+            restart = dict(restart, _container=resolve(req))
+        except AgentError:
+            return None
+    return server_pid(restart)
 
 
 def op_drain(state, req):
@@ -38,16 +55,21 @@ def op_drain(state, req):
     Ctrl-C on the laptop answered within one of them."""
     url = req["url"]
     deadline = time.monotonic() + max(0.0, float(req.get("wait", 2.0)))
-    pid = server_pid(req.get("restart") or {}) if req.get("restart") else None
+    pid = serving_pid(req)
+    found = known_key(state, pid, req.get("api_key_env"))   # SGLang asks its key for /v1/loads
     first = None
     while True:
-        running, waiting, source = read_worker_load(url)
+        running, waiting, source = read_worker_load(url, found.headers())
         if first is None:
             first = (running or 0) + (waiting or 0)   # what this call found in flight
         if running is None:
             if pid is not None and not pid_alive(pid):
                 # a server that is not running has nothing in flight
                 return {"drained": True, "running": 0, "waiting": 0, "source": "server not running", "first": 0}
+            refused = refused_text(waiting, found, req.get("api_key_env"))
+            if refused:
+                raise AgentError("router-error", "cannot read the load of the worker %s from the host: %s"
+                                 % (url, refused))
             raise AgentError("router-error", "cannot read the load of the worker %s from the host (%s); is "
                              "server.url right, and does it answer on this host?" % (url, source))
         if running == 0 and waiting == 0:
@@ -63,8 +85,13 @@ def op_smoke(state, req):
     (at most `expect_wait` s). The laptop judges the answer."""
     since = time.time()
     pos = log_position(req["log"]) if req.get("log") and req.get("log") != "journal" else {}
-    status, body = post_smoke(req, req.get("prompt", "Hello"), int(req.get("max_new_tokens", 4)))
-    out = {"status": status, "body": pack(body[:65536] if isinstance(body, bytes) else b"")}
+    found = known_key(state, serving_pid(req), req.get("api_key_env"))
+    status, body = post_smoke(req, req.get("prompt", "Hello"), int(req.get("max_new_tokens", 4)), found.headers())
+    keys = [found.key] if found.key else []
+    out = {"status": status, "body": pack(scrub_bytes(body[:65536], keys) if isinstance(body, bytes) else b"")}
+    refused = refused_text(status, found, req.get("api_key_env"))
+    if refused:   # a 401: whether the agent had the server's key, and what to do
+        out["auth"] = refused
     expect = list(req.get("expect") or [])
     if not expect or status != 200:
         return out
@@ -96,6 +123,7 @@ def op_bake(state, req):
     pos = log_position(req["log"]) if req.get("log") and req.get("log") != "journal" else {}
     reader = log_reader_since(req, time.time(), pos) if req.get("log") or uses_journal(restart, None) else None
     deadline = time.monotonic() + float(req.get("seconds", 10))
+    found = known_key(state, serving_pid(req), req.get("api_key_env"))   # for a health_url that wants it
     checks, lines_read = 0, 0
     try:
         while True:
@@ -104,7 +132,7 @@ def op_bake(state, req):
                 return {"ok": False, "problem": "the server process is not running (pid %s)" % pid,
                         "checks": checks}
             if req.get("health_url"):
-                status, _ = http_get(req["health_url"], timeout=2.0)
+                status, _ = http_get(req["health_url"], timeout=2.0, headers=found.headers())
                 if status != 200:
                     return {"ok": False, "problem": "GET %s answered %s" % (req["health_url"], status or "nothing"),
                             "checks": checks}

@@ -7,15 +7,20 @@ import json
 import threading
 import time
 
+from .apikey import refused_text, scrub_bytes
 from .base import pack
 from .http import http_get, http_post_json
 
 
 class SmokeRequests(object):
-    """`requests` POSTs of `prompt` to the server (`url` + the profile's `path`), `concurrency` at a time."""
+    """`requests` POSTs of `prompt` to the server (`url` + the profile's `path`), `concurrency` at a time;
+    `server_key`: a callable giving the server's apikey.ServerKey once it runs (its key goes with each request)."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, server_key=None, env_name=None):
         self.spec = spec
+        self.server_key = server_key
+        self.env_name = env_name
+        self.found = None      # the ServerKey the requests were sent with
         self.thread = None
         self.started = None
         self.ended = None
@@ -23,6 +28,7 @@ class SmokeRequests(object):
         self.told = False
 
     def start(self):
+        self.found = self.server_key() if self.server_key is not None else None
         self.started = time.time()
         self.thread = threading.Thread(target=self._run, name="fleetpatch-smoke")
         self.thread.daemon = True
@@ -52,7 +58,8 @@ class SmokeRequests(object):
         self.ended = time.time()
 
     def _one(self):
-        status, body = post_smoke(self.spec, self.spec.get("prompt", "Hello"), int(self.spec.get("max_new_tokens", 8)))
+        status, body = post_smoke(self.spec, self.spec.get("prompt", "Hello"), int(self.spec.get("max_new_tokens", 8)),
+                                  self.found.headers() if self.found is not None else None)
         return status, body if isinstance(body, bytes) else str(body).encode("utf-8", "replace")
 
     def event(self):
@@ -63,40 +70,47 @@ class SmokeRequests(object):
         # every answer's status; the first bad answer's body (else the first one's) suffices
         bad = next((a for a in self.answers if not answered_text(a, self.spec.get("answer", "text"))), None)
         shown = [bad or self.answers[0]] if self.answers else []
-        return {"t": "smoke", "started": self.started, "ended": self.ended,
-                "statuses": [a[0] for a in self.answers],
-                "bodies": [{"status": a[0], "body": pack(a[1][:65536])} for a in shown]}
+        keys = [self.found.key] if self.found is not None and self.found.key else []
+        out = {"t": "smoke", "started": self.started, "ended": self.ended,
+               "statuses": [a[0] for a in self.answers],
+               "bodies": [{"status": a[0], "body": pack(scrub_bytes(a[1][:65536], keys))} for a in shown]}
+        refused = refused_text(shown[0][0], self.found, self.env_name) if shown else None
+        if refused:   # a 401: whether the agent had the server's key, and what to do
+            out["auth"] = refused
+        return out
 
 
-def post_smoke(spec, prompt, max_new_tokens):
+def post_smoke(spec, prompt, max_new_tokens, headers=None):
     """One smoke request as the engine's profile shaped it (`path`, `body`: SGLang's POST /generate
     when the laptop sent neither); the prompt and max_new_tokens go where that body has them. A body
-    that needs the served model's name and has none gets it from `model_from` (GET /v1/models)."""
+    that needs the served model's name and has none gets it from `model_from` (GET /v1/models).
+    `headers`: the server's API key (apikey.ServerKey.headers)."""
     base = spec["url"].rstrip("/")
     body = spec.get("body")
     if body is None:   # SGLang's /generate
         return http_post_json(base + "/generate", {"text": prompt, "sampling_params": {
-            "max_new_tokens": max_new_tokens, "temperature": 0}}, float(spec.get("timeout", 60)))
+            "max_new_tokens": max_new_tokens, "temperature": 0}}, float(spec.get("timeout", 60)), headers)
     body = dict(body)
     if spec.get("model_from") and not body.get("model"):
-        model, why = served_model(base + spec["model_from"])
+        model, why = served_model(base + spec["model_from"], headers)
         if model is None:
-            return None, why
+            return why
         body["model"] = model
-    return http_post_json(base + spec.get("path", "/generate"), body, float(spec.get("timeout", 60)))
+    return http_post_json(base + spec.get("path", "/generate"), body, float(spec.get("timeout", 60)), headers)
 
 
-def served_model(url):
-    """(the first model id of an OpenAI GET /v1/models answer, None) or (None, why not as bytes)."""
-    status, body = http_get(url, timeout=10.0)
+def served_model(url, headers=None):
+    """(the first model id of an OpenAI GET /v1/models answer, None) or (None, (status, why as bytes)):
+    the status of a refusal is kept (a 401 says the server wants its API key)."""
+    status, body = http_get(url, timeout=10.0, headers=headers)
     if status != 200:
-        return None, ("GET %s answered %s: %s" % (url, status or "nothing", body[:200].decode("utf-8", "replace"))
-                      ).encode("utf-8")
+        return None, (status if status == 401 else None, (
+            "GET %s answered %s: %s" % (url, status or "nothing", body[:200].decode("utf-8", "replace"))).encode("utf-8"))
     try:
         data = json.loads(body.decode("utf-8")).get("data")
         return str(data[0]["id"]), None
     except (ValueError, AttributeError, LookupError, TypeError):
-        return None, ("GET %s: no model id in %r" % (url, body[:200])).encode("utf-8")
+        return None, (None, ("GET %s: no model id in %r" % (url, body[:200])).encode("utf-8"))
 
 
 def answered_text(answer, how="text"):

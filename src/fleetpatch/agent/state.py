@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+from .apikey import scrub
 from .base import REPLY_PREFIX
 from .lock import Renewal
 
@@ -84,6 +85,7 @@ class AgentState(object):
     boot       how agentboot loaded each module (cached / compiled), for the probe's answer
     emit_lock  the ticker's lines and the request's must not interleave
     probe      this run's probe while it is in the server's interpreter: {site_dir, token} (probing.py)
+    secrets    the servers' API keys the agent read (apikey.known_key): masked in every line it writes
     """
 
     def __init__(self, boot=None, out=None):
@@ -96,12 +98,15 @@ class AgentState(object):
         self.emit_lock = threading.Lock()
         self.out = out   # None: sys.stdout as it is when a line is written
         self.probe = None
+        self.secrets = set()
 
     def emit(self, obj):
         """One reply line. A laptop that is gone must not stop the step in progress:
         the write fails quietly and the state notes the channel is gone."""
         if self.gone:
             return
+        if self.secrets:   # a key never leaves the host: not in a log line, an answer or an error
+            obj = scrub(obj, tuple(self.secrets))   # a snapshot: another thread may add one
         line = REPLY_PREFIX + json.dumps(obj, sort_keys=True) + "\n"
         out = self.out or sys.stdout
         with self.emit_lock:

@@ -141,6 +141,9 @@ class EngineProfile:
     node_ready_line: str = ""
     log_prefix: Optional[re.Pattern] = None   # what the engine puts before each message
     launch_env_prefixes: Tuple[str, ...] = ()   # environment variables read from /proc (the rest may be secret)
+    # the variable that gives a server its API key where no --api-key does ('' : only the flag): the agent
+    # reads it from the server's /proc/PID/environ to send the key on its own requests to that server
+    api_key_env: str = ""
     fact_keys: Tuple[str, ...] = ()     # the settings that pick the path, in the order messages name them
     path_noun: str = "code path"        # what a code path is, for "the server runs no <path_noun>"
     path_noun_short: str = ""           # the same, shorter ("no <path_noun_short> runs"); path_noun if empty

@@ -167,6 +167,9 @@ class VllmProfile(EngineProfile):
     ready_line = READY_LINE
     log_prefix = LOG_PREFIX
     launch_env_prefixes = ("VLLM_",)
+    # `args.api_key or [envs.VLLM_API_KEY]` (entrypoints/openai/api_server.py, 0.10-0.28;
+    # entrypoints/serve/middleware/register.py, 0.29+): the flag first
+    api_key_env = "VLLM_API_KEY"
     fact_keys = ("engine", "runner")
     path_noun = "speculative drafter or speculator"
     path_noun_short = "drafter"

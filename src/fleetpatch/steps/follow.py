@@ -486,6 +486,8 @@ def smoke_failure(event: dict | None, spec: dict | None) -> str | None:
         body = protocol.unpack(shown["body"])
         why = check_smoke_answer(shown["status"], body, spec.get("answer", "text")) \
             if shown.get("status") is not None else f"no answer ({first_line(body)})"
+        if why and event.get("auth"):   # a 401: the host says whether it had the server's API key
+            why = f"{why}; {event['auth']}"
         if why:
             bad = sum(1 for st in statuses if st != 200) or 1
             return (f"{bad} of {len(statuses)} smoke request{'s' if len(statuses) > 1 else ''} to "

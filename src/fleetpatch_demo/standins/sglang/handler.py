@@ -1,4 +1,4 @@
-"""The HTTP API of node 0 (``Handler``): /health, /health_generate, /server_info,
+"""The HTTP API of node 0 (``Handler``), behind the release's API key check (auth.py): /health, /health_generate, /server_info,
 /get_server_info, /model_info, /v1/loads, /get_load, POST /generate (plain or streamed);
 uvicorn's access lines; the warmup request and the ready line (Python's, or 0.5.22+'s
 Rust server's with SGLANG_RUST_SERVER=1)."""
@@ -44,8 +44,18 @@ def server_info():
 
 
 class Handler(UvicornHandler):
+    def refused(self, path):
+        """The release's API key check (auth.py), before any route: True when it answered instead."""
+        hit = State.api_key_check.refusal(self.command, path, self.headers.get("Authorization")) \
+            if State.api_key_check is not None else None
+        if hit is not None:
+            self.send_body(hit[0], hit[1])
+        return hit is not None
+
     def do_GET(self):
         path = self.path.split("?", 1)[0]
+        if self.refused(path):
+            return
         if path in ("/health", "/health_generate"):
             if State.terminating:
                 logging.getLogger("sglang.srt.entrypoints.http_server").info(
@@ -79,6 +89,8 @@ class Handler(UvicornHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
+        if self.refused(path):
+            return
         if path != "/generate":
             self.send_body(404, b'{"detail":"Not Found"}')
             return

@@ -13,6 +13,7 @@ from fleetpatch_standin_common.output import env_float, env_true, flush_streams,
 from fleetpatch_standin_common.serving import Stop, serve_until_stopped, stop_on_signals
 
 from . import steps
+from .auth import ApiKeyCheck
 from .handler import Handler, python_ready, rust_ready, rust_server_serves, warmed_up
 from .models import TpModelWorker
 from .nodes import Node, fail_after, follow
@@ -92,6 +93,7 @@ def main(argv=None):
             rotate_log(rotate)
 
         State.server_args = server_args
+        State.api_key_check = ApiKeyCheck(server_args)
         State.version = sglang_version()
         node = State.node = Node(server_args)
         sched_log = logging.getLogger("sglang.srt.managers.scheduler")

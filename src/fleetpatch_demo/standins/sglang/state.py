@@ -13,6 +13,7 @@ class State(object):
     warming = False         # the warmup request is being served (before ready)
     loop = None             # steps.StepLoop: the scheduler loop
     server_args = None
+    api_key_check = None    # auth.ApiKeyCheck: --api-key / --admin-api-key, checked before any route
     scheduler_info = {}
     version = "unknown"
     workers = []            # the constructed draft worker of each TP rank (of this node)

@@ -1,4 +1,5 @@
-"""The API server's HTTP side, as vLLM's OpenAI-compatible server answers:
+"""The API server's HTTP side, as vLLM's OpenAI-compatible server answers, behind the release's
+API key check (auth.py):
 
 * ``GET /health``: 200 once the engine is up (503 before, and after the engine died);
 * ``GET /v1/models``: the served model (``--served-model-name`` or the model);
@@ -28,6 +29,7 @@ class ServerState(object):
         self.dead = False
         self.lock = threading.Lock()
         self.on_engine_dead = on_engine_dead
+        self.api_key_check = None   # auth.ApiKeyCheck: --api-key / VLLM_API_KEY, checked before any route
 
 
 def make_handler(state):
@@ -36,8 +38,20 @@ def make_handler(state):
             self.send_body(code, json.dumps(doc).encode())
             logs.uvicorn(self.access_text(code))
 
+        def refused(self):
+            """The release's API key check (auth.py), before any route: True when it answered instead."""
+            check = state.api_key_check
+            hit = check.refusal(self.command, self.request_path(), self.headers.get("Authorization")) \
+                if check is not None else None
+            if hit is not None:
+                self.send_body(hit[0], hit[1])
+                logs.uvicorn(self.access_text(hit[0]))
+            return hit is not None
+
         def do_GET(self):
             path = self.request_path()
+            if self.refused():
+                return
             if path == "/health":
                 self.reply(200 if state.ready and not state.dead else 503, {})
             elif path == "/version":
@@ -51,6 +65,8 @@ def make_handler(state):
 
         def do_POST(self):
             raw = self.read_body()
+            if self.refused():
+                return
             if self.request_path() != "/v1/completions":
                 self.reply(404, {"detail": "Not Found"})
                 return

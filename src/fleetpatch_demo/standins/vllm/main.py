@@ -29,6 +29,7 @@ from fleetpatch_standin_common.output import env_float, flush_streams, line_buff
 from fleetpatch_standin_common.serving import Stop, stop_on_signals
 
 from . import host as hostmod, http_api, logs, processes, routing
+from .auth import ApiKeyCheck
 
 INFO, WARNING = logging.INFO, logging.WARNING
 
@@ -147,6 +148,8 @@ def serve(host, envs, log, engine, model, values):
         done.set()
 
     state = http_api.ServerState(engine, model, values.get("served-model-name", model), host.version, engine_dead)
+    # read through the host's real vllm/envs.py, as build_app does
+    state.api_key_check = ApiKeyCheck(host.version_tuple, values.get("api-key"), getattr(envs, "VLLM_API_KEY", None))
     try:
         server = http_api.serve(state, bind, port)
     except OSError as e:
