@@ -545,10 +545,11 @@ def reset_keeping_agent_cache(fleet: Fleet) -> None:
     locks), except fleetpatch's agent compile cache in the state dir: on a fleet it has
     run on before the cache is there (it is per agent version, filled by the warm-up
     run), and a bench of repeated rollouts that wiped it would time a first run each time.
-    The probe's site-dir answer (probe-site-cache.json) is kept for the same reason."""
+    The probe's site-dir answer (probe-site-cache.json) and the agent's answer of where the
+    engine package is (package-cache.json) are kept for the same reason."""
     kept = []
     for name, h in fleet.hosts.items():
-        for keep in ("agent-cache", "probe-site-cache.json"):
+        for keep in ("agent-cache", "probe-site-cache.json", "package-cache.json"):
             cache = h.host_dir / "state" / keep
             if cache.exists():
                 aside = h.host_dir / (keep + ".bench-keep")

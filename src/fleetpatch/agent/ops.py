@@ -15,7 +15,7 @@ from .http import http_get
 from .ledger import load_ledger, save_ledger
 from .lock import check_lock, read_lock, release_lock, take_lock
 from .logs import LogFollower, find_inode
-from .package import file_version, package_dir, package_version
+from .package import PACKAGE_CACHE, file_version, package_dir, package_version
 from .probing import install_probe, remove_stale
 from .procs import own_age, pid_alive, proc_launch
 from .restart import log_position, restart_server, server_pid, stop_server
@@ -49,7 +49,7 @@ def op_probe(state, req):
                                           read=lambda path: inroot.read(croot, path))
         out["container"] = dict((k, req["_container"][k]) for k in ("name", "id", "created", "started_at", "image"))
     else:
-        root = package_dir(package)
+        root = package_dir(package, package_cache(req))
         out["package_dir"] = root
         out["version"] = package_version(package, root, req.get("version_file"))
     files = list(req.get("files") or [])
@@ -81,6 +81,17 @@ def op_probe(state, req):
         out["window_intact"] = window_intact(req["log"], ledger.get("last_restart"))
     out["timings"]["probe_s"] = round(time.monotonic() - started, 4)
     return out
+
+
+def package_cache(req):
+    """The state dir's cache of where the package is, or None (no state dir given, or one
+    that is refused: then the probe's own reads of it say why)."""
+    if not req.get("state_dir"):
+        return None
+    try:
+        return state_path(req, PACKAGE_CACHE)
+    except AgentError:
+        return None
 
 
 def window_intact(log, last):
