@@ -44,6 +44,13 @@ def read_bytes(path):
         return f.read()
 
 
+def cpu_s():
+    """This process's own CPU so far (user + system, seconds; its children not counted): the
+    report's `agent_cpu_s`, what the agent cost the host up to that reply."""
+    t = os.times()
+    return round(t[0] + t[1], 4)
+
+
 def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 

@@ -6,7 +6,7 @@ import sys
 import time
 
 from . import inroot
-from .base import (AgentError, atomic_write, ensure_dir, expand, file_meta, now_iso, protocol, read_bytes, sha256_bytes,
+from .base import (AgentError, atomic_write, cpu_s, ensure_dir, expand, file_meta, now_iso, protocol, read_bytes, sha256_bytes,
                    state_path, unpack)
 from .files import (describe_file, digest, read_or_none, recover, safe_join, sibling_meta, write_with_ledger,
                     writable_join)
@@ -80,6 +80,7 @@ def op_probe(state, req):
         out["log"] = log_position(req["log"])
         out["window_intact"] = window_intact(req["log"], ledger.get("last_restart"))
     out["timings"]["probe_s"] = round(time.monotonic() - started, 4)
+    out["timings"]["agent_cpu_s"] = cpu_s()
     return out
 
 
@@ -198,6 +199,7 @@ def op_apply(state, req):
         save_ledger(req, ledger)
         marks.append(("restart_s", time.monotonic()))
     out["timings"] = dict((name, round(t - (marks[i - 1][1] if i else started), 4)) for i, (name, t) in enumerate(marks))
+    out["timings"]["agent_cpu_s"] = cpu_s()
     return out
 
 
