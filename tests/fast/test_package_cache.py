@@ -76,3 +76,21 @@ def test_a_cache_that_cannot_be_written_or_read_costs_only_the_site_step(tmp_pat
     torn.write_text('{"abc": ')
     assert ask(env, torn) == {"dir": str(one), "site_ran": True}
     assert ask(env, torn) == {"dir": str(one), "site_ran": False}   # rewritten whole
+
+
+def test_a_package_created_since_in_a_directory_a_pth_puts_first_is_found(tmp_path):
+    base = tmp_path / "userbase"
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONUSERBASE": str(base),
+           "PYTHONPATH": str(REPO / "src")}
+    site_dir = base / "lib" / ("python%d.%d" % sys.version_info[:2]) / "site-packages"
+    site_dir.mkdir(parents=True)
+    first = tmp_path / "first"
+    first.mkdir()
+    second = checkout(tmp_path, "second")
+    (site_dir / "paths.pth").write_text(f"# two checkouts\n{first}\n{second}\n")
+    cache = tmp_path / "package-cache.json"
+    assert ask(env, cache) == {"dir": str(second), "site_ran": True}
+    assert ask(env, cache) == {"dir": str(second), "site_ran": False}
+    (first / "pkgx_cache_probe").mkdir()   # no .pth touched: the directory it names changed
+    (first / "pkgx_cache_probe" / "__init__.py").write_text("")
+    assert ask(env, cache) == {"dir": str(first), "site_ran": True}

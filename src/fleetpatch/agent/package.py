@@ -10,6 +10,7 @@ from .base import AgentError, atomic_write, read_bytes, read_json
 
 PACKAGE_CACHE = "package-cache.json"   # in the state dir: where the site step found each package, keyed by site_inputs
 PACKAGE_CACHE_MOST = 16
+CUSTOMIZE = ("sitecustomize.py", "usercustomize.py")   # imported by the site step from anywhere on sys.path
 
 
 def site_pending():
@@ -62,10 +63,24 @@ def stat_of(path):
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
+def pth_dirs(site_dir, name):
+    """The stat of each directory a .pth file adds to sys.path (a package created in one
+    since, ahead of the kept answer's, would be found first), in its order."""
+    if not name.endswith(".pth"):
+        return []
+    try:
+        lines = read_bytes(os.path.join(site_dir, name)).decode("utf-8", "replace").splitlines()
+    except (IOError, OSError, AgentError):
+        return [None]
+    return [[line, stat_of(os.path.join(site_dir, line.rstrip()))] for line in lines
+            if line.strip() and not line.startswith(("#", "import ", "import\t"))]
+
+
 def site_inputs(package):
     """A digest of everything the site step's answer for `package` depends on, read without
     running it: the interpreter and its pyvenv.cfg, the environment that steers `site`
-    (PYTHON*, HOME), sys.path before it, and every directory whose .pth files it would run
+    (PYTHON*, HOME), sys.path before it (package_dir searched it already: only a
+    sitecustomize there counts), and every directory whose .pth files it would run
     (site-packages, the user site), each with its own stat and every .pth file's and
     sitecustomize's in it. Installing, removing or editing a package there (pip writes its
     dist-info, an editable install its .pth) changes the digest: the step runs again."""
@@ -82,14 +97,15 @@ def site_inputs(package):
     parts = [package, exe, stat_of(exe), stat_of(os.path.realpath(exe)), prefixes, sys.path,
              [stat_of(os.path.join(d, "pyvenv.cfg")) for d in (os.path.dirname(exe), os.path.dirname(os.path.dirname(exe)))],
              sorted((k, v) for k, v in os.environ.items() if k.startswith("PYTHON") or k == "HOME")]
-    for d in dirs + [p for p in sys.path if p not in dirs]:
+    for d in dirs:   # a package installed here since would be found before an editable's path
         try:
-            names = sorted(n for n in os.listdir(d or ".") if n.endswith(".pth") or n in ("sitecustomize.py",
-                                                                                         "usercustomize.py"))
+            names = sorted(n for n in os.listdir(d) if n.endswith(".pth") or n in CUSTOMIZE)
         except OSError:
             parts.append([d, None])
             continue
-        parts.append([d, stat_of(d or ".")] + [[n, stat_of(os.path.join(d, n))] for n in names])
+        parts.append([d, stat_of(d)] + [[n, stat_of(os.path.join(d, n))] + pth_dirs(d, n) for n in names])
+    for d in sys.path:   # searched before the step (package_dir did): only the customize modules count
+        parts.append([d] + [[n, stat_of(os.path.join(d, n))] for n in CUSTOMIZE])
     return hashlib.sha256(json.dumps(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
