@@ -545,10 +545,11 @@ def reset_keeping_agent_cache(fleet: Fleet) -> None:
     locks), except fleetpatch's agent compile cache in the state dir: on a fleet it has
     run on before the cache is there (it is per agent version, filled by the warm-up
     run), and a bench of repeated rollouts that wiped it would time a first run each time.
-    The probe's site-dir answer (probe-site-cache.json) is kept for the same reason."""
+    The probe's site-dir answer (probe-site-cache.json) and the agent's answer of where the
+    engine package is (package-cache.json) are kept for the same reason."""
     kept = []
     for name, h in fleet.hosts.items():
-        for keep in ("agent-cache", "probe-site-cache.json"):
+        for keep in ("agent-cache", "probe-site-cache.json", "package-cache.json"):
             cache = h.host_dir / "state" / keep
             if cache.exists():
                 aside = h.host_dir / (keep + ".bench-keep")
@@ -683,7 +684,8 @@ def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net, src: Path 
         hosts[n] = {"ok": bool(r.get("ok")), "status": r.get("status"), "duration_s": r.get("duration_s"),
                     "round_trips": r.get("round_trips"), "verdict_after_s": r.get("verdict_after_s"),
                     "marker_to_verdict_s": r.get("marker_to_verdict_s"),
-                    "probe_timings": r.get("probe_timings"), "apply_timings": r.get("apply_timings")}
+                    "probe_timings": r.get("probe_timings"), "apply_timings": r.get("apply_timings"),
+                    "follow_timings": r.get("follow_timings")}
         proof = proof_at(fleet, n) if probe else None
         if proof is not None and n in printed:
             hosts[n]["verdict_latency_s"] = round(printed[n] - proof, 3)
@@ -1143,9 +1145,10 @@ def verdict_and_cpu_table(s: dict, fleets, nets, sizes) -> list[str]:
     CPU per host on the controller and on the hosts, for every tool."""
     lines = ["", "Verdict latency (the earliest probe record of an added line on the host -> that host's "
              "`done` line printed; medians over hosts, max in brackets) and the phases each host timed "
-             "(the agent's age at its first request, pre-flight read, write, probe install, stop, whole restart):", "",
+             "(the agent's age at its first request, pre-flight read, write, probe install, stop, whole restart), "
+             "and the agent process's own CPU per host by its last reply (`agent_cpu_s`, ms):", "",
              "| net | hosts | tool | verdict latency (max) | agent start | pre-flight | write | probe install | stop | "
-             "restart |", "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "restart | agent CPU per host |", "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for fl, net, n, tool in ((fl, net, n, t) for fl in fleets for net in nets for n in sizes for t in TOOLS):
         x = s.get(skey(net, tool, n, fl))
         if not x or not tool.startswith("fleetpatch"):
@@ -1155,7 +1158,8 @@ def verdict_and_cpu_table(s: dict, fleets, nets, sizes) -> list[str]:
         lat = (f"{fmt(x.get('verdict_latency_median_s'))} ({fmt(x.get('verdict_latency_max_s'))})"
                if x.get("verdict_latency_hosts") else "-")
         lines.append(f"| {where} | {n} | {tool} | {lat} | " + " | ".join(fmt(ph.get(k)) for k in (
-            "agent_age_s", "probe_s", "write_s", "probe_install_s", "stop_s", "restart_s")) + " |")
+            "agent_age_s", "probe_s", "write_s", "probe_install_s", "stop_s", "restart_s"))
+                     + f" | {fmt(ph['agent_cpu_s'] * 1000, 0) if ph.get('agent_cpu_s') is not None else '-'} |")
     lines += ["", "CPU per host (ms): the tool's own processes on the controller / the hosts' side (the machine's "
               "busy CPU less the tool's and other sessions'; approximate), medians over the runs:", "",
               "| net | hosts | " + " | ".join(TOOLS) + " |", "| --- | ---: |" + " --- |" * len(TOOLS)]
@@ -1186,8 +1190,13 @@ def fleetpatch_host_figures(hs: list) -> dict:
     phases = {}
     for h in hs:
         for k, v in list((h.get("probe_timings") or {}).items()) + list((h.get("apply_timings") or {}).items()):
-            if isinstance(v, (int, float)):
+            if isinstance(v, (int, float)) and k != "agent_cpu_s":   # each reply's CPU so far: not a phase
                 phases.setdefault(k, []).append(v)
+        # the agent's own CPU by its last reply of the deploy (follow's end; else the latest it sent)
+        cpu = [(h.get(t) or {}).get("agent_cpu_s") for t in ("follow_timings", "apply_timings", "probe_timings")]
+        cpu = next((c for c in cpu if isinstance(c, (int, float))), None)
+        if cpu is not None:
+            phases.setdefault("agent_cpu_s", []).append(cpu)
     out["host_phases_median_s"] = {k: round(med(v), 3) for k, v in phases.items()}
     return out
 

@@ -262,7 +262,8 @@ class ProbeReply(TypedDict, total=False):
     agent: Dict[str, str]                    # per module sent: "cached" (compile cache) | "compiled"
     recovered: Dict[str, object]             # what the rename journal of a dead run had left, and what was done
     window_intact: bool                      # the last restart's log window can still be read as it was
-    timings: Dict[str, Optional[float]]      # agent_age_s (the agent's age as this request starts), probe_s
+    timings: Dict[str, Optional[float]]      # agent_age_s (the agent's age as this request starts), probe_s,
+                                             # agent_cpu_s (the agent's own CPU, user + system, at this reply)
 
 
 class JournalWindow(TypedDict, total=False):
@@ -291,7 +292,7 @@ class ApplyReply(TypedDict, total=False):
     created: List[str]
     deleted: List[str]
     restart: RestartReply
-    timings: Dict[str, float]   # write_s, probe_install_s, restart_s: where the request's time went
+    timings: Dict[str, float]   # write_s, probe_install_s, restart_s: where the request's time went; agent_cpu_s
 
 
 class RollbackReply(TypedDict, total=False):
@@ -304,6 +305,7 @@ class RollbackReply(TypedDict, total=False):
 class FollowReply(TypedDict, total=False):
     ended: str                  # finished | deadline | stdin closed (the laptop's channel ended)
     then: List[Dict[str, Any]]  # the results of the follow-up requests, in order
+    timings: Dict[str, float]   # agent_cpu_s: the agent's own CPU (user + system) after the follow-ups
 
 
 class Result(TypedDict, total=False):

@@ -36,6 +36,11 @@ def test_an_editable_install_is_patched_in_its_checkout_proven_and_rolled_back(l
     block = r.details["execution"]
     assert EAGLE in block["ran"], block
     assert block["imported"]["sglang.srt.speculative.eagle_worker"] == str(lh.file(EAGLE)), "run from the checkout"
+    # the agent's own CPU at each reply of the deploy, in the report's host entry, never going down
+    cpu = [r.details[k]["agent_cpu_s"] for k in ("probe_timings", "apply_timings", "follow_timings")]
+    assert 0 < cpu[0] <= cpu[1] <= cpu[2], cpu
+    # the site step's answer was kept: the rollback's agent finds the checkout from it
+    assert (lh.state / "package-cache.json").exists()
     rb = steps.rollback(job(lh, None, host=host)[0], host)
     assert rb.ok and rb.status == Status.ROLLED_BACK, rb.message
     assert {rel: sha256(lh.file(rel)) for rel in (EAGLE, EAGLE_V2)} == pristine

@@ -362,6 +362,7 @@ def test_at_its_deadline_follow_still_runs_the_decision_so_the_lock_is_released(
         os.close(w)
         os.close(r)
     assert '"t": "deadline"' in capsys.readouterr().out
+    assert out.pop("timings")["agent_cpu_s"] > 0   # the process's CPU by then (here: the test's)
     assert out == {"ended": "deadline", "then": [{"recorded": True}, {"unlocked": True}]}
     assert not (state / "lock").exists()
     assert agent_ledger.load_ledger(req)["last_verification"]["status"] == "timeout"

@@ -34,7 +34,6 @@ For Docker every one of these calls (inspect, stop, start, the log) goes to the 
 unix socket directly (runtime_api), the same API calls the CLI would make, without a CLI
 process per call; the CLI is used where the socket is not surely the CLI's daemon.
 """
-import ast
 import json
 import os
 import re
@@ -227,6 +226,8 @@ def editable_targets(root, site, package):
         if n.endswith(".pth"):
             out.extend(l.strip() for l in text.splitlines() if l.strip().startswith("/"))
             continue
+        import ast   # here, not at the top: only a container's editable install needs it (1 ms at every start)
+
         try:
             m = re.search(FINDER_MAPPING, text, re.M | re.S)
             mapping = ast.literal_eval(m.group(1)) if m else {}

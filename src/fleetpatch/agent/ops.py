@@ -7,7 +7,7 @@ import time
 
 from . import inroot
 from .apikey import known_key
-from .base import (AgentError, atomic_write, ensure_dir, expand, file_meta, now_iso, protocol, read_bytes, sha256_bytes,
+from .base import (AgentError, atomic_write, cpu_s, ensure_dir, expand, file_meta, now_iso, protocol, read_bytes, sha256_bytes,
                    state_path, unpack)
 from .files import (describe_file, digest, read_or_none, recover, safe_join, sibling_meta, write_with_ledger,
                     writable_join)
@@ -16,7 +16,7 @@ from .http import http_get
 from .ledger import load_ledger, save_ledger
 from .lock import check_lock, read_lock, release_lock, take_lock
 from .logs import LogFollower, find_inode
-from .package import file_version, package_dir, package_version
+from .package import PACKAGE_CACHE, file_version, package_dir, package_version
 from .probing import install_probe, remove_stale
 from .procs import own_age, pid_alive, proc_launch
 from .restart import log_position, restart_server, server_pid, stop_server
@@ -50,7 +50,7 @@ def op_probe(state, req):
                                           read=lambda path: inroot.read(croot, path))
         out["container"] = dict((k, req["_container"][k]) for k in ("name", "id", "created", "started_at", "image"))
     else:
-        root = package_dir(package)
+        root = package_dir(package, package_cache(req))
         out["package_dir"] = root
         out["version"] = package_version(package, root, req.get("version_file"))
     files = list(req.get("files") or [])
@@ -82,7 +82,19 @@ def op_probe(state, req):
         out["log"] = log_position(req["log"])
         out["window_intact"] = window_intact(req["log"], ledger.get("last_restart"))
     out["timings"]["probe_s"] = round(time.monotonic() - started, 4)
+    out["timings"]["agent_cpu_s"] = cpu_s()
     return out
+
+
+def package_cache(req):
+    """The state dir's cache of where the package is, or None (no state dir given, or one
+    that is refused: then the probe's own reads of it say why)."""
+    if not req.get("state_dir"):
+        return None
+    try:
+        return state_path(req, PACKAGE_CACHE)
+    except AgentError:
+        return None
 
 
 def window_intact(log, last):
@@ -189,6 +201,7 @@ def op_apply(state, req):
         save_ledger(req, ledger)
         marks.append(("restart_s", time.monotonic()))
     out["timings"] = dict((name, round(t - (marks[i - 1][1] if i else started), 4)) for i, (name, t) in enumerate(marks))
+    out["timings"]["agent_cpu_s"] = cpu_s()
     return out
 
 

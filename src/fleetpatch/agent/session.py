@@ -17,7 +17,7 @@ import time
 import types
 
 from .container import attach
-from .base import AgentError, atomic_write, now_iso, protocol, read_json, state_path
+from .base import AgentError, atomic_write, cpu_s, now_iso, protocol, read_json, state_path
 from .follow import Follow
 from .lock import LOCK_BUSY, LOCK_LOST, read_lock, release_lock
 from .ops import op_apply, op_probe, op_record, op_restart, op_rollback, op_stop, op_unlock
@@ -88,6 +88,7 @@ def op_follow(state, req):
         out = follow.run()
         if "requests" in out:
             out["then"] = [run_request(state, r) for r in out.pop("requests")]
+        out["timings"] = {"agent_cpu_s": cpu_s()}   # the agent's CPU by its last reply of a deploy
         return out
     finally:
         state.following = previous

@@ -629,6 +629,8 @@ def follow_and_judge(run: HostRun, watch: Watch) -> tuple[list[evidence.Verdict]
     refused = next((r for r in reply.get("then") or [] if r.get("recorded") is False), None)
     if refused is not None:
         raise HostFailure(Status.LOCKED, not_recorded(run, refused.get("lock") or {}, judging))
+    if reply.get("timings"):   # the agent's own CPU at the follow's end (the report's follow_timings)
+        judging.timings["follow_timings"] = reply["timings"]
     judging.timings["server_facts"] = judging.events.facts()
     if watch.smoke is not None:
         judging.timings["smoke"] = smoke_timeline(judging.events, watch.smoke)
