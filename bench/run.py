@@ -546,10 +546,14 @@ def reset_keeping_agent_cache(fleet: Fleet) -> None:
     run on before the cache is there (it is per agent version, filled by the warm-up
     run), and a bench of repeated rollouts that wiped it would time a first run each time.
     The probe's site-dir answer (probe-site-cache.json) and the agent's answer of where the
-    engine package is (package-cache.json) are kept for the same reason."""
+    engine package is (package-cache.json) are kept for the same reason, and so is the probe's
+    runtime compiled for the host's build (probe-code: per fleetpatch version and interpreter,
+    kept by a real fleet from its first deploy on). The probe's per-patch work (probe-plans:
+    the watched files rewritten and compiled) is wiped: every bench run times the first deploy
+    of a new patch."""
     kept = []
     for name, h in fleet.hosts.items():
-        for keep in ("agent-cache", "probe-site-cache.json", "package-cache.json"):
+        for keep in ("agent-cache", "probe-site-cache.json", "package-cache.json", "probe-code"):
             cache = h.host_dir / "state" / keep
             if cache.exists():
                 aside = h.host_dir / (keep + ".bench-keep")

@@ -260,7 +260,39 @@ def remove_own(state, req=None):
 
 
 def children_of(pid):
-    """The live descendants of `pid`, from /proc."""
+    """The live descendants of `pid`: from each thread's /proc/<pid>/task/<tid>/children (Linux 3.5+),
+    which reads the server's tree only, else from every process's /proc/<n>/stat. The scan read
+    every process of the host at each probe event (470 on a 16-host test machine: about 3 ms of the
+    agent's CPU a call, several calls a follow)."""
+    found = children_listed(pid)
+    return found if found is not None else children_scanned(pid)
+
+
+def children_listed(pid):
+    """children_of from the kernel's children lists; None where /proc has none for `pid` (an older
+    kernel, or one built without them): the caller scans."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir("/proc/%d/task" % parent)
+            kids = []
+            for tid in tids:
+                with open("/proc/%d/task/%s/children" % (parent, tid), "rb") as f:
+                    kids += [int(n) for n in f.read().split()]
+        except (IOError, OSError, ValueError):
+            if parent == pid:
+                return None
+            continue    # a child that ended meanwhile: it has no descendants to list
+        for child in kids:
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return sorted(found)
+
+
+def children_scanned(pid):
+    """children_of from every process's /proc/<n>/stat."""
     parents = {}
     for name in os.listdir("/proc"):
         stat = proc_stat(name) if name.isdigit() else None

@@ -31,22 +31,37 @@ def function_nodes(tree, names):
             and (not names or node.name in names)]
 
 
-def scopes(tree):
-    """(node, qualname, first line, last line) of the module and of every class and function in it.
+def scopes(tree, lines=None):
+    """(node, qualname, first line, last line) of the module and of every class and function in it;
+    with `lines` (sorted line numbers), only those whose span holds one of them (the others hold no
+    added line, nor does anything nested in them).
 
-    Only statement lists are walked (a def or class is a statement, never inside an expression):
-    a walk of every node took the agent 20 ms for a 1000-line module."""
+    Only statement lists are walked (a def or class is a statement, never inside an expression),
+    and only compound statements are looked into: a walk of every node took the agent 20 ms for a
+    1000-line module, a look into every statement 3 ms."""
     import ast
+    import bisect
+    compound = tuple(getattr(ast, name) for name in ("If", "For", "AsyncFor", "While", "With", "AsyncWith", "Try",
+                                                     "TryStar", "Match") if hasattr(ast, name))
+
+    def holds(first, last):
+        if lines is None:
+            return True
+        at = bisect.bisect_left(lines, first)
+        return at < len(lines) and lines[at] <= last
+
     out = [(tree, "<module>", 1, float("inf"))]
     todo = [(tree.body, "")]
     while todo:
         body, prefix = todo.pop()
         for stmt in body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if not holds(stmt.lineno, stmt.end_lineno):
+                    continue
                 qual = prefix + stmt.name
                 out.append((stmt, qual, stmt.lineno, stmt.end_lineno))
                 todo.append((stmt.body, qual + ("." if isinstance(stmt, ast.ClassDef) else ".<locals>.")))
-            else:
+            elif isinstance(stmt, compound) and holds(stmt.lineno, stmt.end_lineno):
                 todo.extend((block, prefix) for block in sub_bodies(stmt))
     return out
 
@@ -56,9 +71,10 @@ def units_holding(tree, lines):
 
     A line belongs to the innermost class or function whose span holds it;
     decorators and lambdas belong to the body around them."""
-    all_scopes = scopes(tree)
+    lines = sorted(lines)
+    all_scopes = scopes(tree, lines)
     held = {}
-    for line in sorted(lines):
+    for line in lines:
         inside = [s for s in all_scopes if s[2] <= line <= s[3]]
         if inside:
             best = max(inside, key=lambda s: s[2])

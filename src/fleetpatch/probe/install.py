@@ -18,6 +18,7 @@ run's is a stale probe (a killed run): `stale_probes` finds it and `remove`
 takes it out.
 """
 import builtins
+import gc
 import hashlib
 import json
 import marshal
@@ -328,11 +329,20 @@ def probe_plan(plan, probe_dir, runtime_code, seen=None):
                 spec["counted"] = counted
     if plan.get("mode") != "functions" and sys.version_info >= (3, 12):
         return ready        # lines mode in a server of this build: nothing to compile
-    for name, spec in sorted(modules.items()):
-        if spec.get("lines") or spec.get("counted"):
-            spec["compiled"] = compile_module(runtime, name, spec, probe_dir, parsed, seen)
-            if spec["compiled"] is None:
-                del spec["compiled"]
+    # The parse makes tens of thousands of nodes, none of them in a cycle that outlives this
+    # call: the collector, run on them as they are made, cost 1.4 of the 16 ms of the bench
+    # patch's two modules (3.11).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for name, spec in sorted(modules.items()):
+            if spec.get("lines") or spec.get("counted"):
+                spec["compiled"] = compile_module(runtime, name, spec, probe_dir, parsed, seen)
+                if spec["compiled"] is None:
+                    del spec["compiled"]
+    finally:
+        if collecting:
+            gc.enable()
     return ready
 
 
