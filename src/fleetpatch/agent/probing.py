@@ -12,10 +12,8 @@ import hashlib
 import json
 import marshal
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 from . import container_probe, procs
 from .base import atomic_write, ensure_dir, protocol, read_bytes, read_json, state_path
@@ -101,6 +99,7 @@ def site_info(python, env):
     The interpreter starts as the server's does, with the host's .pth files, and those may
     write anything to stdout (one test floods 200 MB): stdout goes nowhere, the answer comes
     in a file, and only the tail of stderr is kept for the error."""
+    import tempfile   # here: the site query runs once per interpreter (cached); tempfile brings random and shutil
     with tempfile.TemporaryDirectory(prefix="fleetpatch-site-") as folder:
         answer, errors = os.path.join(folder, "answer.json"), os.path.join(folder, "stderr")
         try:
@@ -160,6 +159,7 @@ def clear_records(req):
         return
     folder = probe_dir(req)
     if os.path.isdir(folder) and not os.path.islink(folder):
+        import shutil   # here: shutil brings bz2 and lzma, a cost at every agent start that only this needs
         shutil.rmtree(folder, ignore_errors=True)
 
 
