@@ -15,7 +15,8 @@ What is recorded of a host, and compared (anything that differs, or cannot be re
   - every process in the host's mount namespace (pid and start time): a server stopped,
     restarted or killed, an agent left running, a process stopped (SIGSTOP) all differ;
   - the namespace's mount table, and the host's spec and ports.
-A container host is always reset: what its container holds is not under its folder.
+A container host is always reset: what its container holds is not under its folder. The ranks
+of a node group are reset together: a rank's server starts only beside the others'.
 """
 from __future__ import annotations
 
@@ -94,7 +95,11 @@ class Pristine:
         """Reset (Fleet.reset_all: tree, state, logs, server) and clear the commands of each host
         (of those named) that changed; the others stay as they are. The hosts reset."""
         names = list(fleet.hosts if names is None else names)
-        changed = self.changed(fleet, names)
+        changed = set(self.changed(fleet, names))
+        for members in fleet.node_groups.values():
+            if changed & set(members):   # a rank starts only beside the others: a group is reset whole
+                changed |= set(members)
+        changed = [n for n in fleet.hosts if n in changed]
         for name in changed:
             self._after_reset.pop(self._key(fleet, name), None)
         if changed:
@@ -106,7 +111,7 @@ class Pristine:
                 if state is not None:
                     self._after_reset[self._key(fleet, name)] = state
         self.resets += len(changed)
-        self.kept += len(names) - len(changed)
+        self.kept += sum(1 for n in names if n not in changed)
         return changed
 
     @staticmethod
