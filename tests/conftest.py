@@ -7,9 +7,9 @@ Each tier is a folder with a mark of the same name, given here to every test it 
   e2e    the demo, the bench, the live router, and the demo's own tools
 
 The shared fleet (real sshd hosts with real SGLang wheel files) is started once, by the
-first test that asks for it; each test resets the hosts it uses to pristine (tree, state,
-logs, server) before it starts, so tests don't see each other's patches. Helpers that are
-not fixtures live in tests/support.
+first test that asks for it; before each test every host that is not as its last reset left
+it (tree, state, logs, server, processes: tests/support/pristine.py) is reset, so tests don't
+see each other's patches. Helpers that are not fixtures live in tests/support.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from fleetpatch_demo import fleet as fleetmod
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from support.localhost import LocalHost, template_env
 from support.operator import Operator
+from support.pristine import Pristine
 from support.paths import TESTS
 from support.standin_env import QUICK_STOP
 
@@ -58,10 +59,16 @@ def fleet(tmp_path_factory):
         yield f
 
 
+@pytest.fixture(scope="session")
+def pristine():
+    """Which hosts of each test fleet are still as their last reset left them: the fixtures
+    that hand a test a fleet reset the others (tests/support/pristine.py)."""
+    return Pristine()
+
+
 @pytest.fixture
-def operator(fleet, tmp_path):
-    fleet.reset_all()
-    fleet.clear_commands()
+def operator(fleet, pristine, tmp_path):
+    pristine.restore(fleet)
     return Operator(fleet, tmp_path)
 
 
@@ -121,8 +128,8 @@ def container_fleet(docker_daemon, tmp_path_factory):
 
 
 @pytest.fixture
-def container_operator(container_fleet, tmp_path):
-    """The operator of the container fleet: every host reset (containers re-created from the image)."""
-    container_fleet.reset_all()
-    container_fleet.clear_commands()
+def container_operator(container_fleet, pristine, tmp_path):
+    """The operator of the container fleet: every host reset (containers re-created from the image;
+    the plain host where it changed)."""
+    pristine.restore(container_fleet)
     return Operator(container_fleet, tmp_path)

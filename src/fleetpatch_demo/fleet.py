@@ -1424,10 +1424,12 @@ class Fleet:
             vllm_hosts.model_files(h.host_dir, h.spec.architecture, h.spec.method)
         (h.host_dir / TOKEN_FILE).write_text(h.token + "\n")
 
-    def reset_all(self, wait: bool = True) -> None:
+    def reset_all(self, wait: bool = True, names=None) -> None:
+        """reset() of every host, or of those named, their trees rebuilt side by side."""
+        names = list(self.hosts) if names is None else list(names)
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(self._reset_tree, self.hosts))
-        self._start_servers([n for n, h in self.hosts.items() if h.spec.start_server], wait=wait)
+            list(pool.map(self._reset_tree, names))
+        self._start_servers([n for n in names if self.hosts[n].spec.start_server], wait=wait)
 
     # -- commands log -------------------------------------------------------
 

@@ -709,13 +709,12 @@ def when(predicate, action, timeout: float = 30):
 
 
 @pytest.fixture
-def on_v1b(fleet, tmp_path):
+def on_v1b(fleet, pristine, tmp_path):
     """An operator for host v1b alone: only it is reset before (and after) the case,
     not the whole fleet, to keep these cases at a few seconds each."""
-    fleet.reset("v1b")
-    fleet.clear_commands("v1b")
+    pristine.restore(fleet, ["v1b"])
     yield Operator(fleet, tmp_path)
-    fleet.reset("v1b")
+    pristine.restore(fleet, ["v1b"])
 
 
 def deploy_on(operator, name, *extra):

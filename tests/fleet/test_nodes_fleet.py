@@ -36,9 +36,8 @@ def nfleet(tmp_path_factory):
 
 
 @pytest.fixture
-def nop(nfleet, tmp_path):
-    nfleet.reset_all()
-    nfleet.clear_commands()
+def nop(nfleet, pristine, tmp_path):
+    pristine.restore(nfleet)
     return Operator(nfleet, tmp_path)
 
 

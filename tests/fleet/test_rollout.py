@@ -35,9 +35,8 @@ def fleet8(tmp_path_factory):
 
 
 @pytest.fixture
-def op8(fleet8, tmp_path):
-    fleet8.reset_all()
-    fleet8.clear_commands()
+def op8(fleet8, pristine, tmp_path):
+    pristine.restore(fleet8)
     return Operator(fleet8, tmp_path)
 
 

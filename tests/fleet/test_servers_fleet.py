@@ -32,9 +32,8 @@ def mfleet(tmp_path_factory):
 
 
 @pytest.fixture
-def mop(mfleet, tmp_path):
-    mfleet.reset_all()
-    mfleet.clear_commands()
+def mop(mfleet, pristine, tmp_path):
+    pristine.restore(mfleet)
     return Operator(mfleet, tmp_path)
 
 

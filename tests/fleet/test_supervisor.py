@@ -38,8 +38,8 @@ def svfleet(tmp_path_factory):
 
 
 @pytest.fixture
-def op(svfleet, tmp_path):
-    svfleet.reset_all()
+def op(svfleet, pristine, tmp_path):
+    pristine.restore(svfleet)
     return Operator(svfleet, tmp_path)
 
 
