@@ -51,6 +51,7 @@ LEDGER_VERSION = 1
 # Name under which the agent finds this module when both are sent to a host.
 AGENT_MODULE_NAME = "fleetpatch_protocol"
 PROBE_MODULE_NAME = "fleetpatch_probe_install"   # probe/install.py on a host, loaded after the protocol
+REDACT_MODULE_NAME = "fleetpatch_redact"         # redact.py on a host: what a secret is, as the laptop says
 
 
 def pack(data):

@@ -70,11 +70,16 @@ def _compressed(name: str) -> bytes:
 
 def sent_modules() -> list[tuple[str, str, str]]:
     """What a host loads, in order: (file below fleetpatch/, its module name on the host,
-    its filename in tracebacks). The protocol, then the agent's modules, each after the
-    modules it imports (agent.MODULES)."""
-    return [("protocol.py", protocol.AGENT_MODULE_NAME, "fleetpatch-protocol"),
-            ("probe/install.py", protocol.PROBE_MODULE_NAME, "fleetpatch-probe/install.py")] + [
+    its filename in tracebacks). The modules the agent shares with the laptop (SHARED_MODULES),
+    then the agent's own, each after the modules it imports (agent.MODULES)."""
+    return list(SHARED_MODULES) + [
         (f"agent/{m}.py", f"{HOST_PACKAGE}.{m}", f"fleetpatch-agent/{m}.py") for m in AGENT_MODULES]
+
+
+# fleetpatch's modules that the agent imports by their names on a host, sent before its own
+SHARED_MODULES = (("protocol.py", protocol.AGENT_MODULE_NAME, "fleetpatch-protocol"),
+                  ("probe/install.py", protocol.PROBE_MODULE_NAME, "fleetpatch-probe/install.py"),
+                  ("redact.py", protocol.REDACT_MODULE_NAME, "fleetpatch-redact"))
 
 
 def __getattr__(name: str):
@@ -84,7 +89,9 @@ def __getattr__(name: str):
     if name == "AGENT_SOURCE":   # the module whose serve() is the request loop
         return _compressed(f"agent/{ENTRY}.py")
     if name == "AGENT_SOURCES":  # every agent module, by its name on the host
-        return {module: _compressed(path) for path, module, _ in sent_modules()[2:]}
+        return {module: _compressed(path) for path, module, _ in sent_modules()[len(SHARED_MODULES):]}
+    if name == "REDACT_SOURCE":
+        return _compressed("redact.py")
     if name == "BOOT_SOURCE":
         return _compressed("agentboot.py")
     if name == "SOURCES_BLOB":   # what boot_stream sends after its header

@@ -11,7 +11,7 @@ import pytest
 
 from fleetpatch import protocol, remote
 
-SENT = dict(remote.AGENT_SOURCES, protocol=remote.PROTOCOL_SOURCE, agentboot=remote.BOOT_SOURCE)
+SENT = dict(remote.AGENT_SOURCES, protocol=remote.PROTOCOL_SOURCE, redact=remote.REDACT_SOURCE, agentboot=remote.BOOT_SOURCE)
 
 
 def imported_modules(tree: ast.AST) -> set[str]:

@@ -6,20 +6,18 @@ else `VLLM_API_KEY` in its environment (the paths under /v1; 0.22+ /v2 and /infe
 /cohere). The agent reads the key where the server got it, /proc/PID/cmdline (and /proc/PID/environ
 for the engine's variable), and sends it on its own requests to that server: the health checks,
 /server_info, the loads of a drain, the smoke requests. The key never leaves the host: the launch
-the agent reports has it masked (`masked_argv`, `masked_env`), and the session masks any key it read
+the agent reports has it masked (the laptop's `redact`, sent with the agent), and the session masks any key it read
 in every line it writes to the laptop (`scrub`), the server's log lines included.
 
 Pure functions over bytes and words, and one reader of /proc (`read_server_key`). Stdlib, 3.8+.
 """
-from .base import read_bytes
+from .base import read_bytes, redact
 
 KEY_FLAGS = ("--api-key", "--api_key")   # vLLM's parser takes either spelling; SGLang's the first
-MASK = "***"
+MASK = redact.MASK
 # A key shorter than this is masked by name only (`api_key='...'`, `--api-key X`), not wherever its
 # characters appear: a two-letter key replaced in every log line would break the ready line.
 MIN_SCRUB_LEN = 6
-_SECRET_WORDS = ("token", "secret", "secrets", "password", "passwd", "credential", "credentials",
-                 "authorization", "apikey")
 
 
 class ServerKey(object):
@@ -148,50 +146,6 @@ def refused_text(status, found, env_name=None):
 
 
 # ------------------------------------------------------------------ what leaves the host
-
-def is_secret_name(name):
-    """A flag or variable that holds a secret: one of its words (split at -, _ and .) is a token,
-    secret, password, credential or authorization, or two in a row are api and key."""
-    words = [w for w in name.lower().replace("-", "_").replace(".", "_").split("_") if w]
-    if any(w in _SECRET_WORDS for w in words):
-        return True
-    return any(a == "api" and b == "key" for a, b in zip(words, words[1:]))
-
-
-def masked_argv(words):
-    """A command line with the value of every secret flag shown as MASK (`--api-key X`, `--api-key=X`)."""
-    out = []
-    hide_next = False
-    for word in words:
-        if hide_next and not word.startswith("--"):
-            out.append(MASK)
-            hide_next = False
-            continue
-        hide_next = False
-        name, eq, value = word.partition("=")
-        if word.startswith("-") and is_secret_name(name.lstrip("-")):
-            if eq:
-                out.append(name + "=" + (MASK if value else ""))
-                continue
-            hide_next = True
-        out.append(word)
-    return out
-
-
-def masked_env(env):
-    """An environment (dict) with the value of every secret variable shown as MASK."""
-    return dict((k, MASK if v and is_secret_name(k) else v) for k, v in env.items())
-
-
-def masked_fields(doc):
-    """A JSON document (the server's /server_info) with the value of every secret field shown as MASK."""
-    if isinstance(doc, dict):
-        return dict((k, MASK if isinstance(v, str) and v and is_secret_name(str(k)) else masked_fields(v))
-                    for k, v in doc.items())
-    if isinstance(doc, list):
-        return [masked_fields(v) for v in doc]
-    return doc
-
 
 # the protocol's own words: never a secret, and replaced they would break the line for the laptop
 _PROTOCOL_FIELDS = ("t", "op", "code", "ended", "status", "mode")

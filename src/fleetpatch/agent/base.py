@@ -14,9 +14,10 @@ import sys
 import time
 
 if __name__.split(".")[0] == "fleetpatch":   # imported on the laptop (tests)
-    from .. import protocol
-else:                                        # on a host: agentboot loaded it from stdin, before this
+    from .. import protocol, redact
+else:                                        # on a host: agentboot loaded them from stdin, before this
     protocol = sys.modules["fleetpatch_protocol"]
+    redact = sys.modules[protocol.REDACT_MODULE_NAME]
 
 REPLY_PREFIX = protocol.REPLY_PREFIX
 LEDGER = protocol.LEDGER_FILE

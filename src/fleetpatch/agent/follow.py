@@ -5,7 +5,8 @@ import os
 import sys
 import time
 
-from .apikey import known_key, masked_fields, start_keys
+from .apikey import known_key, start_keys
+from .base import redact
 from .http import http_get
 from .logs import LogFollower, LogWatch, StreamWake, open_follower
 from .probing import RecordReader
@@ -198,7 +199,7 @@ class Follow(object):
             if status == 200:
                 try:
                     # SGLang's /server_info holds its server_args, api_key and admin_api_key among them
-                    data = masked_fields(json.loads(body.decode("utf-8", "replace")))
+                    data = redact.data(json.loads(body.decode("utf-8", "replace")))
                     self.state.emit({"t": "server_info", "data": data})
                 except ValueError:
                     pass

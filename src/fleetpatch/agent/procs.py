@@ -7,8 +7,7 @@ import select
 import subprocess
 import time
 
-from .apikey import masked_argv, masked_env
-from .base import AgentError, read_bytes, expand
+from .base import AgentError, read_bytes, expand, redact
 
 
 class ProcStat(collections.namedtuple("ProcStat", "comm state ppid pgrp session start")):
@@ -115,7 +114,7 @@ def proc_launch(pid, env_prefixes=()):
     """argv and the engine-relevant environment of the running server, from /proc, as the laptop
     gets them: the value of a secret flag or variable (`--api-key`, VLLM_API_KEY) never leaves the host."""
     argv = proc_argv(pid)
-    out = {"argv": masked_argv(argv) if argv else argv, "env": None}
+    out = {"argv": redact.argv(argv) if argv else argv, "env": None}
     try:
         raw = read_bytes("/proc/%d/environ" % pid)
         env = {}
@@ -125,7 +124,7 @@ def proc_launch(pid, env_prefixes=()):
             # only what routes the engine: the rest of a process environment may hold secrets
             if sep and k.startswith(tuple(env_prefixes) + ("FLEETPATCH_",)):
                 env[k] = value.decode("utf-8", "replace")
-        out["env"] = masked_env(env)
+        out["env"] = redact.data(env)
     except (IOError, OSError):
         pass
     return out
@@ -210,7 +209,7 @@ def pidfile_mismatch(pid, argv, pidfile):
     running = proc_argv(pid)
     if not same_program(pid, running, argv):
         return "its command line `%s` runs another program than server.restart.start `%s`" % (
-            " ".join(masked_argv(running or ["(none)"]))[:300], " ".join(masked_argv(argv or []))[:300])
+            " ".join(redact.argv(running or ["(none)"]))[:300], " ".join(redact.argv(argv or []))[:300])
     return None
 
 
