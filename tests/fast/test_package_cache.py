@@ -33,12 +33,18 @@ def checkout(tmp_path, name):
     return tmp_path / name
 
 
-def test_the_site_step_runs_again_only_when_a_pth_or_the_package_changes(tmp_path):
+def user_site(tmp_path):
+    """(the environment of a python whose user site is under tmp_path, that site dir, made)."""
     base = tmp_path / "userbase"
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONUSERBASE": str(base),
            "PYTHONPATH": str(REPO / "src")}
     site_dir = base / "lib" / ("python%d.%d" % sys.version_info[:2]) / "site-packages"
     site_dir.mkdir(parents=True)
+    return env, site_dir
+
+
+def test_the_site_step_runs_again_only_when_a_pth_or_the_package_changes(tmp_path):
+    env, site_dir = user_site(tmp_path)
     pth = site_dir / "__editable__.pkgx.pth"
     one, two = checkout(tmp_path, "one"), checkout(tmp_path, "two")
     pth.write_text(str(one) + "\n")
@@ -62,11 +68,7 @@ def test_the_site_step_runs_again_only_when_a_pth_or_the_package_changes(tmp_pat
 
 
 def test_a_cache_that_cannot_be_written_or_read_costs_only_the_site_step(tmp_path):
-    base = tmp_path / "userbase"
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONUSERBASE": str(base),
-           "PYTHONPATH": str(REPO / "src")}
-    site_dir = base / "lib" / ("python%d.%d" % sys.version_info[:2]) / "site-packages"
-    site_dir.mkdir(parents=True)
+    env, site_dir = user_site(tmp_path)
     one = checkout(tmp_path, "one")
     (site_dir / "x.pth").write_text(str(one) + "\n")
     missing = tmp_path / "no-such-state" / "package-cache.json"
@@ -79,11 +81,7 @@ def test_a_cache_that_cannot_be_written_or_read_costs_only_the_site_step(tmp_pat
 
 
 def test_a_package_created_since_in_a_directory_a_pth_puts_first_is_found(tmp_path):
-    base = tmp_path / "userbase"
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONUSERBASE": str(base),
-           "PYTHONPATH": str(REPO / "src")}
-    site_dir = base / "lib" / ("python%d.%d" % sys.version_info[:2]) / "site-packages"
-    site_dir.mkdir(parents=True)
+    env, site_dir = user_site(tmp_path)
     first = tmp_path / "first"
     first.mkdir()
     second = checkout(tmp_path, "second")
