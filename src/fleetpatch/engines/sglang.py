@@ -142,6 +142,7 @@ def _parse_dump(line: str) -> Tuple[Tuple[str, object], ...]:
 # Which signatures a log line holds, for a release (None: not a known one). A follow judges
 # its whole window again at each decisive batch, so each line is asked about ~20 times, each
 # time against every signature (issue 34): asked once per line object here.
+@functools.lru_cache(maxsize=64)   # a release's signatures are fixed
 def _failures_of(release: Optional[str]) -> Tuple[Signature, ...]:
     if release is not None:
         return tuple(facts.BY_NAME[release].failures)
@@ -155,13 +156,10 @@ def _failures_of(release: Optional[str]) -> Tuple[Signature, ...]:
 
 @functools.lru_cache(maxsize=16384)
 def _first_failure(release: Optional[str], line: str) -> Optional[Signature]:
-    for s in _failures_of_cached(release):
+    for s in _failures_of(release):
         if s.matches(line):
             return s
     return None
-
-
-_failures_of_cached = functools.lru_cache(maxsize=64)(_failures_of)   # a release's are fixed
 
 
 @functools.lru_cache(maxsize=16384)
@@ -452,7 +450,7 @@ class SGLangProfile(EngineProfile):
 
     def failure_signatures(self, version: Optional[str]) -> List[Signature]:
         rng = self.range_for(version)
-        return list(_failures_of_cached(rng.name if rng is not None else None))
+        return list(_failures_of(rng.name if rng is not None else None))
 
     def find_failures(self, version: Optional[str], lines: Sequence[str]) -> List[Tuple[int, Signature]]:
         rng = self.range_for(version)
