@@ -125,8 +125,9 @@ def probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) -
     added = execution.added_of(revision, plan.states)
     stacked = execution.stacked_added(reply.get("ledger") or {}, run.job.patch.name,
                                       None if plan.already else revision, plan.states)
-    return execution.probe_request(run.host, run.profile, plan.label, reply["package_dir"], added, run.job.token,
-                                   stacked, reply.get("version"))
+    probe = execution.probe_request(run.host, run.profile, plan.label, reply["package_dir"], added, run.job.token,
+                                    stacked, reply.get("version"))
+    return execution.with_splice_hints(probe, {r.path: r.new for r in plan.changes if r.new})
 
 
 def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:

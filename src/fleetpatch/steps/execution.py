@@ -18,6 +18,7 @@ import os
 from .. import protocol
 from ..errors import Status
 from ..probe import install as probe_install
+from ..probe import splice as probe_splice
 from ..probe import verdict as probe_verdict
 
 
@@ -92,6 +93,18 @@ def probe_request(host, profile, label: str, package_dir: str, added: dict, toke
     plan["label"] = label
     plan["patches"] = per_patch
     return {"token": token, "python": host.engine.python, "plan": plan, "runtime": runtime_packed()}
+
+
+def with_splice_hints(probe: dict | None, after: dict) -> dict | None:
+    """`probe` (probe_request's) with, for each watched module whose bytes after the write are in
+    `after` ({path: bytes}), the lines the agent must rewrite in functions mode (probe/splice.py):
+    worked out here once for every host that gets these bytes, not parsed whole on each."""
+    for spec in ((probe or {}).get("plan") or {}).get("modules", {}).values():
+        source = after.get(spec["path"])
+        hint = probe_splice.hint(source, spec["lines"]) if source is not None and spec["lines"] else None
+        if hint is not None:
+            spec["splice"] = hint
+    return probe
 
 
 def process_pids(records: dict, pid: int | None, children) -> set | None:
