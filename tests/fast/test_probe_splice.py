@@ -7,6 +7,11 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import json
+import marshal
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -29,9 +34,13 @@ def rewritten_whole(runtime, source: bytes, path: str, lines):
 
 
 def rewritten_spliced(runtime, source: bytes, path: str, lines, hint):
+    """What a server start runs: the module as compiled without the probe, the agent's functions in."""
     spec = {"expected": path, "lines": sorted(lines), "splice": hint}
     done = probe_install.spliced_module(runtime, spec, (source, None))
-    return None if done is None else (done[0], [list(t) for t in done[1]])
+    if done is None:
+        return None
+    code = runtime["splice"](compile(source, path, "exec", dont_inherit=True), done[0])
+    return None if code is None else (code, [list(t) for t in done[1]])
 
 
 def body_lines(source: bytes):
@@ -96,3 +105,46 @@ def test_a_hint_for_other_bytes_is_not_used_and_the_whole_module_is_rewritten(ru
     spec = {"expected": str(path), "lines": [2], "splice": hint}
     done = probe_install.compile_module(runtime, "m", spec, str(tmp_path), {}, {})
     assert done["table"] == rewritten_whole(runtime, source, str(path), [2])[1]
+
+
+def test_a_module_with_future_annotations_keeps_them(runtime):
+    source = (b'"""Doc."""\nfrom __future__ import annotations\n\nimport typing\n\n\n'
+              b"class A:\n    def f(self, x: Undefined) -> typing.List[int]:\n        return [x]\n")
+    hint = splice.hint(source, [9])
+    assert [2, 2] in hint["keep"]
+    assert rewritten_spliced(runtime, source, "m.py", [9], hint) == rewritten_whole(runtime, source, "m.py", [9])
+
+
+MODULE = (b"import os\n\n\nclass Worker:\n    def hot(self, x):\n        y = os.path.basename(x)\n"
+          b"        return y + '!'\n\n    def cold(self):\n        return 0\n")
+
+
+def test_a_server_start_runs_the_module_it_compiles_itself_with_the_agents_functions_in(tmp_path):
+    """The agent wrote only the rewritten functions; the start compiles the module as without the
+    probe (and writes its bytecode cache, as without the probe), puts them in, and needs no `ast`."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "site").mkdir()
+    module = tmp_path / "mods" / "fp_splice_probed.py"
+    module.write_bytes(MODULE)
+    plan = {"version": 1, "mode": "functions",
+            "modules": {"fp_splice_probed": {"path": "fp_splice_probed.py", "lines": [6],
+                                             "expected": str(module), "splice": splice.hint(MODULE, [6])}}}
+    probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "tok", plan)
+    ready = marshal.loads((tmp_path / "probe" / probe_install.PROBE_PLAN_NAME).read_bytes())
+    assert ready["modules"]["fp_splice_probed"]["compiled"]["splice"] is True
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    script = ("import site, sys\nsite.addsitedir(sys.argv[1] + '/site')\nsys.path.insert(0, sys.argv[1] + '/mods')\n"
+              "import fp_splice_probed as m\nprint(m.Worker().hot('/a/b'), m.Worker().cold(), 'ast' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-S", "-c", script, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.split() == ["b!", "0", "False"]
+    records = probe_install.read_records(str(tmp_path / "probe"))
+    ran = set()
+    for name, data in records.items():
+        if name.split("/", 1)[1].startswith("F-"):
+            ran |= set(json.loads(data)["lines"])
+    assert ran == {6}, sorted(records)
+    assert list((tmp_path / "mods" / "__pycache__").glob("fp_splice_probed.*.pyc"))

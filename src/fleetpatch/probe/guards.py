@@ -197,3 +197,47 @@ def rewrite_tree(tree, lines, counted):
             for k in reversed(at_index[at]):    # the start guard first: it was added first
                 block.insert(at, guard_statement(k, line))
     return table
+
+
+def scope_codes(code):
+    """`code` and the class bodies in it, nested ones too: the scopes that are not functions."""
+    found, todo = [], [code]
+    while todo:
+        each = todo.pop()
+        found.append(each)
+        todo.extend(c for c in each.co_consts if hasattr(c, "co_code") and not c.co_flags & 0x1)   # 0x1: CO_OPTIMIZED
+    return found
+
+
+def guards_in_functions_only(part):
+    """Whether no guard of `part` (the code of the lines the agent kept, install.spliced_module) is in
+    its module or class bodies, which `splice` does not carry over: it would never run."""
+    return not any(PROBE_NAME in code.co_names for code in scope_codes(part))
+
+
+def splice(whole, part):
+    """`whole` (the code of a module, or of a class body in it) with each function of `part` (the same
+    scope compiled from the lines the agent kept, its guards in) in place of its namesake: same name
+    and first line, the one and only such code object in the same scope, with the same free variables
+    and arguments; class bodies matched and spliced in turn. None where any of that fails."""
+    if not guards_in_functions_only(part):
+        return None
+    consts = list(whole.co_consts)
+    for new in part.co_consts:
+        if not hasattr(new, "co_code"):
+            continue
+        at = [i for i, old in enumerate(consts) if hasattr(old, "co_code") and old.co_name == new.co_name
+              and old.co_firstlineno == new.co_firstlineno]
+        if len(at) != 1:
+            return None
+        old = consts[at[0]]
+        if new.co_flags & 0x1:      # a function: what is nested in it comes with it
+            if (old.co_flags & 0x1, old.co_freevars, old.co_argcount, old.co_kwonlyargcount) != \
+                    (1, new.co_freevars, new.co_argcount, new.co_kwonlyargcount):
+                return None
+            consts[at[0]] = new
+        else:
+            consts[at[0]] = splice(old, new)
+            if consts[at[0]] is None:
+                return None
+    return whole.replace(co_consts=tuple(consts))

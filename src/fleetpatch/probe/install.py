@@ -374,8 +374,9 @@ def sibling_counts(runtime, modules, twins, parsed, seen):
 
 
 def compile_module(runtime, name, spec, probe_dir, parsed, seen):
-    """{"file", "stat", "table"}: module `name` rewritten with its guards, compiled for this build into
-    <name>.code; None where it cannot be done here (the runtime then rewrites it at import)."""
+    """{"file", "stat", "table"[, "splice"]}: module `name` rewritten with its guards, compiled for this
+    build into <name>.code (with "splice": only its functions that hold added lines, spliced_module);
+    None where it cannot be done here (the runtime then rewrites it at import)."""
     path = spec.get("expected")
     done = spliced_module(runtime, spec, read_source(path, seen) if path else None)
     if done is not None:
@@ -393,76 +394,42 @@ def compile_module(runtime, name, spec, probe_dir, parsed, seen):
             return None
     file_name = name + MODULE_CODE_SUFFIX
     write_atomic(os.path.join(probe_dir, file_name), code_stamp() + b"\0" + marshal.dumps(code), 0o644, sync=False)
-    return {"file": file_name, "stat": [st.st_ino, st.st_size, st.st_mtime_ns], "table": [list(t) for t in table]}
+    compiled = {"file": file_name, "stat": [st.st_ino, st.st_size, st.st_mtime_ns], "table": [list(t) for t in table]}
+    if done is not None:
+        compiled["splice"] = True   # its functions only: the start splices them into the module's own code
+    return compiled
 
 
 def spliced_module(runtime, spec, data):
     """(code, guard table) of a module whose plan entry carries the laptop's `splice` hint for these
-    bytes (probe/splice.py): the module compiled as it is, its functions that hold added lines taken
-    from a copy of the file that keeps only them and their classes' headers (every other line blank,
-    so every line keeps its number), rewritten with their guards. The same code and table as the
-    whole module rewritten, for a fraction of the parse; None where the hint is absent, is for other
-    bytes, or does not fit this build (the whole module is rewritten then)."""
+    bytes (probe/splice.py): the code of a copy of the file that keeps only the functions that hold
+    added lines, their classes' headers and the module's __future__ imports (every other line blank,
+    so every line keeps its number), rewritten with their guards. The server's start puts these
+    functions in place of the plain ones in the module it compiles or loads anyway (guards.splice);
+    None where the hint is absent, is for other bytes, or a guard would land outside a function
+    (the whole module is rewritten then)."""
     hint = spec.get("splice")
     lines = frozenset(spec.get("lines") or ())
     if not hint or not lines or data is None or hashlib.sha256(data[0]).hexdigest() != hint.get("sha256"):
         return None
     import ast
-    import __future__
     try:
-        source, path = data[0], spec["expected"]
         keep = set()
         for first, last in hint["keep"]:
             keep.update(range(first, last + 1))
-        rows = source.splitlines(True)
-        blank = b"\n"
-        snippet = b"".join(row if n in keep or (n <= 2 and row.lstrip().startswith(b"#")) else blank
-                           for n, row in enumerate(rows, 1))
+        snippet = b"".join(row if n in keep or (n <= 2 and row.lstrip().startswith(b"#")) else b"\n"
+                           for n, row in enumerate(data[0].splitlines(True), 1))
         names = [str(n) for n in hint.get("imports") or ()]
         if names:   # bound by an import, as in the module, on lines after its last (numbers unchanged)
             if not all(n.isidentifier() for n in names):
                 return None
             snippet += b"\nif 0:\n    import " + ", ".join(names).encode("ascii") + b"\n"
-        whole = compile(source, path, "exec", dont_inherit=True)
-        future = 0
-        for name in __future__.all_feature_names:
-            future |= getattr(__future__, name).compiler_flag
-        tree = ast.parse(snippet, path)
+        tree = ast.parse(snippet, spec["expected"])
         table = runtime["rewrite_tree"](tree, lines, ())
-        part = compile(tree, path, "exec", whole.co_flags & future, dont_inherit=True)
-        code = splice(whole, part, runtime["PROBE_NAME"])
+        part = compile(tree, spec["expected"], "exec", dont_inherit=True)
     except Exception:
         return None
-    return None if code is None else (code, table)
-
-
-def splice(whole, part, probe_name):
-    """`whole` (a module's or a class body's code) with each function code object of `part` (the
-    same scope compiled from the kept lines) in place of its namesake (name and first line) in
-    `whole`, class bodies matched and spliced in turn; None where a match is not exactly one, or
-    where a guard landed outside a function (it would not run: the scope itself is not replaced)."""
-    if probe_name in part.co_names:
-        return None
-    consts = list(whole.co_consts)
-    for new in part.co_consts:
-        if not hasattr(new, "co_code"):
-            continue
-        at = [i for i, old in enumerate(consts) if hasattr(old, "co_code") and old.co_name == new.co_name
-              and old.co_firstlineno == new.co_firstlineno]
-        if len(at) != 1:
-            return None
-        old = consts[at[0]]
-        if new.co_flags & 0x1:      # CO_OPTIMIZED: a function (its nested code comes with it)
-            if (old.co_freevars, old.co_argcount, old.co_kwonlyargcount) != \
-                    (new.co_freevars, new.co_argcount, new.co_kwonlyargcount):
-                return None
-            consts[at[0]] = new
-        else:                       # a class body: the functions kept in it
-            inner = splice(old, new, probe_name)
-            if inner is None:
-                return None
-            consts[at[0]] = inner
-    return whole.replace(co_consts=tuple(consts))
+    return (part, table) if runtime["guards_in_functions_only"](part) else None
 
 
 def probe_pths(site_dir):

@@ -57,7 +57,7 @@ import os
 import sys
 import time
 
-# PROBE_NAME, holder_names and rewrite_tree come from guards.py, which runs first in the same source.
+# PROBE_NAME, holder_names, rewrite_tree and splice come from guards.py, which runs first in the same source.
 PLAN_NAME = "plan.marshal"             # the plan as the agent wrote it for the probe (install.py), marshal version 2
 FREE_TOOL_IDS = (4, 3)                # sys.monitoring ids no standard tool claims (0 debugger, 1 coverage, 2 profiler, 5 optimizer)
 TOOL_NAME = "fleetpatch-probe"
@@ -450,7 +450,7 @@ class Probe:
             if code is not None:
                 self.watch_code(watched, code)
             return code
-        code = self.precompiled(watched, origin, module)
+        code = self.precompiled(watched, origin, module, real)
         if code is not None:
             return code
         get_source = getattr(real, "get_source", None)
@@ -630,10 +630,12 @@ class Probe:
 
     # ------------------------------------------------------------------ functions mode
 
-    def precompiled(self, watched, origin, module):
+    def precompiled(self, watched, origin, module, real):
         """The module as the agent rewrote and compiled it, when this interpreter is the agent's
         exact build and the file is the one the agent read (same path, inode, size and mtime);
-        else None, and the module is rewritten here (ast: about 14 ms a start on 3.11)."""
+        else None, and the module is rewritten here (ast: about 14 ms a start on 3.11). Where the
+        agent compiled only the functions that hold added lines ("splice"), they go into the code
+        the real loader gives (its bytecode cache or the source compiled, as without the probe)."""
         done = watched.compiled
         if not done or origin != watched.expected:
             return None
@@ -644,7 +646,14 @@ class Probe:
             stamp, _, body = f.read().partition(b"\0")
         if stamp != repr((sys.version, sys.implementation.cache_tag)).encode("utf-8"):
             return None
-        return self.arm(watched.name, [tuple(entry) for entry in done["table"]], marshal.loads(body), module)
+        code = marshal.loads(body)
+        if done.get("splice"):
+            get_code = getattr(real, "get_code", None)
+            whole = get_code(watched.name) if get_code is not None else None
+            code = splice(whole, code) if whole is not None else None
+            if code is None:
+                return None
+        return self.arm(watched.name, [tuple(entry) for entry in done["table"]], code, module)
 
     def rewrite(self, watched, source, filename, module):
         import ast      # only here: a start that finds the agent's compiled module (`precompiled`) pays no ast
