@@ -414,11 +414,14 @@ def spliced_module(runtime, spec, data):
         return None
     import ast
     try:
-        keep = set()
-        for first, last in hint["keep"]:
-            keep.update(range(first, last + 1))
-        snippet = b"".join(row if n in keep or (n <= 2 and row.lstrip().startswith(b"#")) else b"\n"
-                           for n, row in enumerate(data[0].splitlines(True), 1))
+        rows = data[0].splitlines(True)
+        parts, at = [], 1
+        for first, last in sorted(hint["keep"]):    # blank lines between, the kept ranges as they are
+            if first < at or last < first:
+                return None
+            parts += [b"\n" * (first - at)] + rows[first - 1:last]
+            at = last + 1
+        snippet = b"".join(parts)   # UTF-8, as the file is (the laptop gives no hint for a coding line of another)
         names = [str(n) for n in hint.get("imports") or ()]
         if names:   # bound by an import, as in the module, on lines after its last (numbers unchanged)
             if not all(n.isidentifier() for n in names):
