@@ -40,13 +40,17 @@ mode compiles the module from its source with guard statements
 which counts its calls until one of its added lines ran, and one right before
 each statement that holds added lines, in that statement's own block, whose
 flag is cleared on its first run, so later runs pay one list look-up. Nothing else
-in the process pays, and no global trace function is set.
+in the process pays, and no global trace function is set. Where the agent compiled only
+the functions that hold added lines (the plan's ``compiled`` says ``splice``), the module's
+own code comes from its real loader, as without the probe, and those functions are put
+in place of their namesakes (`splice`).
 
 What the server runs is guards.py (functions mode's rewrite: PROBE_NAME, `rewrite_tree`,
-`holder_names`) followed by this file, as one source (install.runtime_source).
+`holder_names`, `splice`) followed by this file, as one source (install.runtime_source).
 
 It never raises into the server: an error of its own turns it off and is
-recorded in ``disabled``. It never writes bytecode caches and never changes
+recorded in ``disabled``. It never writes a bytecode cache of rewritten code (the real
+loader writes the module's own, as it does without the probe) and never changes
 what a module computes. Records are created 0o666 in per-process directories
 0o777 below a ``records`` directory the installer made 0o1777, so a server
 that runs as another user can write them and the installer's user can clear
