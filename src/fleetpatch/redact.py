@@ -14,13 +14,14 @@ authorization or apikey, or two of them in a row are api and key:
 """
 from __future__ import annotations
 
+import collections
 import functools
 import re
 
 MASK = "***"
 _SECRET_WORDS = frozenset({"token", "secret", "secrets", "password", "passwd", "credential", "credentials",
                            "authorization", "apikey"})
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_WORD = r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+"
 # Values that hide nothing: shown as they are, so "no key was set" stays readable.
 _EMPTY = frozenset({"", "None", "null", "''", '""', "false", "False"})
 
@@ -30,7 +31,9 @@ _EMPTY = frozenset({"", "None", "null", "''", '""', "false", "False"})
 def is_secret_name(name: str) -> bool:
     if "/" in name or name.endswith(".py"):   # a file (sglang/srt/token_utils.py) is no setting
         return False
-    words = [w.lower() for w in _WORD.findall(name)]
+    if not _may_name_a_secret(name):   # each secret word holds one of these: most names are done here
+        return False
+    words = [w.lower() for w in _patterns().word.findall(name)]
     if any(w in _SECRET_WORDS for w in words):
         return True
     return any(a == "api" and b == "key" for a, b in zip(words, words[1:]))
@@ -89,13 +92,22 @@ def _mask_value(value):
 _KEYWORDS = r"(?i:token|secret|passw|credential|authorization|api[\w.-]?key)"
 _CANDIDATE = r"[\w.-]*" + _KEYWORDS + r"[\w.-]*"
 # A flag and its value as words: `--api-key sk-1`, `--hf-token=hf_1`.
-_FLAG = re.compile(r"(?<![\w./-])(?P<name>--?(?=[A-Za-z])" + _CANDIDATE + r")(?P<sep>=|[ \t]+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",]+)")
+_FLAG = r"(?<![\w./-])(?P<name>--?(?=[A-Za-z])" + _CANDIDATE + r")(?P<sep>=|[ \t]+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",]+)"
 # A name and its value as Python, JSON, an environment or a header write it:
 # `api_key='sk-1'` (the ServerArgs dump), `"api_key": "sk-1"`, `HF_TOKEN=hf_1`,
 # `Authorization: Bearer sk-1`.
-_PAIR = re.compile(
+_PAIR = (
     r"(?<![\w./-])(?P<q>[\"']?)(?P<name>(?=[A-Za-z_])" + _CANDIDATE + r")(?P=q)(?P<sep>[ \t]*[=:][ \t]*)"
     r"(?P<value>'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|(?:(?:Bearer|Basic|Token)[ \t]+)?[^\s,)'\"}\]]+)")
+
+Patterns = collections.namedtuple("Patterns", "word flag pair")
+
+
+# Compiled at their first use, not at import: the host agent imports this module at every start
+# (as fleetpatch_redact) and most sessions mask nothing; compiling the three cost ~1 ms of each start.
+@functools.lru_cache(maxsize=1)
+def _patterns() -> Patterns:
+    return Patterns(re.compile(_WORD), re.compile(_FLAG), re.compile(_PAIR))
 
 
 def _mask_flag(m: re.Match) -> str:
@@ -128,4 +140,5 @@ def text(s: str) -> str:
     """A line (a log line, a message, a command line) with every secret value it names masked."""
     if not isinstance(s, str) or not _may_name_a_secret(s):
         return s
-    return _PAIR.sub(_mask_pair, _FLAG.sub(_mask_flag, s))
+    patterns = _patterns()
+    return patterns.pair.sub(_mask_pair, patterns.flag.sub(_mask_flag, s))

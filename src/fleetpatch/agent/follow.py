@@ -10,7 +10,7 @@ from .base import redact
 from .http import http_get
 from .logs import LogFollower, LogWatch, StreamWake, open_follower
 from .probing import RecordReader
-from .procs import pid_alive, proc_launch
+from .procs import PidWatch, proc_launch
 from .restart import server_pid
 from .smoke import SmokeRequests
 from .state import RequestReader
@@ -37,6 +37,7 @@ class Follow(object):
         restart = req.get("restart") or {}
         self.managed = restart.get("kind") in ("systemd", "supervisor", "container")
         self.pid = req.get("pid") or (server_pid(restart) if self.managed else None)
+        self.liveness = PidWatch(self.pid) if self.pid else None
         self.health_url = req.get("health_url")
         self.info_url = req.get("server_info_url")
         self.ready_text = req.get("ready_line")
@@ -77,7 +78,7 @@ class Follow(object):
             self.send_lines()
             now = time.monotonic()
             # a manager that reports no main process means the server is not running
-            alive = pid_alive(self.pid) if self.pid else (False if self.managed else None)
+            alive = self.liveness.alive() if self.pid else (False if self.managed else None)
             if alive is False:
                 # What a dying server wrote last (its traceback) must reach the verdict before its death does,
                 # and so must the smoke requests it died serving (their connections end with it).
@@ -107,7 +108,7 @@ class Follow(object):
         return {"ended": "deadline"}
 
     def send_launch(self):
-        if self.pid and not self.launch_sent and pid_alive(self.pid):
+        if self.pid and not self.launch_sent and self.liveness.alive():
             # its API key first: from here on no line this session writes carries it (its log's ServerArgs do)
             self.server_key()
             # How the server that is running now was launched: it, not the inventory, decides the path.
@@ -245,6 +246,8 @@ class Follow(object):
         return wait
 
     def close(self):
+        if self.liveness is not None:
+            self.liveness.close()
         close = getattr(self.follower, "close", None)
         if close is not None:
             close()
