@@ -136,9 +136,15 @@ def _may_name_a_secret(s: str) -> bool:
     return any(word in low for word in ("token", "secret", "passw", "credential", "authorization", "key"))
 
 
+def _may_hold_a_value(s: str) -> bool:
+    """Both patterns need a separator between a name and its value (`=`, `:`, a blank): a single
+    word (`--tokenizer-path`, a path) holds none, and is left without compiling them."""
+    return "=" in s or ":" in s or " " in s or "\t" in s
+
+
 def text(s: str) -> str:
     """A line (a log line, a message, a command line) with every secret value it names masked."""
-    if not isinstance(s, str) or not _may_name_a_secret(s):
+    if not isinstance(s, str) or not _may_name_a_secret(s) or not _may_hold_a_value(s):
         return s
     patterns = _patterns()
     return patterns.pair.sub(_mask_pair, patterns.flag.sub(_mask_flag, s))
