@@ -165,21 +165,34 @@ class Follow(object):
         """Watch the records dir and each process's dir in it on the log's inotify fd, so that the
         first record wakes the follow (at a 0.25 s timer it was most of a 1-host verdict's wait);
         the watch descriptors (empty: not watched, the timer reads them). Each dir is watched
-        before it is read, so that a record written meanwhile is not missed."""
+        before it is read, so that a record written meanwhile is not missed; the records dir is
+        listed again only when a dir was created in it (its watch woke), not at every wake."""
         if self.watch is None or self.watch.fd is None or not self.records.records_dir:
             return set()
         root = self.records.records_dir
+        if root not in self.records_watched:
+            if not self.watch_records_dir(root):
+                return set()
+        elif self.records_watched[root] not in self.watch.woken:
+            return set(self.records_watched.values())
         try:
-            dirs = [root] + [os.path.join(root, n) for n in os.listdir(root)]
+            names = os.listdir(root)
         except OSError:
-            return set()
-        for d in dirs:
-            if d not in self.records_watched:
-                wd = self.watch.watch_dir(d)
-                if wd >= 0:
-                    self.records_watched[d] = wd
-                    self.watch.woken.add(wd)   # read it once now: what was written before the watch
-        return set(self.records_watched.values()) if root in self.records_watched else set()
+            names = []
+        for name in names:
+            self.watch_records_dir(os.path.join(root, name))
+        return set(self.records_watched.values())
+
+    def watch_records_dir(self, path):
+        """Watch one dir of the records (once); whether it is watched."""
+        if path in self.records_watched:
+            return True
+        wd = self.watch.watch_dir(path)
+        if wd < 0:
+            return False
+        self.records_watched[path] = wd
+        self.watch.woken.add(wd)   # read it once now: what was written before the watch
+        return True
 
     def server_key(self):
         """The restarted server's API key (an apikey.ServerKey), read from its /proc at the first
