@@ -235,13 +235,21 @@ class Follow(object):
     def read_followups(self):
         """None while the laptop is still listening; else follow's result, with the
         laptop's follow-up requests (`requests`) for the session to run."""
-        line = None if self.state.gone else self.requests.poll(self.poll_wait(), self.watch)
+        line = None if self.state.gone else self.requests.poll(self.poll_wait(), self.wake())
         if self.state.gone or self.requests.eof:
             return {"ended": "stdin closed"}
         if line is None:
             return None
         requests = json.loads(line.decode("utf-8") or "[]")
         return {"ended": "finished", "requests": requests}
+
+    def wake(self):
+        """What the wait for the laptop's decision also wakes on: the log (self.watch), and the end of the
+        smoke requests while they run (at a POLL_S poll their end was seen up to 50 ms late)."""
+        if self.smoke is None or self.smoke.end_fd is None or self.smoke.told or self.watch is None \
+                or not self.watch.watching():
+            return self.watch
+        return SmokeEndWake(self.watch, self.smoke)
 
     def poll_wait(self):
         """How long the next wait for the laptop's decision may last."""
@@ -250,7 +258,8 @@ class Follow(object):
         if self.watch is None or not self.watch.watching():
             return self.POLL_S
         wait = self.WATCHED_POLL_S
-        if self.smoke is not None and self.smoke.thread is not None and not self.smoke.told:
+        if self.smoke is not None and self.smoke.thread is not None and not self.smoke.told \
+                and self.smoke.end_fd is None:
             wait = self.POLL_S   # their end writes nothing to the log, and the verdict waits on it
         if self.health_url:   # a health check falls due: that is not a log write
             # at least POLL_S: a check that is overdue and not made (the server is dead) must
@@ -261,8 +270,25 @@ class Follow(object):
     def close(self):
         if self.liveness is not None:
             self.liveness.close()
+        if self.smoke is not None:
+            self.smoke.close()
         close = getattr(self.follower, "close", None)
         if close is not None:
             close()
         if self.watch is not None:
             self.watch.close()
+
+
+class SmokeEndWake(object):
+    """The follow's wake (a LogWatch or StreamWake) with the smoke requests' end beside it, for
+    RequestReader.poll: their end wakes the wait as a log write does."""
+
+    def __init__(self, watch, smoke):
+        self.watch, self.smoke = watch, smoke
+
+    def fds(self):
+        return self.watch.fds() + [self.smoke.end_fd]
+
+    def drain(self):
+        self.smoke.ended_signalled()
+        self.watch.drain()
