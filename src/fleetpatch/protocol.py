@@ -56,8 +56,10 @@ REDACT_MODULE_NAME = "fleetpatch_redact"         # redact.py on a host: what a s
 
 def pack(data):
     """File bytes for JSON: zlib then base64 (source text shrinks about 4x). binascii, not the
-    base64 module, which imports struct and re-checks what binascii does: ~1 ms at every agent start."""
-    return binascii.b2a_base64(zlib.compress(data, 6), newline=False).decode("ascii")
+    base64 module, which imports struct and re-checks what binascii does: ~1 ms at every agent start.
+    Level 1: the bench patch's two files (75 KB) in 0.6 ms of a host's CPU, 1.5 ms at level 6, for
+    19.6 KB instead of 15.5 KB on the wire; the agent packs every file a probe reads, at every deploy."""
+    return binascii.b2a_base64(zlib.compress(data, 1), newline=False).decode("ascii")
 
 
 def unpack(text):

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import subprocess
+import select
 import sys
 import threading
 import time
@@ -172,6 +173,22 @@ def test_the_smoke_requests_carry_the_key_that_was_read(vllm_server):
     assert event["statuses"] == [200] and "auth" not in event
     assert smoke_failure(event, spec) is None
     assert Vllm033.seen == [("/v1/models", "Bearer " + KEY), ("/v1/completions", "Bearer " + KEY)]
+
+
+def test_the_end_of_the_smoke_requests_wakes_a_select_and_their_event_is_ready_then(vllm_server):
+    """The follow waits on `end_fd` beside the log: once it is readable the event is there to send
+    (not a moment later, when the thread has also finished); told, the follow stops waiting on it."""
+    requests = SmokeRequests(smoke_spec(vllm_server), lambda: apikey.ServerKey(KEY, 4242, "--api-key"), "VLLM_API_KEY")
+    requests.start()
+    try:
+        assert select.select([requests.end_fd], [], [], 20)[0] == [requests.end_fd]
+        event = requests.event()
+        assert event is not None and event["statuses"] == [200]
+        assert requests.told and requests.event() is None
+    finally:
+        requests.thread.join(20)
+        requests.close()
+    assert requests.end_fd is None
 
 
 def test_a_401_when_the_key_could_not_be_read_says_so_and_what_to_do(vllm_server):

@@ -62,6 +62,32 @@ def test_proc_stat_of_a_zombie_and_of_a_gone_process(tmp_path):
     assert procs.proc_stat(proc.pid) is None
 
 
+def test_pid_watch_says_alive_until_the_process_ends_a_zombie_included():
+    proc = subprocess.Popen(["/bin/sleep", "60"])
+    watch = procs.PidWatch(proc.pid)
+    try:
+        assert watch.alive() and watch.alive()
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while watch.alive():
+            assert time.monotonic() < deadline, "the killed sleep never ended"
+            time.sleep(0.01)
+        assert procs.proc_stat(proc.pid).state == "Z"   # not reaped: its pid is still taken
+        assert not watch.alive() and not procs.pid_alive(proc.pid)
+    finally:
+        watch.close()
+        proc.kill()
+        proc.wait()
+
+
+def test_pid_watch_of_a_process_already_gone_says_dead():
+    proc = subprocess.Popen(["/bin/true"])
+    proc.wait()
+    watch = procs.PidWatch(proc.pid)
+    assert not watch.alive()
+    watch.close()
+
+
 @pytest.mark.parametrize("data", [b"", b"123", b"123 (name", b"123 (name) S 1 2", b"1 (a) S x 2 3" + b" 0" * 30])
 def test_parse_proc_stat_says_none_for_what_is_not_a_stat_line(data):
     assert procs.parse_proc_stat(data) is None

@@ -10,7 +10,7 @@ from .base import redact
 from .http import http_get
 from .logs import LogFollower, LogWatch, StreamWake, open_follower
 from .probing import RecordReader
-from .procs import pid_alive, proc_launch
+from .procs import PidWatch, proc_launch
 from .restart import server_pid
 from .smoke import SmokeRequests
 from .state import RequestReader
@@ -37,6 +37,7 @@ class Follow(object):
         restart = req.get("restart") or {}
         self.managed = restart.get("kind") in ("systemd", "supervisor", "container")
         self.pid = req.get("pid") or (server_pid(restart) if self.managed else None)
+        self.liveness = PidWatch(self.pid) if self.pid else None
         self.health_url = req.get("health_url")
         self.info_url = req.get("server_info_url")
         self.ready_text = req.get("ready_line")
@@ -77,7 +78,7 @@ class Follow(object):
             self.send_lines()
             now = time.monotonic()
             # a manager that reports no main process means the server is not running
-            alive = pid_alive(self.pid) if self.pid else (False if self.managed else None)
+            alive = self.liveness.alive() if self.pid else (False if self.managed else None)
             if alive is False:
                 # What a dying server wrote last (its traceback) must reach the verdict before its death does,
                 # and so must the smoke requests it died serving (their connections end with it).
@@ -107,7 +108,7 @@ class Follow(object):
         return {"ended": "deadline"}
 
     def send_launch(self):
-        if self.pid and not self.launch_sent and pid_alive(self.pid):
+        if self.pid and not self.launch_sent and self.liveness.alive():
             # its API key first: from here on no line this session writes carries it (its log's ServerArgs do)
             self.server_key()
             # How the server that is running now was launched: it, not the inventory, decides the path.
@@ -164,21 +165,34 @@ class Follow(object):
         """Watch the records dir and each process's dir in it on the log's inotify fd, so that the
         first record wakes the follow (at a 0.25 s timer it was most of a 1-host verdict's wait);
         the watch descriptors (empty: not watched, the timer reads them). Each dir is watched
-        before it is read, so that a record written meanwhile is not missed."""
+        before it is read, so that a record written meanwhile is not missed; the records dir is
+        listed again only when a dir was created in it (its watch woke), not at every wake."""
         if self.watch is None or self.watch.fd is None or not self.records.records_dir:
             return set()
         root = self.records.records_dir
+        if root not in self.records_watched:
+            if not self.watch_records_dir(root):
+                return set()
+        elif self.records_watched[root] not in self.watch.woken:
+            return set(self.records_watched.values())
         try:
-            dirs = [root] + [os.path.join(root, n) for n in os.listdir(root)]
+            names = os.listdir(root)
         except OSError:
-            return set()
-        for d in dirs:
-            if d not in self.records_watched:
-                wd = self.watch.watch_dir(d)
-                if wd >= 0:
-                    self.records_watched[d] = wd
-                    self.watch.woken.add(wd)   # read it once now: what was written before the watch
-        return set(self.records_watched.values()) if root in self.records_watched else set()
+            names = []
+        for name in names:
+            self.watch_records_dir(os.path.join(root, name))
+        return set(self.records_watched.values())
+
+    def watch_records_dir(self, path):
+        """Watch one dir of the records (once); whether it is watched."""
+        if path in self.records_watched:
+            return True
+        wd = self.watch.watch_dir(path)
+        if wd < 0:
+            return False
+        self.records_watched[path] = wd
+        self.watch.woken.add(wd)   # read it once now: what was written before the watch
+        return True
 
     def server_key(self):
         """The restarted server's API key (an apikey.ServerKey), read from its /proc at the first
@@ -221,13 +235,21 @@ class Follow(object):
     def read_followups(self):
         """None while the laptop is still listening; else follow's result, with the
         laptop's follow-up requests (`requests`) for the session to run."""
-        line = None if self.state.gone else self.requests.poll(self.poll_wait(), self.watch)
+        line = None if self.state.gone else self.requests.poll(self.poll_wait(), self.wake())
         if self.state.gone or self.requests.eof:
             return {"ended": "stdin closed"}
         if line is None:
             return None
         requests = json.loads(line.decode("utf-8") or "[]")
         return {"ended": "finished", "requests": requests}
+
+    def wake(self):
+        """What the wait for the laptop's decision also wakes on: the log (self.watch), and the end of the
+        smoke requests while they run (at a POLL_S poll their end was seen up to 50 ms late)."""
+        if self.smoke is None or self.smoke.end_fd is None or self.smoke.told or self.watch is None \
+                or not self.watch.watching():
+            return self.watch
+        return SmokeEndWake(self.watch, self.smoke)
 
     def poll_wait(self):
         """How long the next wait for the laptop's decision may last."""
@@ -236,7 +258,8 @@ class Follow(object):
         if self.watch is None or not self.watch.watching():
             return self.POLL_S
         wait = self.WATCHED_POLL_S
-        if self.smoke is not None and self.smoke.thread is not None and not self.smoke.told:
+        if self.smoke is not None and self.smoke.thread is not None and not self.smoke.told \
+                and self.smoke.end_fd is None:
             wait = self.POLL_S   # their end writes nothing to the log, and the verdict waits on it
         if self.health_url:   # a health check falls due: that is not a log write
             # at least POLL_S: a check that is overdue and not made (the server is dead) must
@@ -245,8 +268,27 @@ class Follow(object):
         return wait
 
     def close(self):
+        if self.liveness is not None:
+            self.liveness.close()
+        if self.smoke is not None:
+            self.smoke.close()
         close = getattr(self.follower, "close", None)
         if close is not None:
             close()
         if self.watch is not None:
             self.watch.close()
+
+
+class SmokeEndWake(object):
+    """The follow's wake (a LogWatch or StreamWake) with the smoke requests' end beside it, for
+    RequestReader.poll: their end wakes the wait as a log write does."""
+
+    def __init__(self, watch, smoke):
+        self.watch, self.smoke = watch, smoke
+
+    def fds(self):
+        return self.watch.fds() + [self.smoke.end_fd]
+
+    def drain(self):
+        self.smoke.ended_signalled()
+        self.watch.drain()

@@ -78,6 +78,37 @@ def pid_alive(pid):
     return stat is None or stat.state not in ("Z", "X")
 
 
+class PidWatch(object):
+    """Whether one process is alive, asked again and again (a follow asks at each of its wakes):
+    a pidfd (Linux 5.3, Python 3.9), readable once the process has ended (a zombie counts), answers
+    with one select instead of a kill and a read of /proc, and a reused pid cannot fool it. Where
+    there is none (or the process was gone when asked first) pid_alive answers, as before."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.fd = None
+        self.ended = False
+        try:
+            self.fd = os.pidfd_open(pid) if pid else None
+        except (AttributeError, OSError):
+            pass
+
+    def alive(self):
+        if self.ended:
+            return False
+        if self.fd is None:
+            return pid_alive(self.pid)
+        if select.select([self.fd], [], [], 0)[0]:
+            self.ended = True   # an ended process does not come back: no more asking
+            return False
+        return True
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def wait_pid_gone(pid, seconds):
     """True once pid is gone (a zombie counts), False after `seconds`. A pidfd (Linux 5.3,
     Python 3.9) wakes this the moment the process ends: the restart does not wait out a

@@ -4,6 +4,7 @@ They run in a thread beside the follow, which keeps streaming the log meanwhile;
 the follow says when they began and ended (host clock), so the laptop takes its
 verdict after them. The answers are the laptop's to judge."""
 import json
+import os
 import threading
 import time
 
@@ -26,13 +27,46 @@ class SmokeRequests(object):
         self.ended = None
         self.answers = []      # (status, body) per request, in the order they were sent
         self.told = False
+        self.done = False      # every answer is in (set before the end is signalled on `end_fd`)
+        self.end_fd = None     # readable once they are: the follow's select wakes on it, no polling
 
     def start(self):
         self.found = self.server_key() if self.server_key is not None else None
         self.started = time.time()
-        self.thread = threading.Thread(target=self._run, name="fleetpatch-smoke")
+        try:
+            self.end_fd, signal_fd = os.pipe()   # the thread owns (and closes) the writing end
+            os.set_blocking(self.end_fd, False)
+        except OSError:
+            self.end_fd, signal_fd = None, None   # no pipe: the follow polls for the end
+        self.thread = threading.Thread(target=self._signalled_run, args=(signal_fd,), name="fleetpatch-smoke")
         self.thread.daemon = True
         self.thread.start()
+
+    def _signalled_run(self, signal_fd):
+        try:
+            self._run()
+        finally:
+            self.done = True
+            if signal_fd is not None:
+                try:
+                    os.write(signal_fd, b"x")
+                except OSError:   # the follow has ended and closed its end: nobody waits
+                    pass
+                os.close(signal_fd)
+
+    def ended_signalled(self):
+        """Read the end's signal (the follow's select saw `end_fd` readable). Its writing end closed,
+        `end_fd` stays readable: the follow waits on it only until the event is told (Follow.wake)."""
+        if self.end_fd is not None:
+            try:
+                os.read(self.end_fd, 16)
+            except OSError:   # EAGAIN: nothing there
+                pass
+
+    def close(self):
+        if self.end_fd is not None:
+            os.close(self.end_fd)
+            self.end_fd = None
 
     def _run(self):
         total = max(0, int(self.spec.get("requests", 1)))
@@ -64,7 +98,7 @@ class SmokeRequests(object):
 
     def event(self):
         """The `smoke` event once every answer is in (once), else None."""
-        if self.told or self.thread is None or self.thread.is_alive():
+        if self.told or self.thread is None or not (self.done or not self.thread.is_alive()):
             return None
         self.told = True
         # every answer's status; the first bad answer's body (else the first one's) suffices
