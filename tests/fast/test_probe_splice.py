@@ -148,3 +148,30 @@ def test_a_server_start_runs_the_module_it_compiles_itself_with_the_agents_funct
             ran |= set(json.loads(data)["lines"])
     assert ran == {6}, sorted(records)
     assert list((tmp_path / "mods" / "__pycache__").glob("fp_splice_probed.*.pyc"))
+
+
+def test_a_run_works_out_each_files_hint_once_while_its_hosts_ask_at_once(monkeypatch):
+    """The hosts' threads ask for the same bytes at about the same time: one parses, the rest wait
+    for its answer (each would have parsed the same files), and other bytes get their own."""
+    import threading
+    import time
+
+    calls = []
+    real = splice.hint
+
+    def counted(source, lines):
+        calls.append(source)
+        time.sleep(0.05)    # long enough for every thread to be waiting
+        return real(source, lines)
+
+    monkeypatch.setattr(splice, "hint", counted)
+    hints = splice.Hints()
+    source = b"def hot(x):\n    y = x + 1\n    return y\n"
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(hints.get(source, [2]))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 8 and all(g == real(source, [2]) for g in got)
+    assert hints.get(source + b"# other\n", [2])["sha256"] != got[0]["sha256"] and len(calls) == 2

@@ -16,10 +16,9 @@ whole module, as before. Pure: bytes and line numbers in, line ranges out.
 """
 from __future__ import annotations
 
-import ast
-import functools
 import hashlib
 import re
+import threading
 
 from .guards import stmt_first, sub_bodies
 
@@ -36,7 +35,36 @@ def hint(source: bytes, lines) -> dict | None:
     return {"sha256": hashlib.sha256(source).hexdigest(), "keep": keep, "imports": imports}
 
 
-@functools.lru_cache(maxsize=64)
+class Hints:
+    """`hint`, once per distinct (bytes, lines) in a run, shared by its host threads: the hosts of a
+    fleet mostly get the same bytes, and the first thread to ask works the hint out (two files
+    parsed, about 10 ms) while the others that ask for the same wait for it, not parse them too."""
+
+    def __init__(self, most: int = 64):
+        self.most = most    # distinct (bytes, lines) kept; the oldest go all at once beyond it
+        self._done: dict = {}
+        self._locks: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, source: bytes, lines) -> dict | None:
+        key = (hashlib.sha256(source).digest(), tuple(sorted({int(n) for n in lines})))
+        with self._lock:
+            if key in self._done:
+                return self._done[key]
+            one = self._locks.setdefault(key, threading.Lock())
+        with one:
+            with self._lock:
+                if key in self._done:
+                    return self._done[key]
+            found = hint(source, key[1])
+            with self._lock:
+                if len(self._done) >= self.most:
+                    self._done.clear()
+                self._done[key] = found
+                self._locks.pop(key, None)
+        return found
+
+
 def keep_ranges(source: bytes, lines: tuple) -> tuple | None:
     """([[first, last], ...], [names]): the lines to keep (1-based, inclusive, sorted, disjoint): every
     function that holds an added line, whole, from its first decorator, and the header lines of each
@@ -47,6 +75,7 @@ def keep_ranges(source: bytes, lines: tuple) -> tuple | None:
     if not lines or any(COOKIE.match(line) and not COOKIE.match(line).group(1).lower().replace(b"_", b"-")
                         .startswith(b"utf-8") for line in source.splitlines()[:2]):
         return None
+    import ast     # here: a run whose probe watches no file never needs it
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):   # the agent's build may read it; it rewrites the whole module then

@@ -21,6 +21,7 @@ from ..errors import HostFailure, Status
 from ..hostcalls import HostResult, base_request, split_command
 from ..inventory import Host
 from ..patchset import Patch
+from ..probe.splice import Hints as SpliceHints
 from ..remote import Remote, Transport
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ class Job:
     interrupt: dialer.Interrupt = field(default_factory=dialer.Interrupt)
     # each distinct (diff, host file) applied once per run, not once per host
     applied: diffapply.AppliedFiles = field(default_factory=diffapply.AppliedFiles)
+    # the functions-mode lines of each distinct patched file, worked out once per run (probe/splice.py)
+    splice_hints: SpliceHints = field(default_factory=SpliceHints)
 
 
 @dataclass

@@ -127,7 +127,7 @@ def probe_spec(run: HostRun, plan: Plan, revision, reply: protocol.ProbeReply) -
                                       None if plan.already else revision, plan.states)
     probe = execution.probe_request(run.host, run.profile, plan.label, reply["package_dir"], added, run.job.token,
                                     stacked, reply.get("version"))
-    return execution.with_splice_hints(probe, {r.path: r.new for r in plan.changes if r.new})
+    return execution.with_splice_hints(probe, {r.path: r.new for r in plan.changes if r.new}, run.job.splice_hints)
 
 
 def apply_files(reply: protocol.ProbeReply, plan: Plan) -> list[protocol.ApplyFile]:

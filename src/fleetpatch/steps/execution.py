@@ -95,13 +95,14 @@ def probe_request(host, profile, label: str, package_dir: str, added: dict, toke
     return {"token": token, "python": host.engine.python, "plan": plan, "runtime": runtime_packed()}
 
 
-def with_splice_hints(probe: dict | None, after: dict) -> dict | None:
+def with_splice_hints(probe: dict | None, after: dict, hints: probe_splice.Hints) -> dict | None:
     """`probe` (probe_request's) with, for each watched module whose bytes after the write are in
     `after` ({path: bytes}), the lines the agent must rewrite in functions mode (probe/splice.py):
-    worked out here once for every host that gets these bytes, not parsed whole on each."""
+    worked out here once for every host that gets these bytes (`hints`: the run's), not parsed
+    whole on each."""
     for spec in ((probe or {}).get("plan") or {}).get("modules", {}).values():
         source = after.get(spec["path"])
-        hint = probe_splice.hint(source, spec["lines"]) if source is not None and spec["lines"] else None
+        hint = hints.get(source, spec["lines"]) if source is not None and spec["lines"] else None
         if hint is not None:
             spec["splice"] = hint
     return probe
