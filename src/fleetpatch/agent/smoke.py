@@ -98,7 +98,7 @@ class SmokeRequests(object):
 
     def event(self):
         """The `smoke` event once every answer is in (once), else None."""
-        if self.told or self.thread is None or not (self.done or not self.thread.is_alive()):
+        if self.told or not self.done:   # done: set by the thread once every answer is in (or it failed)
             return None
         self.told = True
         # every answer's status; the first bad answer's body (else the first one's) suffices
