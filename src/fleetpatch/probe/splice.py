@@ -12,7 +12,8 @@ probe (guards.splice).
 
 `keep_ranges` answers None wherever that is not exactly the full rewrite (an added line outside
 a function, a function inside an `if` or a `try`, a coding cookie), and the agent rewrites the
-whole module, as before. Pure: bytes and line numbers in, line ranges out.
+whole module, as before. `hint` and `keep_ranges` are pure (bytes and line numbers in, line ranges
+out); `Hints` keeps their answers for one run.
 """
 from __future__ import annotations
 
@@ -65,6 +66,15 @@ class Hints:
         return found
 
 
+def other_encoding(source: bytes) -> bool:
+    """Whether a coding line (the first two) declares another encoding than UTF-8."""
+    for line in source.splitlines()[:2]:
+        cookie = COOKIE.match(line)
+        if cookie and not cookie.group(1).lower().replace(b"_", b"-").startswith(b"utf-8"):
+            return True
+    return False
+
+
 def keep_ranges(source: bytes, lines: tuple) -> tuple | None:
     """([[first, last], ...], [names]): the lines to keep (1-based, inclusive, sorted, disjoint): every
     function that holds an added line, whole, from its first decorator, and the header lines of each
@@ -72,8 +82,7 @@ def keep_ranges(source: bytes, lines: tuple) -> tuple | None:
     of such a name with LOAD_ATTR, of any other with LOAD_METHOD: the kept lines are compiled with
     them bound the same way). None where an added line is not inside a function that sits in the
     module or in classes only."""
-    if not lines or any(COOKIE.match(line) and not COOKIE.match(line).group(1).lower().replace(b"_", b"-")
-                        .startswith(b"utf-8") for line in source.splitlines()[:2]):
+    if not lines or other_encoding(source):
         return None
     import ast     # here: a run whose probe watches no file never needs it
     try:
