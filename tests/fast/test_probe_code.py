@@ -4,26 +4,18 @@ other (a stamp that does not match, a code file that is missing or torn)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from fleetpatch.probe import install as probe_install
+from support.probed_start import probed_start
 
 MODULE = "def hot(x):\n    return x + 1  # added\n"
 
 
 def start(tmp_path):
     """One interpreter start that reads the site dir and runs the added line; the records it left."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    env.pop("PYTHONPATH", None)
-    script = ("import site, sys\nsite.addsitedir(sys.argv[1] + '/site')\nsys.path.insert(0, sys.argv[1] + '/mods')\n"
-              "import fp_code_probed as m\nm.hot(1)\n")
-    done = subprocess.run([sys.executable, "-S", "-c", script, str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    probed_start(tmp_path, "import fp_code_probed as m\nm.hot(1)\n")
     return probe_install.read_records(str(tmp_path / "probe"))
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import marshal
 import os
-import subprocess
 import sys
 
 import pytest
 
 from fleetpatch.probe import install as probe_install
+from support.probed_start import probed_start
 
 MODULE = "def hot(x):\n    y = x + 1\n    return y  # added\n\n\ndef cold(x):\n    return x - 1\n"
 
@@ -33,15 +33,9 @@ def install(tmp_path, token, lines, cache):
 def start(tmp_path, token, call):
     """One interpreter start that imports the module and calls `call`: (the records' names,
     whether the start had to import `ast`: it rewrote the module itself)."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    env.pop("PYTHONPATH", None)
-    script = ("import site, sys\nsite.addsitedir(sys.argv[1] + '/site')\nsys.path.insert(0, sys.argv[1] + '/mods')\n"
-              "import fp_cache_probed as m\nm.%s(1)\nprint('ast' in sys.modules)\n" % call)
-    done = subprocess.run([sys.executable, "-S", "-c", script, str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    out = probed_start(tmp_path, "import fp_cache_probed as m\nm.%s(1)\nprint('ast' in sys.modules)\n" % call)
     records = probe_install.read_records(str(tmp_path / ("probe-" + token)))
-    return records, done.stdout.strip() == "True"
+    return records, out.strip() == "True"
 
 
 def lines_ran(records):

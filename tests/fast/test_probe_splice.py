@@ -9,15 +9,13 @@ import builtins
 import hashlib
 import json
 import marshal
-import os
-import subprocess
-import sys
 
 import pytest
 
 from fleetpatch.probe import install as probe_install
 from fleetpatch.probe import splice
 from fleetpatch_demo.wheels import sglang_tree
+from support.probed_start import probed_start
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +102,7 @@ def test_a_hint_for_other_bytes_is_not_used_and_the_whole_module_is_rewritten(ru
     path.write_bytes(source)
     spec = {"expected": str(path), "lines": [2], "splice": hint}
     done = probe_install.compile_module(runtime, "m", spec, str(tmp_path), {}, {})
-    assert done["table"] == rewritten_whole(runtime, source, str(path), [2])[1]
+    assert "splice" not in done and done["table"] == rewritten_whole(runtime, source, str(path), [2])[1]
 
 
 def test_a_module_with_future_annotations_keeps_them(runtime):
@@ -132,15 +130,10 @@ def test_a_server_start_runs_the_module_it_compiles_itself_with_the_agents_funct
     probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "tok", plan)
     ready = marshal.loads((tmp_path / "probe" / probe_install.PROBE_PLAN_NAME).read_bytes())
     assert ready["modules"]["fp_splice_probed"]["compiled"]["splice"] is True
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    script = ("import site, sys\nsite.addsitedir(sys.argv[1] + '/site')\nsys.path.insert(0, sys.argv[1] + '/mods')\n"
-              "import fp_splice_probed as m\nprint(m.Worker().hot('/a/b'), m.Worker().cold(), 'ast' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-S", "-c", script, str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert done.stdout.split() == ["b!", "0", "False"]
+    out = probed_start(tmp_path, "import fp_splice_probed as m\n"
+                                 "print(m.Worker().hot('/a/b'), m.Worker().cold(), 'ast' in sys.modules)\n",
+                       write_bytecode=True)
+    assert out.split() == ["b!", "0", "False"]
     records = probe_install.read_records(str(tmp_path / "probe"))
     ran = set()
     for name, data in records.items():
@@ -168,7 +161,13 @@ def test_a_run_works_out_each_files_hint_once_while_its_hosts_ask_at_once(monkey
     hints = splice.Hints()
     source = b"def hot(x):\n    y = x + 1\n    return y\n"
     got = []
-    threads = [threading.Thread(target=lambda: got.append(hints.get(source, [2]))) for _ in range(8)]
+    together = threading.Barrier(8)     # all 8 ask at once: without the wait, each would parse
+
+    def ask():
+        together.wait()
+        got.append(hints.get(source, [2]))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
