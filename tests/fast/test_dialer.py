@@ -56,6 +56,34 @@ def test_the_socket_is_connected_and_watched(listener):
         sock.close()
 
 
+def test_small_writes_go_out_at_once_and_what_is_read_is_acked_at_once():
+    """The agent's protocol is small requests and replies in turn. Nagle's algorithm on this
+    side, or the kernel's delayed ACK of what sshd sends, held each for up to 40 ms."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def echo():
+        conn, _ = srv.accept()
+        with conn:
+            while data := conn.recv(100):
+                conn.sendall(data)
+    threading.Thread(target=echo, daemon=True).start()
+    sock = dialer.dial("127.0.0.1", srv.getsockname()[1], 5)
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        if hasattr(socket, "TCP_QUICKACK"):
+            # after a few exchanges the kernel goes over to delayed ACKs (a plain socket reads 0
+            # here from the second on); every read turns them off again
+            for _ in range(6):
+                sock.sendall(b"x")
+                assert sock.recv(10) == b"x"
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
+    finally:
+        sock.close()
+        srv.close()
+
+
 def test_the_dials_own_error_comes_back_to_describe():
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
