@@ -174,3 +174,46 @@ def test_a_run_works_out_each_files_hint_once_while_its_hosts_ask_at_once(monkey
         t.join()
     assert len(calls) == 1 and len(got) == 8 and all(g == real(source, [2]) for g in got)
     assert hints.get(source + b"# other\n", [2])["sha256"] != got[0]["sha256"] and len(calls) == 2
+
+
+def test_the_next_run_takes_the_hint_this_laptop_worked_out_before(tmp_path, monkeypatch):
+    """A rollout after the first parses nothing for the same bytes and lines: the answer is kept
+    on the laptop (probe/hintstore.py), and is the same answer."""
+    from fleetpatch.probe.hintstore import HintStore
+    calls = []
+    real = splice.hint
+    monkeypatch.setattr(splice, "hint", lambda source, lines: calls.append(1) or real(source, lines))
+    source = b"def hot(x):\n    y = x + 1\n    return y\n\nx = 1\n"
+    first = splice.Hints(store=HintStore(tmp_path / "hints")).get(source, [2])
+    again = splice.Hints(store=HintStore(tmp_path / "hints")).get(source, [2])
+    assert first == again == real(source, [2]) and len(calls) == 1
+    # no splice for an added line outside a function: that answer is kept too
+    assert splice.Hints(store=HintStore(tmp_path / "hints")).get(source, [5]) is None
+    assert splice.Hints(store=HintStore(tmp_path / "hints")).get(source, [5]) is None and len(calls) == 2
+    # other lines, other bytes: worked out afresh
+    assert splice.Hints(store=HintStore(tmp_path / "hints")).get(source, [3]) == real(source, [3])
+    assert len(calls) == 3
+
+
+def test_a_kept_hint_that_does_not_fit_its_bytes_is_worked_out_again(tmp_path, monkeypatch):
+    """Torn, edited or planted entries are never sent to a host: anything but a well-formed hint for
+    these bytes holding every added line is ignored and rewritten."""
+    from fleetpatch.probe.hintstore import HintStore
+    store = HintStore(tmp_path / "hints")
+    source = b"import os\n\n\ndef hot(x):\n    y = x + 1\n    return y\n"
+    right = splice.Hints(store=store).get(source, [5])
+    entry = next((tmp_path / "hints").glob("*.json"))
+    for bad in ("{", json.dumps({"hint": dict(right, sha256="0" * 64)}),
+                json.dumps({"hint": dict(right, keep=[[1, 2]])}),          # does not hold line 5
+                json.dumps({"hint": dict(right, keep=[[4, "6"]])}),
+                json.dumps({"hint": dict(right, imports=[1])}), json.dumps([right])):
+        entry.write_text(bad)
+        assert splice.Hints(store=store).get(source, [5]) == right
+        assert json.loads(entry.read_text()) == {"hint": right}
+
+
+def test_a_cache_that_cannot_be_written_costs_the_parse_and_nothing_else(tmp_path):
+    from fleetpatch.probe.hintstore import HintStore
+    (tmp_path / "file").write_text("not a directory")
+    source = b"def hot(x):\n    return x\n"
+    assert splice.Hints(store=HintStore(tmp_path / "file" / "hints")).get(source, [2]) == splice.hint(source, [2])

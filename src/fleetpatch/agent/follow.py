@@ -89,6 +89,8 @@ class Follow(object):
             healthy = self.check_health(now, alive)
             self.send_state(now, alive, healthy)
             self.send_smoke(healthy)
+            # after the smoke requests are on their way: the verdict waits for their answers, not for this
+            self.send_server_info(healthy)
             self.send_records(now)
             if now > self.deadline:
                 return self.at_deadline()
@@ -208,17 +210,21 @@ class Follow(object):
         status, _ = http_get(self.health_url, timeout=2.0, headers=self.server_key().headers())
         healthy = status == 200
         self.next_health = now + (0.25 if self.ready else 1.0)
-        if healthy and self.info_url and not self.info_sent:
-            status, body = http_get(self.info_url, timeout=3.0, headers=self.server_key().headers())
-            if status == 200:
-                try:
-                    # SGLang's /server_info holds its server_args, api_key and admin_api_key among them
-                    data = redact.data(json.loads(body.decode("utf-8", "replace")))
-                    self.state.emit({"t": "server_info", "data": data})
-                except ValueError:
-                    pass
-                self.info_sent = True
         return healthy
+
+    def send_server_info(self, healthy):
+        """The server's settings, once, at the first health check that passes."""
+        if not healthy or not self.info_url or self.info_sent:
+            return
+        status, body = http_get(self.info_url, timeout=3.0, headers=self.server_key().headers())
+        if status == 200:
+            try:
+                # SGLang's /server_info holds its server_args, api_key and admin_api_key among them
+                data = redact.data(json.loads(body.decode("utf-8", "replace")))
+                self.state.emit({"t": "server_info", "data": data})
+            except ValueError:
+                pass
+            self.info_sent = True
 
     def send_state(self, now, alive, healthy):
         elapsed = round(now - self.started, 3)

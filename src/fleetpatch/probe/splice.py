@@ -13,7 +13,7 @@ probe (guards.splice).
 `keep_ranges` answers None wherever that is not exactly the full rewrite (an added line outside
 a function, a function inside an `if` or a `try`, a coding cookie), and the agent rewrites the
 whole module, as before. `hint` and `keep_ranges` are pure (bytes and line numbers in, line ranges
-out); `Hints` keeps their answers for one run.
+out); `Hints` keeps their answers for one run, and across runs in a HintStore (probe/hintstore.py).
 """
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ def hint(source: bytes, lines) -> dict | None:
 class Hints:
     """`hint`, once per distinct (bytes, lines) in a run, shared by its host threads: the hosts of a
     fleet mostly get the same bytes, and the first thread to ask works the hint out (two files
-    parsed, about 10 ms) while the others that ask for the same wait for it, not parse them too."""
+    parsed, about 20 ms) while the others that ask for the same wait for it, not parse them too.
+    With a `store` (probe/hintstore.HintStore), an answer kept by an earlier run is taken from it."""
 
-    def __init__(self, most: int = 64):
+    def __init__(self, most: int = 64, store=None):
         self.most = most    # distinct (bytes, lines) kept; the oldest go all at once beyond it
+        self.store = store
         self._done: dict = {}
         self._locks: dict = {}
         self._lock = threading.Lock()
@@ -57,12 +59,22 @@ class Hints:
             with self._lock:
                 if key in self._done:
                     return self._done[key]
-            found = hint(source, key[1])
+            found = self._work_out(source, key)
             with self._lock:
                 if len(self._done) >= self.most:
                     self._done.clear()
                 self._done[key] = found
                 self._locks.pop(key, None)
+        return found
+
+
+    def _work_out(self, source: bytes, key: tuple) -> dict | None:
+        if self.store is None:
+            return hint(source, key[1])
+        kept, found = self.store.get(*key)
+        if not kept:
+            found = hint(source, key[1])
+            self.store.put(*key, found)
         return found
 
 

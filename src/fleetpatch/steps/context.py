@@ -21,6 +21,7 @@ from ..errors import HostFailure, Status
 from ..hostcalls import HostResult, base_request, split_command
 from ..inventory import Host
 from ..patchset import Patch
+from ..probe.hintstore import HintStore
 from ..probe.splice import Hints as SpliceHints
 from ..remote import Remote, Transport
 
@@ -65,8 +66,9 @@ class Job:
     interrupt: dialer.Interrupt = field(default_factory=dialer.Interrupt)
     # each distinct (diff, host file) applied once per run, not once per host
     applied: diffapply.AppliedFiles = field(default_factory=diffapply.AppliedFiles)
-    # the functions-mode lines of each distinct patched file, worked out once per run (probe/splice.py)
-    splice_hints: SpliceHints = field(default_factory=SpliceHints)
+    # the functions-mode lines of each distinct patched file, worked out once (probe/splice.py), and
+    # kept on this laptop for the runs after this one
+    splice_hints: SpliceHints = field(default_factory=lambda: SpliceHints(store=HintStore()))
 
 
 @dataclass
