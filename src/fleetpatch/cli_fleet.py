@@ -27,10 +27,9 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
             break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False, bake=None,
             accept_new_host_keys=False, verbose=False, no_probe=False):
     """Deploy fleet-wide: the canary first, then batches, within a failure budget."""
-    from . import drain, steps
-    from . import report as rep
     from . import rollout as fleet
-    from .bake import bake_host
+    from .dialer import Interrupt
+    from .dials import Dials
     on_failure = choice("on-failure", on_failure, ("rollback", "keep"))
     canary_n = count("canary", canary, minimum=0)
     batch_n = count("batch", batch, minimum=1)
@@ -43,35 +42,45 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
         inventory=inventory, hosts=hosts, group=group, patches=patches,
         patch=required("patch", patch, PATCH_NEEDED), changes_hosts=True, report=report)
     check_probe_off(patch_obj, selected, no_probe)
-    job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
-                    on_failure=on_failure, force=force, break_lock=break_lock,
-                    accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe,
-                    bake_s=bake_s)
-    with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
-        canary_group = inv.groups.get("canary")
-        if batch_n is None:   # under a router: as many at once as the routers can spare
-            batch_n = drain.default_batch(selected, router, tunnels)
-        stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
-        # what is out at once: a stage, or `parallel` of its hosts
-        at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
-                   for i in range(0, len(st), fleet.default_parallel(len(st), parallel_n))]
-        job.drain = make_drainer(selected, at_once, router, tunnels)
-        console = rep.make_console()
-        started = rep.now_iso()
-        n_batches = len(stages_planned) - (1 if has_canary else 0)
-        with rep.View("rollout", [h.name for h in selected], console=console) as view:
-            job.progress = view.progress
-            for i, stage in enumerate(stages_planned):
-                canary_stage = has_canary and i == 0
-                k = i if has_canary else i + 1
-                for h in stage:
-                    view.stage(h.name, "canary" if canary_stage else f"batch {k} of {n_batches}")
+    canary_group = inv.groups.get("canary")
+    routed = not router["no_router"] and any(h.router is not None for h in selected)
+    with Dials(Interrupt()) as dials:
+        if not routed:   # under a router, its drain decides how many go at once, once the routers are checked
+            stages_ahead, _ = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
+            dials.start(fleet.first_out(stages_ahead, parallel_n), inv.hosts, accept_new_host_keys)
+        # loaded while the first hosts' connections are made
+        from . import drain, steps
+        from . import report as rep
+        from .bake import bake_host
+        job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
+                        on_failure=on_failure, force=force, break_lock=break_lock,
+                        accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe,
+                        bake_s=bake_s, interrupt=dials.interrupt, dials=dials)
+        with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
+            if batch_n is None:   # under a router: as many at once as the routers can spare
+                batch_n = drain.default_batch(selected, router, tunnels)
+            stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
+            # what is out at once: a stage, or `parallel` of its hosts
+            at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
+                       for i in range(0, len(st), fleet.default_parallel(len(st), parallel_n))]
+            job.drain = make_drainer(selected, at_once, router, tunnels)
+            console = rep.make_console()
+            started = rep.now_iso()
+            n_batches = len(stages_planned) - (1 if has_canary else 0)
+            with rep.View("rollout", [h.name for h in selected], console=console) as view:
+                job.progress = view.progress
+                for i, stage in enumerate(stages_planned):
+                    canary_stage = has_canary and i == 0
+                    k = i if has_canary else i + 1
+                    for h in stage:
+                        view.stage(h.name, "canary" if canary_stage else f"batch {k} of {n_batches}")
 
-            results, stop, stages = fleet.rollout(
-                selected,
-                fleet.by_unit(functools.partial(steps.deploy, job), functools.partial(steps.deploy_nodes, job)),
-                stages=stages_planned, has_canary=has_canary, parallel=parallel_n, max_failures=budget,
-                bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None, interrupt=job.interrupt)
+                results, stop, stages = fleet.rollout(
+                    selected,
+                    fleet.by_unit(functools.partial(steps.deploy, job), functools.partial(steps.deploy_nodes, job)),
+                    stages=stages_planned, has_canary=has_canary, parallel=parallel_n, max_failures=budget,
+                    bake=functools.partial(bake_host, job, seconds=bake_s) if bake_s else None,
+                    interrupt=job.interrupt)
     finish(console, "rollout", results, started, Common(report=report, verbose=verbose), stop,
            extra={"stages": stages})
 

@@ -16,7 +16,7 @@ from typing import Callable
 from . import dialer
 from .errors import Status
 from .inventory import Host, units_of
-from .steps import HostResult
+from .hostcalls import HostResult
 
 MAX_PARALLEL = 32
 
@@ -233,6 +233,13 @@ def plan_stages(hosts: list[Host], canary_group: list[str] | None, canary: int |
     for i in range(0, len(rest), size):
         stages.append(rest[i:i + size])
     return [[h for u in stage for h in u] for stage in stages], bool(first)
+
+
+def first_out(stages: list[list[Host]], parallel: int | None) -> list[Host]:
+    """The hosts a rollout starts with: its first stage's first `parallel` (inventory order)."""
+    if not stages:
+        return []
+    return stages[0][:default_parallel(len(stages[0]), parallel)]
 
 
 def rollout(hosts: list[Host], fn: UnitFn, *, stages: list[list[Host]], has_canary: bool, parallel: int | None,

@@ -16,8 +16,8 @@ RUN = r"""
 import atexit, sys, threading, time
 mark = sys.argv[1]
 atexit.register(lambda: open(mark, "w").write("teardown ran"))
-if sys.argv[2] == "thread":
-    threading.Thread(target=time.sleep, args=(0.3,)).start()
+if sys.argv[2] == "thread":   # lives until the program's main thread is done, however slow the machine
+    threading.Thread(target=threading.main_thread().join).start()
 sys.argv = ["fleetpatch"] + sys.argv[3:]
 from fleetpatch.__main__ import entry
 entry()

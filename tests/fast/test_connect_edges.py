@@ -49,12 +49,19 @@ def test_a_port_that_stops_answering_is_named_for_what_it_did(tmp_path, greeting
     try:
         inv = inventory(tmp_path, lst.port, connect_timeout=1)
         out, _ = fleetpatch("status", "--inventory", str(inv), cwd=tmp_path).communicate(timeout=60)
+        # a rollout dials its first hosts while it loads (dials.py): the same words, in the host's result
+        report = tmp_path / "report.json"
+        rolled, _ = fleetpatch("rollout", "--patch", "spec-path-beacon", "--group", "all", "--canary", "0",
+                               "--inventory", str(inv), "--report", str(report), cwd=tmp_path).communicate(timeout=60)
     finally:
         lst.close()
     line = next(x for x in out.splitlines() if x.startswith("quiet ("))
+    host = json.loads(report.read_text())["hosts"]["quiet"]
     for words in says:
         assert words in line, out
-    assert "Traceback" not in out
+        assert words in host["message"], rolled
+    assert (host["status"], host["ok"]) == ("unreachable", False), host
+    assert "Traceback" not in out + rolled
 
 
 def test_ctrl_c_while_a_host_is_still_connecting_ends_at_once_and_leaves_it_untouched(tmp_path):
@@ -68,11 +75,18 @@ def test_ctrl_c_while_a_host_is_still_connecting_ends_at_once_and_leaves_it_unto
         while not lst.accepted and time.monotonic() < deadline:
             time.sleep(0.02)
         assert lst.accepted, "fleetpatch connected"
+        # the host's step has started (its connection was dialled ahead, while the program loaded)
+        seen = []
+        for line in p.stdout:
+            seen.append(line)
+            if line.split()[1:3] == ["quiet", "connect"]:
+                break
         time.sleep(0.3)   # into the SSH handshake, which would wait 30 s for a banner
         t = time.monotonic()
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=60)
         took = time.monotonic() - t
+        out = "".join(seen) + out
     finally:
         lst.close()
     assert p.returncode == 130, out

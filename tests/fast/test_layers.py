@@ -21,7 +21,7 @@ LAYERS = [
     {"engines", "diffapply", "inventory", "router"},
     {"patchset", "patchrecord", "evidence", "agent", "ssh_errors", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},
-    {"drain"},
+    {"drain", "dials"},
     {"steps"},
     {"bake"},
     {"rollout", "report"},

@@ -26,6 +26,7 @@ from ..probe.splice import Hints as SpliceHints
 from ..remote import Remote, Transport
 
 if TYPE_CHECKING:
+    from ..dials import Dial, Dials
     from .lock import HostLock
 
 Progress = Callable[[str, str, str], None]
@@ -66,6 +67,8 @@ class Job:
     interrupt: dialer.Interrupt = field(default_factory=dialer.Interrupt)
     # each distinct (diff, host file) applied once per run, not once per host
     applied: diffapply.AppliedFiles = field(default_factory=diffapply.AppliedFiles)
+    # connections the command opened ahead, while it loaded (dials.py); None: each host dials in its step
+    dials: "Dials | None" = None
     # the functions-mode lines of each distinct patched file, worked out once (probe/splice.py), and
     # kept on this laptop for the runs after this one
     splice_hints: SpliceHints = field(default_factory=lambda: SpliceHints(store=HintStore()))
@@ -82,6 +85,7 @@ class HostRun:
     started: float = field(default_factory=time.monotonic)
     lock: "HostLock | None" = None
     version: str | None = None
+    dial: "Dial | None" = None   # its connection, being opened ahead, until connect() takes it
 
     @property
     def name(self) -> str:
@@ -140,7 +144,10 @@ def server_runs(run: HostRun) -> list[HostRun]:
 
 
 def new_run(job: Job, host: Host) -> HostRun:
-    """The host's run, its connection not opened yet."""
+    """The host's run, its connection not opened yet (or being opened ahead: job.dials)."""
+    dial = job.dials.take(host.name) if job.dials is not None else None
+    if dial is not None:
+        return HostRun(job, host, dial.remote, started=dial.started, dial=dial)
     return HostRun(job, host, Remote(host, hosts_by_name=job.hosts_by_name,
                                      accept_new_host_keys=job.accept_new_host_keys,
                                      transport=job.transport(host) if job.transport else None,
@@ -151,6 +158,10 @@ def connect(hr: HostRun) -> None:
     """Open the run's connection (a HostFailure if it cannot be). Ctrl-C drops a connection
     still being made: nothing has been sent to the host yet."""
     hr.progress("connect")
+    if hr.dial is not None:   # dialled ahead: its outcome, as if it were dialled here
+        dial, hr.dial = hr.dial, None
+        dial.wait()
+        return
     with hr.job.interrupt.first_contact():
         hr.remote.open()
 
