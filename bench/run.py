@@ -1023,7 +1023,7 @@ def run_instrumented(fleet: Fleet, names, wd: Path, net: Net) -> dict:
     return doc
 
 
-def startup_times(reps: int = 3) -> dict:
+def startup_times(reps: int = 3, fleetpatch_too: bool = True) -> dict:
     """Interpreter + import cost of each tool doing nothing (--version), each from where the bench
     runs it; and a bare start (`-c pass`) of the machine's interpreter and of fleetpatch's venv's."""
     out = {}
@@ -1034,6 +1034,8 @@ def startup_times(reps: int = 3) -> dict:
                        ("`python -c pass` (the machine's)", [sys.executable, "-c", "pass"]),
                        ("`python -c pass` (fleetpatch's venv)", [str(fleetpatch_python()), "-c", "pass"])):
         if not Path(argv[0]).exists() and not shutil.which(argv[0]):
+            continue
+        if argv[0] == str(fleetpatch_python()) and not fleetpatch_too:   # not installed by this run
             continue
         ts = []
         for _ in range(reps):
@@ -1894,7 +1896,7 @@ def main(argv=None) -> int:
                                                  max(n for n in sizes))
             log(f"container runtime ops: {json.dumps(res['container_ops'])}")
         first = fleet_by[fleets[0]]
-        res["startup"] = startup_times()
+        res["startup"] = startup_times(fleetpatch_too=fp_pkg is not None)
         if fp_pkg is not None:   # fleetpatch's venv is there
             res["first_connect"] = first_connect_times(first, wd)
     res["load"]["end"] = load_avg()
