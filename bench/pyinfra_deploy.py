@@ -13,6 +13,11 @@
 #   fp_marker         the marker of the code path this host runs
 #   fp_offset_file    where the restart notes the log size, for the wait
 #   fp_temp_dir       a directory on the host for pyinfra's temp files
+#   fp_checks         True for the tool pyinfra-checks: the follow also does the checks
+#                     fleetpatch makes after a restart (below); then also
+#   fp_ready, fp_health_url, fp_generate_url, fp_smoke
+#                     the ready line, the host's health URL, its /generate URL and
+#                     the smoke request's JSON body
 #
 # Three operations, each one barrier across the hosts (pyinfra runs an operation
 # on every host, in parallel, before the next): put the diff; apply it with a
@@ -71,9 +76,7 @@ echo $! > "$PIDFILE"
 """],
 )
 
-server.shell(
-    name="follow the log written since the restart until the marker of the path this host runs",
-    commands=[f"""read -r OFFSET < {q(d.fp_offset_file)}
+FOLLOW = f"""read -r OFFSET < {q(d.fp_offset_file)}
 export OFFSET
 LOG={q(d.fp_log)} MARKER={q(d.fp_marker)} timeout 60 sh -c '
     tail -c +"$((OFFSET + 1))" -F -- "$LOG" 2>/dev/null | {{
@@ -81,5 +84,50 @@ LOG={q(d.fp_log)} MARKER={q(d.fp_marker)} timeout 60 sh -c '
         pkill -P $$ -x tail 2>/dev/null
         exit $rc
     }}'
-"""],
+"""
+
+# pyinfra-checks: the same operation's shell, doing after the marker what fleetpatch does before
+# its verdict: the marker AND the server's ready line in the log written since the restart (one
+# follow), /health polled with curl until 200 (follow and health within the same 60 s), then one
+# smoke request that must answer HTTP 200 with a non-empty "text" (as bench/baseline.sh, CHECKS=1).
+FOLLOW_AND_CHECK = f"""set -eu
+read -r OFFSET < {q(d.fp_offset_file)}
+LOG={q(d.fp_log)} MARKER={q(d.fp_marker)} READY={q(d.fp_ready or "")}
+HEALTH_URL={q(d.fp_health_url or "")} GENERATE_URL={q(d.fp_generate_url or "")} SMOKE={q(d.fp_smoke or "")}
+export OFFSET LOG MARKER READY HEALTH_URL
+""" + r"""timeout 60 sh -c '
+    tail -c +"$((OFFSET + 1))" -F -- "$LOG" 2>/dev/null |
+    grep --line-buffered -F -e "$MARKER" -e "$READY" | {
+        m= r= rc=1
+        while IFS= read -r line; do
+            case $line in *"$MARKER"*) m=1; printf "%s\n" "$line" ;; esac
+            case $line in *"$READY"*) r=1 ;; esac
+            if [ -n "$m" ] && [ -n "$r" ]; then rc=0; break; fi
+        done
+        pkill -P $$ -x tail 2>/dev/null
+        exit $rc
+    } || exit
+    until [ "$(curl -s -o /dev/null -w "%{http_code}" --max-time 2 -- "$HEALTH_URL")" = 200 ]; do
+        sleep 0.02
+    done'
+NL='
+'
+ANSWER=$(curl -sS --max-time 60 -H 'Content-Type: application/json' --data-binary "$SMOKE" \
+         -w '\n%{http_code}' -- "$GENERATE_URL") || { echo "smoke request to $GENERATE_URL failed" >&2; exit 1; }
+CODE=${ANSWER##*"$NL"}
+BODY=${ANSWER%"$NL"*}
+if [ "$CODE" != 200 ]; then
+    echo "smoke request to $GENERATE_URL: HTTP $CODE: $BODY" >&2
+    exit 1
+fi
+printf '%s' "$BODY" | grep -Eq '"text"[[:space:]]*:[[:space:]]*"([^"\\]|\\.)' || {
+    echo "smoke request to $GENERATE_URL: no non-empty \"text\" in the answer: $BODY" >&2
+    exit 1
+}
+"""
+
+server.shell(
+    name=("follow the log written since the restart until the marker of the path this host runs"
+          + (", the ready line; then /health until 200 and one smoke request" if d.fp_checks else "")),
+    commands=[FOLLOW_AND_CHECK if d.fp_checks else FOLLOW],
 )

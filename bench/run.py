@@ -83,7 +83,16 @@ MARKERS = {
     "EAGLEWorker": "fleetpatch spec-path-beacon: EAGLEWorker (",
     "EAGLEWorkerV2": "fleetpatch spec-path-beacon: EAGLEWorkerV2 (",
 }
-TOOLS = ("fleetpatch", "fleetpatch-noprobe", "fleetpatch-before", "baseline", "baseline-c25519", "pyinfra", "ansible")
+TOOLS = ("fleetpatch", "fleetpatch-noprobe", "fleetpatch-before", "baseline", "baseline-c25519", "baseline-checks",
+         "pyinfra", "pyinfra-checks", "ansible")
+# The issue's job stops at the marker; fleetpatch's contract makes it also wait, before its verdict,
+# for the server's ready line, a 200 from the host's health URL and one smoke request answering
+# HTTP 200 with a non-empty "text". These two peers do those checks too (bench/baseline.sh CHECKS=1,
+# pyinfra_deploy.py fp_checks): a second comparison beside the issue's. Run only when named.
+CHECKS_TOOLS = ("baseline-checks", "pyinfra-checks")
+DEFAULT_TOOLS = tuple(t for t in TOOLS if t not in CHECKS_TOOLS)
+READY_LINE = "The server is fired up and ready to roll!"
+SMOKE_BODY = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 # The same one-ssh baseline with the key exchange paramiko (fleetpatch, pyinfra) uses:
 # OpenSSH 9's default sntrup761x25519 costs ~85 ms more client CPU per connection.
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
@@ -99,6 +108,10 @@ CONTAINER_TOOLS = ("fleetpatch", "fleetpatch-noprobe", "fleetpatch-before")
 BENCH_DOCKER_SOCK = "/run/fleetpatch-bench/docker/docker.sock"
 BENCH_DOCKER_ROOT = "/var/cache/fleetpatch-bench/dockerd"
 PYINFRA_VENV = Path.home() / ".cache" / "fleetpatch" / "bench-pyinfra"
+# fleetpatch runs from a venv of its own too, installed from the checkout being measured: the
+# machine's interpreter may load .pth files at every start (this one imports certifi: ~34 ms a
+# start against ~10 ms in a venv) that pyinfra's venv does not pay
+FLEETPATCH_VENV = Path.home() / ".cache" / "fleetpatch" / "bench-fleetpatch"
 PYINFRA_REQ = "pyinfra>=3,<4"
 MAX_HOSTS = 32
 TOOL_TIMEOUT = 300
@@ -120,8 +133,9 @@ def med(xs):
 # ------------------------------------------------------------------ setup
 
 def compile_fleetpatch(pkg: Path | None = None) -> str:
-    """Byte-compile the fleetpatch being measured, as `pip install` does for a wheel.
-    An editable install has no bytecode until a first import writes it, and with
+    """Byte-compile a fleetpatch source tree that runs from PYTHONPATH (fleetpatch-before), as
+    `pip install` does for a wheel (fleetpatch itself runs from its venv, install_fleetpatch).
+    A source tree has no bytecode until a first import writes it, and with
     PYTHONDONTWRITEBYTECODE set (this machine sets it) every start would compile
     every module again: a cost no installed fleetpatch pays. pyinfra and Ansible
     are pip-installed, so theirs is compiled."""
@@ -172,6 +186,70 @@ def ensure_tools(install: bool, need_pyinfra: bool = True, need_ansible: bool = 
         notes["pyinfra"] = subprocess.run([str(pyinfra_bin()), "--version"], capture_output=True,
                                           text=True).stdout.strip()
     return notes
+
+
+def fleetpatch_python() -> Path:
+    return FLEETPATCH_VENV / "bin" / "python"
+
+
+def fleetpatch_env(src: Path | None = None) -> dict:
+    """The environment fleetpatch runs in: the bench's less PYTHONPATH (a source tree there would
+    come before the venv's installed, compiled copy); for fleetpatch-before its other src first."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    return env
+
+
+def install_fleetpatch(install: bool) -> tuple[str, Path]:
+    """fleetpatch from a venv of its own (FLEETPATCH_VENV), as pyinfra runs from its own: made once
+    (`python -m venv`, the build backend, then `pip install` of the checkout with its dependencies),
+    and at every bench start the checkout being measured (this bench's, its working tree as it is)
+    installed into it again: non-editable, `--no-deps --force-reinstall`, bytecode compiled by pip
+    as for any wheel. The dependencies are installed again only where `pip check` finds one
+    missing. The build runs on a copy of src/ and the project files: nothing is left in the tree.
+    Returns (a note for the report, the installed package's directory)."""
+    py = fleetpatch_python()
+    pip = [str(py), "-m", "pip", "-q", "--disable-pip-version-check"]
+    t0 = time.monotonic()
+    made = not py.exists()
+    if made:
+        if not install:
+            sys.exit(f"bench: fleetpatch's venv is missing ({sys.executable} -m venv {FLEETPATCH_VENV}; "
+                     f"{py} -m pip install {REPO})")
+        log(f"fleetpatch's venv missing: python -m venv {FLEETPATCH_VENV}; pip install {REPO} (with dependencies)")
+        subprocess.run([sys.executable, "-m", "venv", str(FLEETPATCH_VENV)], check=True)
+        subprocess.run(pip + ["install", "setuptools>=61", "wheel"], check=True)
+    env = fleetpatch_env()
+    with tempfile.TemporaryDirectory(prefix="fleetpatch-bench-src-") as d:
+        shutil.copytree(REPO / "src", Path(d) / "src",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        for f in ("pyproject.toml", "README.md", "LICENSE"):
+            if (REPO / f).exists():
+                shutil.copy2(REPO / f, Path(d) / f)
+        how = [] if made else ["--no-deps", "--force-reinstall"]
+        p = subprocess.run(pip + ["install", "--no-build-isolation", *how, d], capture_output=True, text=True,
+                           env=env, cwd=d)
+        if p.returncode:
+            sys.exit(f"bench: installing {REPO} into {FLEETPATCH_VENV} failed (exit {p.returncode}): "
+                     + " ".join(p.stderr.split())[-400:])
+        deps = ""
+        if not made and subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, env=env).returncode:
+            log("fleetpatch's venv lacks a dependency (pip check): pip install with dependencies")
+            subprocess.run(pip + ["install", "--no-build-isolation", d], check=True, env=env, cwd=d)
+            deps = "; its dependencies installed again (pip check found one missing)"
+    where = subprocess.run([str(py), "-c", "import fleetpatch; print(fleetpatch.__file__)"], capture_output=True,
+                           text=True, env=env, cwd=str(FLEETPATCH_VENV)).stdout.strip()
+    pkg = Path(where).parent
+    if not where or REPO in pkg.parents:
+        sys.exit(f"bench: {py} imports fleetpatch from {where or '(nowhere)'}, not from its venv")
+    pycs = len(list(pkg.rglob("*.pyc")))
+    version = subprocess.run([str(py), "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, env=env).stdout.strip()
+    return (f"fleetpatch from its own venv `{FLEETPATCH_VENV}` (Python {version}; "
+            f"{'made now, ' if made else ''}the checkout {REPO} installed into it non-editable at the bench's start"
+            f"{'' if made else ' (--no-deps --force-reinstall)'}, {pycs} .pyc files written by pip{deps}; "
+            f"{time.monotonic() - t0:.0f} s)"), pkg
 
 
 def container_daemon():
@@ -251,7 +329,10 @@ def expected_shas(diff_text: str, files: list[str]) -> dict:
         return {f: sha256((Path(d) / f).read_bytes()) for f in files}
 
 
-def machine() -> dict:
+def machine(pkg: Path | None = None) -> dict:
+    """The machine, the checkout measured, and the agent as `pkg` (the installed fleetpatch that
+    runs; else the one this process imports) sends it."""
+    pkg = pkg or Path(fleetpatch.__file__).parent
     cpu = ""
     try:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
@@ -268,11 +349,11 @@ def machine() -> dict:
     except OSError:
         commit, dirty, src_commit = "", [], ""
     # the agent as sent: its package's modules, in the order a host loads them
-    agent_dir = Path(fleetpatch.__file__).parent / "agent"
+    agent_dir = pkg / "agent"
     agent = b"".join((agent_dir / f"{m}.py").read_bytes() for m in AGENT_MODULES)
     return {"cpus": os.cpu_count(), "cpu_model": cpu, "kernel": platform.release(),
             "python": platform.python_version(), "fleetpatch_commit": commit,
-            "fleetpatch_src_commit": src_commit, "fleetpatch_path": str(Path(fleetpatch.__file__).parent),
+            "fleetpatch_src_commit": src_commit, "fleetpatch_path": str(pkg),
             "fleetpatch_uncommitted": [l[3:] for l in dirty if l.strip()],
             "agent_sha256": sha256(agent)[:12], "agent_bytes": len(agent)}
 
@@ -672,13 +753,12 @@ def run_fleetpatch(fleet: Fleet, names, wd: Path, tag: str, net: Net, src: Path 
                    probe: bool = True) -> dict:
     inv = write_inventory(fleet, names, wd / f"hosts-{fleet_kind(fleet)}-{len(names)}-{net.name}.yaml", net)
     report = wd / f"fleetpatch-{tag}.json"
-    argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
+    argv = [str(fleetpatch_python()), "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
             "--canary", "0", "--report", str(report), "--inventory", str(inv)] + ([] if probe else ["--no-probe"])
     t_launch = time.time()
     t0 = time.monotonic()
-    env = {**os.environ, "COLUMNS": "200"}
-    if src is not None:   # another checkout's fleetpatch (--fleetpatch-before)
-        env["PYTHONPATH"] = str(src)
+    # the venv's python; src: another checkout's fleetpatch first on its path (--fleetpatch-before)
+    env = {**fleetpatch_env(src), "COLUMNS": "200"}
     code, out, printed = run_stamped(argv, wd, env)
     wall = time.monotonic() - t0
     doc = json.loads(report.read_text()) if report.exists() else {"hosts": {}}
@@ -738,14 +818,33 @@ def proof_at(fleet: Fleet, name: str) -> float | None:
     return min(times) if times else None
 
 
-def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], timeout: int = 60) -> str:
+def server_urls(fleet: Fleet, name: str) -> tuple[str, str]:
+    """(health URL, /generate URL) of a host's server: the health URL its inventory entry gives
+    fleetpatch (server.health_url), /generate on the same scheme, host and port."""
+    from urllib.parse import urlsplit, urlunsplit
+    health = fleet.inventory()["hosts"][name]["server"]["health_url"]
+    u = urlsplit(health)
+    return health, urlunsplit((u.scheme, u.netloc, "/generate", "", ""))
+
+
+def checks_data(fleet: Fleet, name: str) -> dict:
+    """What the *-checks peers need for the checks fleetpatch makes after a restart."""
+    health, generate = server_urls(fleet, name)
+    return {"ready": READY_LINE, "health_url": health, "generate_url": generate,
+            "smoke": json.dumps(SMOKE_BODY)}
+
+
+def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], timeout: int = 60,
+                    checks: bool = False) -> str:
     h = fleet.hosts[name]
     q = shlex.quote
     assigns = {
         "SP": h.remote_site_packages, "LOG": h.remote_log, "PIDFILE": h.remote_pidfile,
         "WORKDIR": h.mount_point, "MARKER": MARKERS[host_path(fleet, name)], "TIMEOUT": str(timeout),
-        "GRACE": "10", "START": start_line(fleet, name), "CHANGED": " ".join(files),
+        "GRACE": "10", "START": start_line(fleet, name), "CHANGED": " ".join(files), "CHECKS": "1" if checks else "0",
     }
+    if checks:
+        assigns.update({k.upper(): v for k, v in checks_data(fleet, name).items()})
     text = (BENCH / "baseline.sh").read_text()
     if "\nFLEETPATCH_BENCH_DIFF_EOF\n" in "\n" + diff_text:
         raise SystemExit("the diff contains the heredoc delimiter")
@@ -758,8 +857,8 @@ def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], t
 
 
 def run_baseline(fleet: Fleet, names, wd: Path, tag: str, diff_text: str, files: list[str], net: Net,
-                 opts: list | None = None) -> dict:
-    scripts = {n: baseline_script(fleet, n, diff_text, files) for n in names}
+                 opts: list | None = None, checks: bool = False) -> dict:
+    scripts = {n: baseline_script(fleet, n, diff_text, files, checks=checks) for n in names}
     results: dict = {}
     t_launch = time.time()
     t0 = time.monotonic()
@@ -845,12 +944,14 @@ def run_ansible(fleet: Fleet, names, wd: Path, tag: str, files: list[str], net: 
             "output_tail": out[-2500:] if p.returncode else ""}
 
 
-def run_pyinfra(fleet: Fleet, names, wd: Path, tag: str, files: list[str], net: Net) -> dict:
+def run_pyinfra(fleet: Fleet, names, wd: Path, tag: str, files: list[str], net: Net, checks: bool = False) -> dict:
     d = wd / "pyinfra"
     d.mkdir(exist_ok=True)
     hosts = []
     for n in names:
         h = fleet.hosts[n]
+        # pyinfra-checks: the follow operation also does fleetpatch's checks (empty values otherwise)
+        extra = checks_data(fleet, n) if checks else dict.fromkeys(("ready", "health_url", "generate_url", "smoke"), "")
         hosts.append((n, {
             "ssh_hostname": "127.0.0.1", "ssh_port": net.ports[n], "ssh_user": "root",
             "ssh_key": str(fleet.identity), "ssh_allow_agent": False, "ssh_look_for_keys": False,
@@ -866,8 +967,10 @@ def run_pyinfra(fleet: Fleet, names, wd: Path, tag: str, files: list[str], net: 
             "fp_grace": 10, "fp_start": start_line(fleet, n), "fp_marker": MARKERS[host_path(fleet, n)],
             "fp_offset_file": f"{h.remote_home}/{PATCH}.log-offset",
             "fp_temp_dir": h.remote_home,
+            "fp_checks": checks, **{f"fp_{k}": v for k, v in extra.items()},
         }))
-    inv = d / f"inventory_{len(names)}_{net.name}.py"
+    kind = "_checks" if checks else ""
+    inv = d / f"inventory{kind}_{len(names)}_{net.name}.py"
     inv.write_text("# written by bench/run.py\nhosts = " + repr(hosts) + "\n")
     # --no-wait: each host goes through the operations at its own pace (no barrier
     # between operations), the fastest pyinfra can run this
@@ -879,7 +982,7 @@ def run_pyinfra(fleet: Fleet, names, wd: Path, tag: str, files: list[str], net: 
                        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
     wall = time.monotonic() - t0
     out = p.stdout + p.stderr
-    (d / f"output-{tag}-{net.name}.txt").write_text(out)
+    (d / f"output{kind}-{tag}-{net.name}.txt").write_text(out)
     hosts_ok = {}
     n_ops = len(re.findall(r"^(files\.put|server\.shell)\(", (BENCH / "pyinfra_deploy.py").read_text(), re.M))
     for n in names:
@@ -905,10 +1008,10 @@ def run_instrumented(fleet: Fleet, names, wd: Path, net: Net) -> dict:
     inv = write_inventory(fleet, names, wd / f"hosts-{kind}-{len(names)}-{net.name}.yaml", net)
     out = wd / f"instrumented-{kind}-{len(names)}.json"
     report = wd / f"instrumented-report-{kind}-{len(names)}.json"
-    argv = [sys.executable, str(BENCH / "fp_instrumented.py"), str(out), "--", "rollout", "--patch", PATCH,
+    argv = [str(fleetpatch_python()), str(BENCH / "fp_instrumented.py"), str(out), "--", "rollout", "--patch", PATCH,
             "--group", "all", "--canary", "0", "--report", str(report), "--inventory", str(inv)]
     t0 = time.monotonic()
-    p = subprocess.run(argv, cwd=wd, capture_output=True, text=True, timeout=TOOL_TIMEOUT)
+    p = subprocess.run(argv, cwd=wd, capture_output=True, text=True, timeout=TOOL_TIMEOUT, env=fleetpatch_env())
     wall = time.monotonic() - t0
     doc = json.loads(out.read_text()) if out.exists() else {"hosts": {}, "exit": p.returncode}
     rep = json.loads(report.read_text()) if report.exists() else {"hosts": {}}
@@ -920,18 +1023,24 @@ def run_instrumented(fleet: Fleet, names, wd: Path, net: Net) -> dict:
     return doc
 
 
-def startup_times(reps: int = 3) -> dict:
-    """Interpreter + import cost of each tool doing nothing (--version)."""
+def startup_times(reps: int = 3, fleetpatch_too: bool = True) -> dict:
+    """Interpreter + import cost of each tool doing nothing (--version), each from where the bench
+    runs it; and a bare start (`-c pass`) of the machine's interpreter and of fleetpatch's venv's."""
     out = {}
-    for tool, argv in (("fleetpatch", [sys.executable, "-m", "fleetpatch", "--version"]),
+    env = fleetpatch_env()
+    for tool, argv in (("fleetpatch", [str(fleetpatch_python()), "-m", "fleetpatch", "--version"]),
                        ("pyinfra", [str(pyinfra_bin()), "--version"]),
-                       ("ansible", [ansible_playbook() or "ansible-playbook", "--version"])):
+                       ("ansible", [ansible_playbook() or "ansible-playbook", "--version"]),
+                       ("`python -c pass` (the machine's)", [sys.executable, "-c", "pass"]),
+                       ("`python -c pass` (fleetpatch's venv)", [str(fleetpatch_python()), "-c", "pass"])):
         if not Path(argv[0]).exists() and not shutil.which(argv[0]):
+            continue
+        if argv[0] == str(fleetpatch_python()) and not fleetpatch_too:   # not installed by this run
             continue
         ts = []
         for _ in range(reps):
             t = time.monotonic()
-            subprocess.run(argv, capture_output=True)
+            subprocess.run(argv, capture_output=True, env=env)
             ts.append(time.monotonic() - t)
         out[tool] = round(med(ts), 3)
     return out
@@ -952,13 +1061,13 @@ def first_connect_times(fleet: Fleet, wd: Path, reps: int = 5) -> dict:
                 net = Net("first-connect", {name: lsock.getsockname()[1]}, fleet.known_hosts)
                 if tool == "fleetpatch":
                     inv = write_inventory(fleet, [name], wd / "hosts-first-connect.yaml", net)
-                    argv = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", PATCH, "--group", "all",
-                            "--canary", "0", "--inventory", str(inv)]
+                    argv = [str(fleetpatch_python()), "-m", "fleetpatch", "rollout", "--patch", PATCH,
+                            "--group", "all", "--canary", "0", "--inventory", str(inv)]
                 else:
                     argv = net.ssh_argv(fleet, name, "true")
                 t0 = time.monotonic()
                 p = subprocess.Popen(argv, cwd=wd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, env=fleetpatch_env())
                 try:
                     conn, _ = lsock.accept()
                     ts.append(time.monotonic() - t0)
@@ -1293,6 +1402,7 @@ def tables(res: dict) -> str:
             lines.append("| ---: | ---: | ---: | ---: | --- |")
             lines += ba
             lines.append("")
+    lines += checks_table(res)
     if "loopback" in nets and "delay" in nets:
         rtt = (res.get("delay") or {}).get("rtt_ms")
         lines.append("What the slow network adds (delay median - loopback median; in round trips of the measured "
@@ -1354,7 +1464,7 @@ def tables(res: dict) -> str:
     if st:
         lines.append("")
         lines.append("Tool start-up alone (`--version`, median of 3): "
-                     + ", ".join(f"{k} {v:.2f} s" for k, v in st.items()) + ".")
+                     + ", ".join(f"{k} {v:.3f} s" for k, v in st.items()) + ".")
     fc = res.get("first_connect") or {}
     if fc.get("fleetpatch", {}).get("median_s") is not None:
         lines.append("")
@@ -1431,6 +1541,42 @@ Fleet start: {', '.join(f'{k} {v:.0f} s' for k, v in starts.items())}.
 """
 
 
+def where_tools_run(t: dict) -> str:
+    """The Versions paragraph's sentence on where each tool runs from (older results: what they noted)."""
+    if not t.get("fleetpatch_venv"):
+        return (f"fleetpatch's bytecode: {t.get('fleetpatch_bytecode', 'not compiled by the bench')}, as `pip install` "
+                "does; the other tools are pip-installed.")
+    return (f"Where each tool runs from: {t['fleetpatch_venv']}, every fleetpatch run (fleetpatch-noprobe, "
+            "fleetpatch-before with its other src first on PYTHONPATH, the instrumented run, the start-up figure) on "
+            f"that venv's python; pyinfra from its own venv `{t.get('pyinfra_venv', PYINFRA_VENV)}`; Ansible on the "
+            f"machine's interpreter ({t.get('ansible_from', '-')}); the baseline and baseline-checks are the OpenSSH "
+            f"client and a POSIX sh script run on the hosts (GNU patch, coreutils, {t.get('curl', 'curl')}).")
+
+
+def checks_table(res: dict) -> list[str]:
+    """fleetpatch against the peers doing the same checks after the marker (ready line, health, smoke)."""
+    s, out = res["summary"], []
+    for net in res.get("nets", ["loopback"]):
+        for n in res["sizes"]:
+            fp, bc, pc = (s.get(f"{net}/{t}@{n}") for t in ("fleetpatch", "baseline-checks", "pyinfra-checks"))
+            if not fp or not (bc or pc):
+                continue
+            if not out:
+                out += ["The same checks: fleetpatch against the baseline and pyinfra doing, after the marker, what "
+                        "fleetpatch does before its verdict (the ready line, /health until 200, one smoke request); "
+                        "wall medians, fleetpatch's ratio to each, and what the checks add to each peer "
+                        "(-checks median - its median without them):", "",
+                        "| net | hosts | fleetpatch | baseline-checks | fleetpatch / baseline-checks | "
+                        "pyinfra-checks | fleetpatch / pyinfra-checks | checks add (baseline / pyinfra) |",
+                        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            w = lambda x: f"{x['wall_median_s']:.2f} s" if x else "-"
+            r = lambda x: f"**{fp['wall_median_s'] / x['wall_median_s']:.2f}x**" if x else "-"
+            add = lambda x, y: f"{x['wall_median_s'] - y['wall_median_s']:+.2f} s" if x and y else "-"
+            out.append(f"| {net} | {n} | {w(fp)} | {w(bc)} | {r(bc)} | {w(pc)} | {r(pc)} | "
+                       f"{add(bc, s.get(f'{net}/baseline@{n}'))} / {add(pc, s.get(f'{net}/pyinfra@{n}'))} |")
+    return out + [""] if out else []
+
+
 def results_md(res: dict) -> str:
     m = res["machine"]
     t = res["tools"]
@@ -1472,14 +1618,15 @@ waiting up to {res.get('quiet_wait', 0):.0f} s for < 20 %): median {fmt(med(busy
 Versions: Python {m['python']}, fleetpatch at {m['fleetpatch_commit']} (`{m.get('fleetpatch_path', '')}`; last
 change to src/fleetpatch: {m.get('fleetpatch_src_commit', '-')[:90]}){dirty}, {t.get('pyinfra', 'pyinfra -')},
 {t.get('ansible')}, {t.get('openssh')}, {t.get('patch')}. Stand-in startup delay 0 s; patch `{PATCH}` (2 files).
-The baseline's ssh key exchange: {res.get('baseline_kex', 'OpenSSH default')}. fleetpatch's bytecode:
-{t.get('fleetpatch_bytecode', 'not compiled by the bench')}, as `pip install` does; the other tools are pip-installed.
+The baseline's ssh key exchange: {res.get('baseline_kex', 'OpenSSH default')}. {where_tools_run(t)}
 {('fleetpatch-before: ' + t['fleetpatch_before'] + '.') if t.get('fleetpatch_before') else ''}
 {container_md(res)}Each host's reset to pristine keeps fleetpatch's agent compile cache (`state/agent-cache`, filled on every host by the warm-up run), as on a fleet
 fleetpatch has run on before; everything else in the state dir goes.
 baseline-c25519 is the same one-ssh baseline with `-o KexAlgorithms=curve25519-sha256`, the key exchange
-paramiko (fleetpatch, pyinfra) negotiates. The baseline, pyinfra and Ansible stop at the marker, fleetpatch also waits
-for the server's ready line and health answer.
+paramiko (fleetpatch, pyinfra) negotiates. The baseline, pyinfra and Ansible stop at the marker (the issue's job);
+fleetpatch also waits, before its verdict, for the server's ready line, a 200 from its health URL and one smoke
+request (`POST /generate`, HTTP 200 with a non-empty "text"). baseline-checks and pyinfra-checks are the baseline
+and pyinfra doing those checks too (the same one ssh per host, the same three operations): "the same checks" below.
 
 {tables(res)}
 
@@ -1501,7 +1648,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1,8,32")
     ap.add_argument("--repeats", default="3")
-    ap.add_argument("--tools", default=",".join(TOOLS), help=f"any of {','.join(TOOLS)}")
+    ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS),
+                    help=f"any of {','.join(TOOLS)} (default {','.join(DEFAULT_TOOLS)}; "
+                         f"{' and '.join(CHECKS_TOOLS)} run only when named)")
     ap.add_argument("--nets", default=",".join(NETS),
                     help="loopback (straight to each sshd) and/or delay (through bench/delayproxy.py)")
     ap.add_argument("--delay-ms", default="25", help="the proxy's delay each way (default 25: 50 ms RTT)")
@@ -1568,8 +1717,17 @@ def main(argv=None) -> int:
         sys.exit("bench: --fleetpatch-before runs as the tool fleetpatch-before: add it to --tools")
     docker, docker_note = (container_daemon() if "container" in fleets else (None, None))
     t_bench = time.monotonic()
-    tool_notes = ensure_tools(not a.no_install, need_pyinfra="pyinfra" in tools, need_ansible="ansible" in tools)
-    tool_notes["fleetpatch_bytecode"] = compile_fleetpatch()
+    tool_notes = ensure_tools(not a.no_install, need_pyinfra=bool({"pyinfra", "pyinfra-checks"} & set(tools)),
+                              need_ansible="ansible" in tools)
+    fp_pkg = None
+    if any(t.startswith("fleetpatch") for t in tools):
+        tool_notes["fleetpatch_venv"], fp_pkg = install_fleetpatch(not a.no_install)
+        log(tool_notes["fleetpatch_venv"])
+    tool_notes["pyinfra_venv"] = str(PYINFRA_VENV)
+    tool_notes["ansible_from"] = f"`{ansible_playbook() or 'ansible-playbook'}` on {sys.executable}"
+    if set(CHECKS_TOOLS) & set(tools):
+        tool_notes["curl"] = (subprocess.run(["curl", "--version"], capture_output=True, text=True).stdout
+                              .split("\n")[0].split(" (")[0] if shutil.which("curl") else "curl: missing")
     before_src = None
     if "fleetpatch-before" in tools:
         before_src = (Path(a.fleetpatch_before) / "src").resolve()
@@ -1596,7 +1754,7 @@ def main(argv=None) -> int:
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "sizes": sizes, "repeats": a.repeats, "nets": nets,
            "fleets": fleets, "tools_run": tools, "quiet_wait": a.quiet_wait,
            "baseline_kex": a.baseline_kex or "OpenSSH default", "load": {"start": load_avg()},
-           "machine": machine(), "tools": tool_notes, "patch": PATCH, "runs": runs}
+           "machine": machine(fp_pkg), "tools": tool_notes, "patch": PATCH, "runs": runs}
     if docker is not None:
         res["docker"] = docker_note
     with contextlib.ExitStack() as stack:
@@ -1633,7 +1791,11 @@ def main(argv=None) -> int:
             "baseline": lambda fleet, names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files, net),
             "baseline-c25519": lambda fleet, names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files,
                                                                           net, opts=C25519),
+            "baseline-checks": lambda fleet, names, tag, net: run_baseline(fleet, names, wd, tag, diff_text, files,
+                                                                          net, checks=True),
             "pyinfra": lambda fleet, names, tag, net: run_pyinfra(fleet, names, wd, tag, files, net),
+            "pyinfra-checks": lambda fleet, names, tag, net: run_pyinfra(fleet, names, wd, tag, files, net,
+                                                                        checks=True),
             "ansible": lambda fleet, names, tag, net: run_ansible(fleet, names, wd, tag, files, net),
         }
         every_ns = lambda: {h.ns_ino for f in fleet_by.values() for h in f.hosts.values() if h.ns_ino}
@@ -1734,8 +1896,9 @@ def main(argv=None) -> int:
                                                  max(n for n in sizes))
             log(f"container runtime ops: {json.dumps(res['container_ops'])}")
         first = fleet_by[fleets[0]]
-        res["startup"] = startup_times()
-        res["first_connect"] = first_connect_times(first, wd)
+        res["startup"] = startup_times(fleetpatch_too=fp_pkg is not None)
+        if fp_pkg is not None:   # fleetpatch's venv is there
+            res["first_connect"] = first_connect_times(first, wd)
     res["load"]["end"] = load_avg()
     res["bench_s"] = time.monotonic() - t_bench
     res["summary"] = summarize(runs, sizes, nets, fleets)
