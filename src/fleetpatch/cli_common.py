@@ -147,6 +147,10 @@ class RefusedUnchanged(RunFailed, UsageError):
     another host went ahead, the run changed hosts, and the refusal is a failure (exit 1)."""
 
 
+class OutcomeShown(KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C) and its outcome is printed: the exit code is all that is left."""
+
+
 def err_line(msg: str) -> None:
     # one line: a value quoted from a file or the command line cannot break it or act on the terminal
     print(f"fleetpatch: error: {safe_line(msg)}", file=sys.stderr, flush=True)
@@ -172,6 +176,8 @@ def command(**task_kw):
                 err_line(str(e))
                 raise Exit(code=exit_code(e)) from None
             except KeyboardInterrupt as e:
+                if not isinstance(e, OutcomeShown):   # Ctrl-C before the command had hosts at work
+                    print("fleetpatch: interrupted", file=sys.stderr, flush=True)
                 raise Exit(code=exit_code(e)) from None
 
         return task(body, positional=[], auto_shortflags=False, klass=FleetpatchTask, **task_kw)
@@ -317,7 +323,7 @@ def finish(console, task_name, results, started, flags: Common, stop=None, extra
             doc_extra["interrupted"] = stop.interrupted
         rep.write_report(report_path, task_name, ok, started, results, doc_extra)
     if interrupted:
-        raise KeyboardInterrupt
+        raise OutcomeShown
     if not ok:
         if all((r.details or {}).get("refused") == "unprovable" for r in results.values()):
             raise RefusedUnchanged(f"{task_name} refused")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from .cli_common import (COMMON, HELP, NO_PATCH, PATCH_NEEDED, ROUTER, Common, RunFailed, choice, command, count,
-                         helps, prepare, required, router_settings, run_hosts, seconds)
+from .cli_common import (COMMON, HELP, NO_PATCH, PATCH_NEEDED, ROUTER, Common, OutcomeShown, RunFailed, choice,
+                         command, count, helps, prepare, required, router_settings, run_hosts, seconds)
 
 
 @command(help=helps(*NO_PATCH, dest="where to put the files (default .fleetpatch/sources)"))
@@ -103,7 +103,7 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     text, _ = rep.last_line("status", results, stop.interrupted)
     rep.say(console, text, style="bold green" if ok else "bold red")
     if stop.interrupted:
-        raise KeyboardInterrupt
+        raise OutcomeShown
     if not ok:
         raise RunFailed("status failed")
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from fleetpatch import report, rollout, steps
 from fleetpatch.cli_common import Common, finish
@@ -144,3 +145,27 @@ def test_a_ctrl_c_while_the_program_still_loads_is_one_line_and_exit_130():
     p = subprocess.run([sys.executable, "-c", LOADING, str(REPO / "hosts.yaml")], capture_output=True, text=True,
                        timeout=60, cwd=REPO, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
     assert (p.returncode, p.stdout, p.stderr) == (130, "", "fleetpatch: interrupted while starting; nothing was done\n")
+
+
+def test_a_ctrl_c_while_the_command_reads_its_inputs_is_one_line_and_exit_130(tmp_path):
+    """Before any host is at work (here: the inventory is a pipe nobody writes, so the command
+    waits in its read), Ctrl-C ends it with one line, not silently."""
+    import os
+    import signal
+    import time
+    os.mkfifo(tmp_path / "hosts.yaml")
+    p = subprocess.Popen([sys.executable, "-m", "fleetpatch", "rollout", "--patch", "spec-path-beacon",
+                          "--inventory", str(tmp_path / "hosts.yaml"), "--group", "all"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    try:
+        wchan = Path(f"/proc/{p.pid}/wchan")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and wchan.read_text() != "wait_for_partner":   # in the pipe's open
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert (p.returncode, out, err) == (130, "", "fleetpatch: interrupted\n")
