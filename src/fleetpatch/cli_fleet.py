@@ -44,10 +44,10 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
     check_probe_off(patch_obj, selected, no_probe)
     canary_group = inv.groups.get("canary")
     routed = not router["no_router"] and any(h.router is not None for h in selected)
+    stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
     with Dials(Interrupt()) as dials:
         if not routed:   # under a router, its drain decides how many go at once, once the routers are checked
-            stages_ahead, _ = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
-            dials.start(fleet.first_out(stages_ahead, parallel_n), inv.hosts, accept_new_host_keys)
+            dials.start(fleet.first_out(stages_planned, parallel_n), inv.hosts, accept_new_host_keys)
         # loaded while the first hosts' connections are made
         from . import drain, steps
         from . import report as rep
@@ -57,9 +57,9 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
                         accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe,
                         bake_s=bake_s, interrupt=dials.interrupt, dials=dials)
         with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
-            if batch_n is None:   # under a router: as many at once as the routers can spare
+            if routed and batch_n is None:   # as many at once as the routers can spare
                 batch_n = drain.default_batch(selected, router, tunnels)
-            stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
+                stages_planned, has_canary = fleet.plan_stages(selected, canary_group, canary_n, batch_n)
             # what is out at once: a stage, or `parallel` of its hosts
             at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
                        for i in range(0, len(st), fleet.default_parallel(len(st), parallel_n))]
