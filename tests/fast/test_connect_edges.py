@@ -49,10 +49,13 @@ def test_a_port_that_stops_answering_is_named_for_what_it_did(tmp_path, greeting
     try:
         inv = inventory(tmp_path, lst.port, connect_timeout=1)
         out, _ = fleetpatch("status", "--inventory", str(inv), cwd=tmp_path).communicate(timeout=60)
-        # a rollout dials its first hosts while it loads (dials.py): the same words, in the host's result
+        # a rollout dials its first hosts while it loads (dials.py): the same words, in the host's result,
+        # from the one connection it made (the host's step took the dial's, it did not dial again)
         report = tmp_path / "report.json"
+        before = lst.accepted
         rolled, _ = fleetpatch("rollout", "--patch", "spec-path-beacon", "--group", "all", "--canary", "0",
                                "--inventory", str(inv), "--report", str(report), cwd=tmp_path).communicate(timeout=60)
+        assert lst.accepted - before == 1, rolled
     finally:
         lst.close()
     line = next(x for x in out.splitlines() if x.startswith("quiet ("))
