@@ -208,7 +208,8 @@ def test_the_smoke_request_must_show_the_patchs_smoke_expect_line(op, fleet, rou
     assert log.count("Dynamic speculation disable: first batch decision in EAGLEWorker: speculate") == 1, log[-3000:]
 
     # a patch whose smoke_expect line never comes: answered, but not-executed, left out
-    run = op.run("deploy-patch", "--patch", "smoke-line-missing", *FIX, "--hosts", "d6")
+    # (the wait for a line that never comes ends at --timeout; the inventory's ready_timeout is 60 s)
+    run = op.run("deploy-patch", "--patch", "smoke-line-missing", *FIX, "--hosts", "d6", "--timeout", "8")
     assert run.code == 1, run
     h = run.host("d6")
     assert h["status"] == "not-executed", h
