@@ -192,3 +192,11 @@ def test_the_fast_tier_command_is_the_same_in_the_readme_and_the_internals():
     readme = set(re.findall(pattern, (REPO / "README.md").read_text()))
     internals = set(re.findall(pattern, " ".join((REPO / "docs" / "internals.md").read_text().split())))
     assert len(readme) == 1 and readme == internals, (readme, internals)
+
+
+def test_ci_runs_the_readmes_full_test_command():
+    """.ci/run ends with the README's command for everything, word for word."""
+    readme = (REPO / "README.md").read_text()
+    full = re.findall(r"^(python3 -m pytest -q(?: -n \d+ --dist \w+)?)\s+# everything", readme, re.M)
+    ci_last = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert len(full) == 1 and ci_last == full[0], (full, ci_last)
