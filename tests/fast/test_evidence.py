@@ -64,6 +64,13 @@ def _tree(version, path):
     return ast.parse(_zip(version).read(path).decode())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _drop_the_parsed_wheels():
+    """Parsed wheel files kept past this module would be walked by every full collection after it."""
+    yield
+    _tree.cache_clear()
+
+
 def wheel_string(version, path, fragment, fill="0"):
     """The whole string literal (implicit concatenation joined, f-string holes
     filled with `fill`) in `path` of the wheel that contains `fragment`."""
