@@ -217,3 +217,48 @@ def test_a_cache_that_cannot_be_written_costs_the_parse_and_nothing_else(tmp_pat
     (tmp_path / "file").write_text("not a directory")
     source = b"def hot(x):\n    return x\n"
     assert splice.Hints(store=HintStore(tmp_path / "file" / "hints")).get(source, [2]) == splice.hint(source, [2])
+
+
+SIBLING = b"class Worker:\n    def __init__(self):\n        self.n = 0\n\n    def hot(self, x):\n        return x\n"
+
+
+def test_the_sibling_counts_what_the_hint_names_and_the_patched_file_is_not_parsed_again(tmp_path, monkeypatch):
+    """A sibling without added lines counts the calls of the functions that hold its twin's added
+    lines. The laptop's hint names them (`holders`) for the bytes it sent: the agent takes them and
+    does not parse the patched file again. A hint for other bytes than the host's is not taken."""
+    (tmp_path / "mods").mkdir()
+    patched, sibling = tmp_path / "mods" / "fp_w1.py", tmp_path / "mods" / "fp_w2.py"
+    patched.write_bytes(MODULE)
+    sibling.write_bytes(SIBLING)
+    hint = splice.hint(MODULE, [6])
+    assert hint["holders"] == ["hot"]
+    plan = {"version": 1, "mode": "functions", "modules": {
+        "fp_w1": {"path": "fp_w1.py", "lines": [6], "expected": str(patched), "twins": ["fp_w2.py"], "splice": hint},
+        "fp_w2": {"path": "fp_w2.py", "lines": [], "expected": str(sibling), "twins": ["fp_w1.py"]}}}
+    runtime_code = compile(probe_install.runtime_source(), "runtime.py", "exec")
+    parsed = []
+    real = probe_install.parse_file
+    monkeypatch.setattr(probe_install, "parse_file", lambda path, *a: parsed.append(path) or real(path, *a))
+
+    (tmp_path / "probe").mkdir()
+    ready = probe_install.probe_plan(plan, str(tmp_path / "probe"), runtime_code)
+    assert ready["modules"]["fp_w2"]["counted"] == ["hot"]
+    assert str(patched) not in parsed, parsed
+
+    # the host holds other bytes than the hint was made for: its file is parsed, and says what it holds
+    patched.write_bytes(MODULE.replace(b"    def hot(self, x):", b"    def warm(self, x):"))
+    (tmp_path / "probe2").mkdir()
+    ready = probe_install.probe_plan(plan, str(tmp_path / "probe2"), runtime_code)
+    assert ready["modules"]["fp_w2"]["counted"] == ["warm"]
+    assert str(patched) in parsed
+
+
+def test_the_hints_holders_are_the_functions_the_agent_would_find(runtime):
+    """On real SGLang files: the names the laptop sends are the ones the agent's own parse gives."""
+    from fleetpatch.probe.guards import holder_names
+    tree = sglang_tree("0.5.9")
+    for path in sorted((tree / "sglang" / "srt" / "speculative").glob("eagle_worker*.py")):
+        source = path.read_bytes()
+        for chosen in [[n] for n in body_lines(source)[::7]]:
+            hint = splice.hint(source, chosen)
+            assert hint["holders"] == sorted(holder_names(source, str(path), chosen)) != [], (path.name, chosen)

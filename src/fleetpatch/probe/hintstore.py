@@ -81,8 +81,10 @@ def well_formed(found, source_hex: str, lines: tuple) -> bool:
     """A hint for these bytes: sorted disjoint line ranges that hold every added line, and names."""
     if not isinstance(found, dict) or found.get("sha256") != source_hex:
         return False
-    keep, imports = found.get("keep"), found.get("imports")
-    if not isinstance(keep, list) or not isinstance(imports, list) or not all(isinstance(n, str) for n in imports):
+    keep, imports, holders = found.get("keep"), found.get("imports"), found.get("holders")
+    if not all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in (imports, holders)):
+        return False
+    if not isinstance(keep, list):
         return False
     last = 0
     for pair in keep:

@@ -366,11 +366,28 @@ def sibling_counts(runtime, modules, twins, parsed, seen):
     names = set()
     for twin in modules.values():
         if twin.get("path") in twins and twin.get("lines") and twin.get("expected"):
-            found = parse_file(twin["expected"], parsed, seen)
-            if found is None:
-                return None
-            names |= runtime["holder_names_in"](found[1], twin["lines"])
+            held = hinted_holders(twin, seen)
+            if held is None:
+                found = parse_file(twin["expected"], parsed, seen)
+                if found is None:
+                    return None
+                held = runtime["holder_names_in"](found[1], twin["lines"])
+            names |= held
     return sorted(names or {"*"})
+
+
+def hinted_holders(spec, seen):
+    """The functions that hold the added lines, as the laptop's splice hint names them, where the
+    hint is for the bytes this host has; None: the file is parsed here (about 5 ms a 1000-line
+    module on 3.11, for each patched sibling at a patch's first deploy)."""
+    hint = spec.get("splice")
+    holders = hint.get("holders") if isinstance(hint, dict) else None
+    if not isinstance(holders, list) or not all(isinstance(n, str) for n in holders):
+        return None
+    data = read_source(spec["expected"], seen)
+    if data is None or hashlib.sha256(data[0]).hexdigest() != hint.get("sha256"):
+        return None
+    return set(holders)
 
 
 def compile_module(runtime, name, spec, probe_dir, parsed, seen):

@@ -21,19 +21,23 @@ import hashlib
 import re
 import threading
 
-from .guards import stmt_first, sub_bodies
+from .guards import holder_names, stmt_first, sub_bodies
 
 COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 
 
 def hint(source: bytes, lines) -> dict | None:
-    """The `splice` field of a watched module's plan entry: {"sha256", "keep": [[first, last], ...]},
-    or None where the agent must rewrite the whole module."""
-    found = keep_ranges(source, tuple(sorted({int(n) for n in lines})))
+    """The `splice` field of a watched module's plan entry: {"sha256", "keep": [[first, last], ...],
+    "imports", "holders"}, or None where the agent must rewrite the whole module. `holders` names the
+    functions that hold the added lines: the functions its sibling counts (install.sibling_counts),
+    which the agent otherwise finds by parsing this file again."""
+    lines = tuple(sorted({int(n) for n in lines}))
+    found = keep_ranges(source, lines)
     if found is None:
         return None
     keep, imports = found
-    return {"sha256": hashlib.sha256(source).hexdigest(), "keep": keep, "imports": imports}
+    return {"sha256": hashlib.sha256(source).hexdigest(), "keep": keep, "imports": imports,
+            "holders": sorted(holder_names(source, "<patched>", lines))}
 
 
 class Hints:
