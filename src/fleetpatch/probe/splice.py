@@ -12,8 +12,8 @@ probe (guards.splice).
 
 `keep_ranges` answers None wherever that is not exactly the full rewrite (an added line outside
 a function, a function inside an `if` or a `try`, a coding cookie), and the agent rewrites the
-whole module, as before. `hint` and `keep_ranges` are pure (bytes and line numbers in, line ranges
-out); `Hints` keeps their answers for one run, and across runs in a HintStore (probe/hintstore.py).
+whole module, as before. `hint` and `keep_ranges` are pure (bytes, or the tree parsed from them,
+and line numbers in; line ranges out); `Hints` keeps their answers for one run, and across runs in a HintStore (probe/hintstore.py).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import hashlib
 import re
 import threading
 
-from .guards import holder_names, stmt_first, sub_bodies
+from .guards import holder_names_in, stmt_first, sub_bodies
 
 COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 
@@ -32,12 +32,19 @@ def hint(source: bytes, lines) -> dict | None:
     functions that hold the added lines: the functions its sibling counts (install.sibling_counts),
     which the agent otherwise finds by parsing this file again."""
     lines = tuple(sorted({int(n) for n in lines}))
-    found = keep_ranges(source, lines)
+    if not lines or other_encoding(source):
+        return None
+    import ast     # here: a run whose probe watches no file never needs it
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):   # the agent's build may read it; it rewrites the whole module then
+        return None
+    found = keep_ranges(tree, lines)
     if found is None:
         return None
     keep, imports = found
     return {"sha256": hashlib.sha256(source).hexdigest(), "keep": keep, "imports": imports,
-            "holders": sorted(holder_names(source, "<patched>", lines))}
+            "holders": sorted(holder_names_in(tree, lines))}
 
 
 class Hints:
@@ -91,20 +98,14 @@ def other_encoding(source: bytes) -> bool:
     return False
 
 
-def keep_ranges(source: bytes, lines: tuple) -> tuple | None:
+def keep_ranges(tree, lines: tuple) -> tuple | None:
     """([[first, last], ...], [names]): the lines to keep (1-based, inclusive, sorted, disjoint): every
     function that holds an added line, whole, from its first decorator, and the header lines of each
     class around it; and the names the module binds by an import (the 3.11+ compiler calls a method
     of such a name with LOAD_ATTR, of any other with LOAD_METHOD: the kept lines are compiled with
     them bound the same way). None where an added line is not inside a function that sits in the
-    module or in classes only."""
-    if not lines or other_encoding(source):
-        return None
-    import ast     # here: a run whose probe watches no file never needs it
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):   # the agent's build may read it; it rewrites the whole module then
-        return None
+    module or in classes only. `tree`: the module parsed, `lines`: sorted."""
+    import ast
     ranges, covered = [], set()
     todo = [(tree.body, [])]
     while todo:
