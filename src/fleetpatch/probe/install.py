@@ -380,14 +380,20 @@ def hinted_holders(spec, seen):
     """The functions that hold the added lines, as the laptop's splice hint names them, where the
     hint is for the bytes this host has; None: the file is parsed here (about 5 ms a 1000-line
     module on 3.11, for each patched sibling at a patch's first deploy)."""
-    hint = spec.get("splice")
-    holders = hint.get("holders") if isinstance(hint, dict) else None
+    hint = hint_for(spec, read_source(spec["expected"], seen))
+    holders = hint.get("holders") if hint else None
     if not isinstance(holders, list) or not all(isinstance(n, str) for n in holders):
         return None
-    data = read_source(spec["expected"], seen)
-    if data is None or hashlib.sha256(data[0]).hexdigest() != hint.get("sha256"):
-        return None
     return set(holders)
+
+
+def hint_for(spec, data):
+    """The laptop's splice hint of a plan entry (probe/splice.py), where it was made for `data`
+    (read_source's answer: the bytes this host has); else None."""
+    hint = spec.get("splice")
+    if not isinstance(hint, dict) or data is None or hashlib.sha256(data[0]).hexdigest() != hint.get("sha256"):
+        return None
+    return hint
 
 
 def compile_module(runtime, name, spec, probe_dir, parsed, seen):
@@ -425,9 +431,9 @@ def spliced_module(runtime, spec, data):
     functions in place of the plain ones in the module it compiles or loads anyway (guards.splice);
     None where the hint is absent, is for other bytes, or a guard would land outside a function
     (the whole module is rewritten then)."""
-    hint = spec.get("splice")
+    hint = hint_for(spec, data)
     lines = frozenset(spec.get("lines") or ())
-    if not hint or not lines or data is None or hashlib.sha256(data[0]).hexdigest() != hint.get("sha256"):
+    if not hint or not lines:
         return None
     import ast
     try:
