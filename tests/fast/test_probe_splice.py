@@ -253,12 +253,25 @@ def test_the_sibling_counts_what_the_hint_names_and_the_patched_file_is_not_pars
     assert str(patched) in parsed
 
 
-def test_the_hints_holders_are_the_functions_the_agent_would_find(runtime):
-    """On real SGLang files: the names the laptop sends are the ones the agent's own parse gives."""
-    from fleetpatch.probe.guards import holder_names
-    tree = sglang_tree("0.5.9")
-    for path in sorted((tree / "sglang" / "srt" / "speculative").glob("eagle_worker*.py")):
-        source = path.read_bytes()
-        for chosen in [[n] for n in body_lines(source)[::7]]:
+def test_the_hints_holders_are_the_functions_the_agent_would_find(tmp_path):
+    """On the real SGLang workers: a sibling counts the same functions whether the agent takes the
+    laptop's names or parses the patched file itself."""
+    tree = sglang_tree("0.5.9") / "sglang" / "srt" / "speculative"
+    runtime_code = compile(probe_install.runtime_source(), "runtime.py", "exec")
+    checked = 0
+    for patched, sibling in [("eagle_worker.py", "eagle_worker_v2.py"), ("eagle_worker_v2.py", "eagle_worker.py")]:
+        source = (tree / patched).read_bytes()
+        for chosen in [[n] for n in body_lines(source)[::3]]:
             hint = splice.hint(source, chosen)
-            assert hint["holders"] == sorted(holder_names(source, str(path), chosen)) != [], (path.name, chosen)
+            counted = []
+            for given in (hint, {k: v for k, v in hint.items() if k != "holders"}):
+                plan = {"version": 1, "mode": "functions", "modules": {
+                    "w1": {"path": patched, "lines": chosen, "expected": str(tree / patched),
+                           "twins": [sibling], "splice": given},
+                    "w2": {"path": sibling, "lines": [], "expected": str(tree / sibling), "twins": [patched]}}}
+                folder = tmp_path / f"probe-{checked}-{len(counted)}"
+                folder.mkdir()
+                counted.append(probe_install.probe_plan(plan, str(folder), runtime_code)["modules"]["w2"]["counted"])
+            assert counted[0] == counted[1] == hint["holders"] != [], (patched, chosen, counted)
+            checked += 1
+    assert checked >= 10
