@@ -4,7 +4,11 @@ import sys
 
 def entry() -> None:
     """The program, with a Ctrl-C while it still loads (its first half second) ending as any
-    other interrupt does: one line, exit 130, no traceback; nothing has been done yet."""
+    other interrupt does: one line, exit 130, no traceback; nothing has been done yet. SIGTERM
+    interrupts as a Ctrl-C does (errors.Terminated)."""
+    import signal
+    from .errors import raise_terminated
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         from .cli import main
     except KeyboardInterrupt:

@@ -15,7 +15,7 @@ from invoke import Collection, Program
 from invoke.exceptions import ParseError
 
 from . import __version__, cli_fleet, cli_hosts
-from .cli_common import METAVAR, column_lines, err_line, help_width, usage_line, wrapped
+from .cli_common import METAVAR, column_lines, err_line, help_width, interrupted_line, usage_line, wrapped
 from .errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 ns = Collection(*cli_hosts.TASKS, *cli_fleet.TASKS)
@@ -133,8 +133,8 @@ class FleetpatchProgram(Program):
             sys.exit(EXIT_USAGE)
         try:
             return super().run([args[0] if args else "fleetpatch", *fixed], exit)
-        except KeyboardInterrupt:
-            print("fleetpatch: interrupted", file=sys.stderr)
+        except KeyboardInterrupt as e:
+            print(interrupted_line(e), file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)
 
     def parse_core(self, argv):

@@ -19,7 +19,7 @@ from invoke import task
 from invoke.tasks import Task
 from invoke.exceptions import Exit
 
-from .errors import FleetpatchError, UsageError, exit_code
+from .errors import FleetpatchError, UsageError, exit_code, interrupt_cause
 from .textsafe import safe_line
 
 HELP = {
@@ -151,6 +151,12 @@ class OutcomeShown(KeyboardInterrupt):
     """The run was interrupted (Ctrl-C) and its outcome is printed: the exit code is all that is left."""
 
 
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """The one line of a run interrupted before its hosts were at work; a SIGTERM says so."""
+    cause = interrupt_cause(exc)
+    return "fleetpatch: interrupted" + ("" if cause == "Ctrl-C" else f" ({cause})")
+
+
 def err_line(msg: str) -> None:
     # one line: a value quoted from a file or the command line cannot break it or act on the terminal
     print(f"fleetpatch: error: {safe_line(msg)}", file=sys.stderr, flush=True)
@@ -177,7 +183,7 @@ def command(**task_kw):
                 raise Exit(code=exit_code(e)) from None
             except KeyboardInterrupt as e:
                 if not isinstance(e, OutcomeShown):   # Ctrl-C before the command had hosts at work
-                    print("fleetpatch: interrupted", file=sys.stderr, flush=True)
+                    print(interrupted_line(e), file=sys.stderr, flush=True)
                 raise Exit(code=exit_code(e)) from None
 
         return task(body, positional=[], auto_shortflags=False, klass=FleetpatchTask, **task_kw)

@@ -130,12 +130,14 @@ class Interrupt:
     draining goes back into its routers untouched (drain.py asks `is_set`)."""
 
     def __init__(self) -> None:
+        self.cause = "Ctrl-C"   # what fired it, for the messages: "Ctrl-C" or "SIGTERM"
         self._fired = threading.Event()
         self._first = threading.local()
         self._handshaking: set = set()
         self._lock = threading.Lock()
 
-    def fire(self) -> None:
+    def fire(self, cause: str = "Ctrl-C") -> None:
+        self.cause = cause
         self._fired.set()
         with self._lock:
             socks = list(self._handshaking)

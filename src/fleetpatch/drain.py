@@ -199,7 +199,7 @@ def _drain(job, host, remote, d: Drainer, info: dict):
     t0 = time.monotonic()
     while True:
         if job.interrupt.is_set():
-            return Status.INTERRUPTED, "interrupted (Ctrl-C) while draining"
+            return Status.INTERRUPTED, f"interrupted ({job.interrupt.cause}) while draining"
         left = d.drain_timeout - (time.monotonic() - t0)
         req = dict(base_request(host, job), url=host.server.url, wait=max(0.0, min(DRAIN_CALL_S, left)))
         try:
@@ -211,7 +211,7 @@ def _drain(job, host, remote, d: Drainer, info: dict):
             info["in_flight_at_removal"] = int(out.get("first", 0))
         elapsed = time.monotonic() - t0
         if job.interrupt.is_set():   # arrived during the call: nothing was touched yet
-            return Status.INTERRUPTED, "interrupted (Ctrl-C) while draining"
+            return Status.INTERRUPTED, f"interrupted ({job.interrupt.cause}) while draining"
         if out.get("drained"):
             info["drained_s"] = round(elapsed, 3)
             return None

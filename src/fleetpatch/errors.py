@@ -99,6 +99,22 @@ class HostFailure(FleetpatchError):
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a `kill`, a CI job's timeout, a service manager stopping the shell): the run
+    stops as it does at a Ctrl-C, so that no host is left half-done and locked."""
+    cause = "SIGTERM"
+
+
+def interrupt_cause(exc: BaseException) -> str:
+    """What interrupted the run, as its messages name it: "Ctrl-C" or "SIGTERM"."""
+    return getattr(exc, "cause", "Ctrl-C")
+
+
+def raise_terminated(signum, frame) -> None:
+    """The SIGTERM handler: the main thread gets `Terminated` where a Ctrl-C gets KeyboardInterrupt."""
+    raise Terminated()
+
+
 def exit_code(exc: BaseException | None) -> int:
     """The process exit code for how a command ended (None: it ended normally)."""
     if exc is None:

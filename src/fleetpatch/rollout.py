@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import dialer
-from .errors import Status
+from .errors import Status, interrupt_cause
 from .inventory import Host, units_of
 from .hostcalls import HostResult
 
@@ -86,6 +86,7 @@ class Stop:
 
     reason: str | None = None
     interrupted: bool = False
+    cause: str = "Ctrl-C"   # what interrupted it: "Ctrl-C" or "SIGTERM"
     event: threading.Event = field(default_factory=threading.Event)
     interrupt: dialer.Interrupt | None = None   # the run's Ctrl-C, fired for the hosts at work
     # where a Ctrl-C pressed again is answered (the terminal: the run's output may be piped)
@@ -154,10 +155,11 @@ def run_stage(hosts: list[Host], fn: UnitFn, parallel: int, results: dict, stop:
                     if budget is not None and failures > budget:
                         stop.set(_over_budget(budget, failures, any(r.details.get("node_group")
                                                                     for r in results.values())))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            stop.cause = interrupt_cause(e)
             if stop.interrupt is not None:   # a host still connecting, or draining, is left untouched at once
-                stop.interrupt.fire()
-            stop.set("interrupted (Ctrl-C): no new host was started; the hosts in flight were let finish "
+                stop.interrupt.fire(stop.cause)
+            stop.set(f"interrupted ({stop.cause}): no new host was started; the hosts in flight were let finish "
                      "(or roll back)", interrupted=True)
             # Let each host in flight finish or undo its step; a Ctrl-C again says what is waited for.
             while in_flight:
@@ -183,7 +185,7 @@ def still_waiting(hosts: list[str], pid: int | None = None) -> str:
 
 
 def _skipped(host: Host, stop: Stop) -> HostResult:
-    why = "interrupted (Ctrl-C)" if stop.interrupted else (stop.reason or "the run stopped")
+    why = f"interrupted ({stop.cause})" if stop.interrupted else (stop.reason or "the run stopped")
     return HostResult(host.name, False, Status.SKIPPED, f"{host.name}: not started ({why}); untouched")
 
 
@@ -207,6 +209,7 @@ def _bake_stage(stage: list[Host], bake: Callable[[Host, HostResult], HostResult
     for name, r in baked.items():
         results[name] = r
     if watching.interrupted:   # Ctrl-C during the bake stops the rollout too: no next batch
+        stop.cause = watching.cause
         stop.set(watching.reason, interrupted=True)
     failures = _failed_units(results)
     if failures > budget and stop.reason is None:

@@ -66,7 +66,7 @@ class Tunnel:
             ssh.open()
         except HostFailure as f:
             if self.interrupt.first_contact_aborted():   # not a failure of the via host: the next call dials again
-                raise TunnelError(f"interrupted (Ctrl-C) while the SSH connection to the via host {self.host.name} "
+                raise TunnelError(f"interrupted ({self.interrupt.cause}) while the SSH connection to the via host {self.host.name} "
                                   "(router.via) was being made") from None
             why = f"cannot open the SSH connection to the via host {self.host.name} (router.via): {f.message}"
             self._failed = (why, time.monotonic())

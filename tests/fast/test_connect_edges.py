@@ -67,7 +67,8 @@ def test_a_port_that_stops_answering_is_named_for_what_it_did(tmp_path, greeting
     assert "Traceback" not in out + rolled
 
 
-def test_ctrl_c_while_a_host_is_still_connecting_ends_at_once_and_leaves_it_untouched(tmp_path):
+@pytest.mark.parametrize("signame,said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM")])
+def test_ctrl_c_while_a_host_is_still_connecting_ends_at_once_and_leaves_it_untouched(tmp_path, signame, said):
     lst = Listener(lambda conn: None)   # accepts, never sends a banner
     try:
         inv = inventory(tmp_path, lst.port, connect_timeout=30)
@@ -86,7 +87,7 @@ def test_ctrl_c_while_a_host_is_still_connecting_ends_at_once_and_leaves_it_unto
                 break
         time.sleep(0.3)   # into the SSH handshake, which would wait 30 s for a banner
         t = time.monotonic()
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, signame))
         out, _ = p.communicate(timeout=60)
         took = time.monotonic() - t
         out = "".join(seen) + out
@@ -96,6 +97,6 @@ def test_ctrl_c_while_a_host_is_still_connecting_ends_at_once_and_leaves_it_unto
     assert took < 5, f"Ctrl-C took {took:.1f}s to end the run"
     host = json.loads(report.read_text())["hosts"]["quiet"]
     assert host["status"] == "skipped", host
-    assert "interrupted (Ctrl-C) while its SSH connection was being made; untouched" in host["message"]
+    assert f"interrupted ({said}) while its SSH connection was being made; untouched" in host["message"]
     assert out.splitlines()[-1].startswith("INTERRUPTED: rollout on 1 host: 1 skipped"), out
     assert "Traceback" not in out

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fleetpatch import report, rollout, steps
 from fleetpatch.cli_common import Common, finish
 from fleetpatch.errors import Status
@@ -147,9 +149,11 @@ def test_a_ctrl_c_while_the_program_still_loads_is_one_line_and_exit_130():
     assert (p.returncode, p.stdout, p.stderr) == (130, "", "fleetpatch: interrupted while starting; nothing was done\n")
 
 
-def test_a_ctrl_c_while_the_command_reads_its_inputs_is_one_line_and_exit_130(tmp_path):
+@pytest.mark.parametrize("signame,said", [("SIGINT", "fleetpatch: interrupted\n"),
+                                          ("SIGTERM", "fleetpatch: interrupted (SIGTERM)\n")])
+def test_a_ctrl_c_while_the_command_reads_its_inputs_is_one_line_and_exit_130(tmp_path, signame, said):
     """Before any host is at work (here: the inventory is a pipe nobody writes, so the command
-    waits in its read), Ctrl-C ends it with one line, not silently."""
+    waits in its read), Ctrl-C ends it with one line, not silently; a SIGTERM too."""
     import os
     import signal
     import time
@@ -163,9 +167,9 @@ def test_a_ctrl_c_while_the_command_reads_its_inputs_is_one_line_and_exit_130(tm
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and wchan.read_text() != "wait_for_partner":   # in the pipe's open
             time.sleep(0.05)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, signame))
         out, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert (p.returncode, out, err) == (130, "", "fleetpatch: interrupted\n")
+    assert (p.returncode, out, err) == (130, "", said)

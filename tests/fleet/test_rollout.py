@@ -124,7 +124,9 @@ def test_an_unreachable_host_is_reported_and_does_not_block_the_others(op8, flee
     assert run.report["counts"] == {"verified": 2, "unreachable": 1}
 
 
-def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untouched(op8, fleet8):
+@pytest.mark.parametrize("sig,said", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untouched(op8, fleet8, sig, said):
+    """A SIGTERM (a `kill`, a CI job's timeout) stops the run as a Ctrl-C does."""
     doc = op8.inventory()
     for n in NAMES:
         doc["hosts"][n]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_STARTUP_DELAY"] = "1.5"
@@ -139,15 +141,18 @@ def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untou
         seen.append(line)
         if " restart" in line:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(seen) + out
     doc = json.loads(report.read_text())
     assert doc["interrupted"] is True
+    assert doc["stopped"].startswith(f"stopped: interrupted ({said}): no new host was started"), doc["stopped"]
     statuses = {n: doc["hosts"][n]["status"] for n in NAMES}
     # interrupted: a host in flight that the Ctrl-C reached before its write (read, locked, left as it was)
     assert set(statuses.values()) <= {"verified", "rolled-back", "skipped", "interrupted"}, statuses
     assert "verified" in statuses.values() and "skipped" in statuses.values()
+    assert all(f"not started (interrupted ({said})); untouched" in doc["hosts"][n]["message"]
+               for n, st in statuses.items() if st == "skipped"), doc["hosts"]
     assert doc["ok"] is False
     last = out.splitlines()[-1]
     assert last.startswith("INTERRUPTED: rollout on 8 hosts: "), last

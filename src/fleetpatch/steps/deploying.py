@@ -62,7 +62,7 @@ def interrupted_before_writing(run: HostRun, label: str | None) -> HostResult | 
     (Once the write is sent, the host finishes it, and its restart and verification.)"""
     if not run.job.interrupt.is_set():
         return None
-    return run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted (Ctrl-C) before anything was written; "
+    return run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted ({run.job.interrupt.cause}) before anything was written; "
                                                  "untouched, not restarted", patch=label)
 
 
