@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from fleetpatch import steps
+from fleetpatch.agent.procs import PID_CLOCK_SLACK_S, proc_stat, started_epoch
 from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 from fleetpatch.engines import sglang
@@ -137,12 +138,19 @@ class LocalHost:
 
     # -- server ------------------------------------------------------------
     def server_pid(self) -> int | None:
+        """The pidfile's live process; not one that began after the pidfile was written (the
+        server ended and the pid went to another process: stop() must not kill -9 it)."""
         try:
             pid = int(self.pidfile.read_text().split()[0])
+            written = self.pidfile.stat().st_mtime
             os.kill(pid, 0)
-            return pid
         except (OSError, ValueError, IndexError):
             return None
+        stat = proc_stat(pid)
+        began = started_epoch(stat) if stat is not None else None
+        if stat is None or (began is not None and began > written + PID_CLOCK_SLACK_S):
+            return None
+        return pid
 
     def stop(self) -> None:
         pid = self.server_pid()
