@@ -67,7 +67,7 @@ def test_a_port_that_stops_answering_is_named_for_what_it_did(tmp_path, greeting
     assert "Traceback" not in out + rolled
 
 
-@pytest.mark.parametrize("signame,said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM")])
+@pytest.mark.parametrize("signame,said", [("SIGINT", "Ctrl-C"), ("SIGTERM", "SIGTERM")], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_while_a_host_is_still_connecting_ends_at_once_and_leaves_it_untouched(tmp_path, signame, said):
     lst = Listener(lambda conn: None)   # accepts, never sends a banner
     try:

@@ -150,7 +150,7 @@ def test_a_ctrl_c_while_the_program_still_loads_is_one_line_and_exit_130():
 
 
 @pytest.mark.parametrize("signame,said", [("SIGINT", "fleetpatch: interrupted\n"),
-                                          ("SIGTERM", "fleetpatch: interrupted (SIGTERM)\n")])
+                                          ("SIGTERM", "fleetpatch: interrupted (SIGTERM)\n")], ids=["ctrl-c", "sigterm"])
 def test_a_ctrl_c_while_the_command_reads_its_inputs_is_one_line_and_exit_130(tmp_path, signame, said):
     """Before any host is at work (here: the inventory is a pipe nobody writes, so the command
     waits in its read), Ctrl-C ends it with one line, not silently; a SIGTERM too."""
