@@ -391,8 +391,8 @@ class SSHTransport:
         self._conn = conn
 
     def _not_contacted(self) -> str:
-        return (f"{self.host.name} ({self.host.target}): not contacted: interrupted ({self.interrupt.cause}) while its SSH "
-                "connection was being made; untouched")
+        return (f"{self.host.name} ({self.host.target}): not contacted: interrupted ({self.interrupt.cause}) "
+                "while its SSH connection was being made; untouched")
 
     def close(self) -> None:
         if self._conn is not None:

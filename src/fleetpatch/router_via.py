@@ -66,8 +66,8 @@ class Tunnel:
             ssh.open()
         except HostFailure as f:
             if self.interrupt.first_contact_aborted():   # not a failure of the via host: the next call dials again
-                raise TunnelError(f"interrupted ({self.interrupt.cause}) while the SSH connection to the via host {self.host.name} "
-                                  "(router.via) was being made") from None
+                raise TunnelError(f"interrupted ({self.interrupt.cause}) while the SSH connection to the via host "
+                                  f"{self.host.name} (router.via) was being made") from None
             why = f"cannot open the SSH connection to the via host {self.host.name} (router.via): {f.message}"
             self._failed = (why, time.monotonic())
             raise TunnelError(why) from None

@@ -62,8 +62,8 @@ def interrupted_before_writing(run: HostRun, label: str | None) -> HostResult | 
     (Once the write is sent, the host finishes it, and its restart and verification.)"""
     if not run.job.interrupt.is_set():
         return None
-    return run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted ({run.job.interrupt.cause}) before anything was written; "
-                                                 "untouched, not restarted", patch=label)
+    return run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted ({run.job.interrupt.cause}) before "
+                                                 "anything was written; untouched, not restarted", patch=label)
 
 
 def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:

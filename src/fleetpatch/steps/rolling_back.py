@@ -28,8 +28,9 @@ def rollback(run: HostRun) -> HostResult:
         names = [wanted_name(job)] if wanted_name(job) else newest_first(ledger)
         if job.interrupt.is_set() and (names or ledger.get("restart_pending")):
             # Ctrl-C while the ledger was read: nothing is restored or restarted
-            return lock.annotate(run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted ({job.interrupt.cause}) before "
-                                            "anything was restored; untouched, not restarted"))
+            return lock.annotate(run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted "
+                                            f"({job.interrupt.cause}) before anything was restored; untouched, "
+                                            "not restarted"))
         if not names and ledger.get("restart_pending") and ledger.get("rolled_back"):
             # an earlier rollback restored the files (or the next run finished it for a
             # killed one) but the server still runs the patched code: restart and check it
