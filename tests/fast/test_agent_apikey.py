@@ -201,3 +201,65 @@ def test_a_401_when_the_key_could_not_be_read_says_so_and_what_to_do(vllm_server
             "/proc/4242 (environ: Permission denied)") in why
     assert "run fleetpatch as root" in why
     assert Vllm033.seen == [("/v1/models", None)]      # refused at the model's name: nothing more was sent
+
+
+# A container's main process is the OCI runtime's init (`runc init`) for a moment after `start`
+# returned, then execs the server: stood in for by a process named `runc` that execs a keyed
+# command when told to (a line on its stdin); the key is nowhere in its command line before.
+BECOMES_THE_SERVER = ("import os, sys; sys.stdin.readline(); python = os.environ.pop('THE_PYTHON'); "
+                      "os.execv(python, [python, '-c', 'import time; time.sleep(60)', "
+                      "'--api-key', os.environ.pop('THE_KEY')])")
+
+
+@pytest.fixture
+def runtime_init(tmp_path):
+    proc = subprocess.Popen(["runc", "-c", BECOMES_THE_SERVER], executable=sys.executable, stdin=subprocess.PIPE,
+                            env={**os.environ, "THE_KEY": KEY, "THE_PYTHON": sys.executable})
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"runc\0") \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def exec_now(proc) -> None:
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+
+
+def test_the_follow_reads_the_key_again_until_the_process_it_watches_has_become_the_server(runtime_init, tmp_path):
+    from fleetpatch.agent.follow import Follow
+    from fleetpatch.agent.state import RequestReader
+    log = tmp_path / "server.log"
+    log.write_bytes(b"")
+    laptop_side, agent_side = os.pipe()   # the request stream the laptop's decision would come on
+    state = AgentState()
+    state.requests = RequestReader(laptop_side)
+    follow = Follow(state, {"op": "follow", "log": str(log), "inode": os.stat(log).st_ino, "offset": 0,
+                            "timeout": 5, "pid": runtime_init.pid})
+    try:
+        before = follow.server_key()
+        assert (before.key, before.unreadable) == (None, None), "the runtime's init names no key"
+        exec_now(runtime_init)
+        deadline = time.monotonic() + 30
+        while follow.server_key().key is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (follow.server_key().key, follow.server_key().source) == (KEY, "--api-key")
+        assert KEY in follow.state.secrets, "from here on no line the session writes carries it"
+    finally:
+        follow.close()
+        os.close(laptop_side)
+        os.close(agent_side)
+
+
+def test_a_restarted_container_is_followed_once_its_process_has_left_the_runtime(runtime_init):
+    from fleetpatch.agent.container import past_runtime_init
+    assert past_runtime_init(runtime_init.pid, within=0.2) is False, "still `runc`: the wait ends at its bound"
+    threading.Timer(0.2, exec_now, (runtime_init,)).start()
+    assert past_runtime_init(runtime_init.pid, within=30) is True
+    argv = Path(f"/proc/{runtime_init.pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[0] == sys.executable.encode() and KEY.encode() in argv

@@ -340,8 +340,37 @@ def restart_container(restart):
         raise AgentError("restart-failed", "`%s start %s` failed (%s); `%s logs %s` says why"
                          % (runtime, name, failed, runtime, name))
     now = describe(inspect(name, runtime), name, runtime)
+    if now["running"]:
+        past_runtime_init(now["pid"])
     window = dict(note(now), since=since, runtime=runtime)
     return {"container": window, "stop_s": stop_s}, {"inode": None, "offset": 0}, now["pid"] if now["running"] else None
+
+
+OCI_RUNTIMES = ("runc", "crun", "youki", "runsc")   # what a container's main process runs before its exec
+RUNTIME_INIT_WAIT_S = 5.0
+
+
+def past_runtime_init(pid, within=RUNTIME_INIT_WAIT_S):
+    """Wait until the container's main process has left the OCI runtime for the container's
+    command. `start` returns once the runtime has told its init to exec, and the process (the pid
+    inspect names) can still be `runc init` a moment later, more so on a busy host: what the
+    follow reads of it (how it was launched, its API key) must be the server's. True once it is
+    (or it is gone); False if it still runs the runtime after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                argv0 = f.read().split(b"\0", 1)[0]
+        except (IOError, OSError):
+            return True
+        if argv0 and os.path.basename(argv0).decode("utf-8", "replace") not in OCI_RUNTIMES:
+            return True
+        stat = None if argv0 else proc_stat(pid)
+        if not argv0 and (stat is None or stat.state in ("Z", "X")):   # ended: nothing to wait for
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
 
 
 def container_pid(restart):

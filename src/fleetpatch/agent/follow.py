@@ -198,8 +198,11 @@ class Follow(object):
 
     def server_key(self):
         """The restarted server's API key (an apikey.ServerKey), read from its /proc at the first
-        request to it (a health check, or the smoke requests); read again while /proc could not be."""
-        if self.found_key is None or (self.found_key.key is None and self.found_key.unreadable):
+        request to it (a health check, or the smoke requests); read again while none is found. Not
+        found is no answer to keep: a container's main process runs the runtime's init (`runc init`)
+        for a moment after `start` returned, before it becomes the server, and a key read then
+        would send the smoke requests without it (HTTP 401)."""
+        if self.found_key is None or self.found_key.key is None:
             self.found_key = known_key(self.state, self.pid, self.api_key_env)
         return self.found_key
 
