@@ -26,6 +26,7 @@ from fleetpatch.agent.state import AgentState
 from fleetpatch.engines import get as get_profile
 from fleetpatch.steps.follow import smoke_failure
 from fleetpatch_demo.standins.vllm.auth import ApiKeyCheck
+from support.follows import follow_of
 
 KEY = "sk-fleetpatch-test-4f9a2c"
 
@@ -232,16 +233,7 @@ def exec_now(proc) -> None:
 
 
 def test_the_follow_reads_the_key_again_until_the_process_it_watches_has_become_the_server(runtime_init, tmp_path):
-    from fleetpatch.agent.follow import Follow
-    from fleetpatch.agent.state import RequestReader
-    log = tmp_path / "server.log"
-    log.write_bytes(b"")
-    laptop_side, agent_side = os.pipe()   # the request stream the laptop's decision would come on
-    state = AgentState()
-    state.requests = RequestReader(laptop_side)
-    follow = Follow(state, {"op": "follow", "log": str(log), "inode": os.stat(log).st_ino, "offset": 0,
-                            "timeout": 5, "pid": runtime_init.pid})
-    try:
+    with follow_of(tmp_path / "server.log", pid=runtime_init.pid) as follow:
         before = follow.server_key()
         assert (before.key, before.unreadable) == (None, None), "the runtime's init names no key"
         exec_now(runtime_init)
@@ -250,10 +242,6 @@ def test_the_follow_reads_the_key_again_until_the_process_it_watches_has_become_
             time.sleep(0.01)
         assert (follow.server_key().key, follow.server_key().source) == (KEY, "--api-key")
         assert KEY in follow.state.secrets, "from here on no line the session writes carries it"
-    finally:
-        follow.close()
-        os.close(laptop_side)
-        os.close(agent_side)
 
 
 def test_a_restarted_container_is_followed_once_its_process_has_left_the_runtime(runtime_init):

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from fleetpatch.agent.follow import Follow
 from fleetpatch.agent.logs import LogWatch
 from fleetpatch.agent.procs import pid_alive, wait_pid_gone
-from fleetpatch.agent.state import AgentState, RequestReader
+from fleetpatch.agent.state import RequestReader
+from support.follows import follow_of
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfd and inotify are Linux's")
 
@@ -97,14 +97,7 @@ def test_a_watched_follow_waits_for_the_log_not_the_clock_and_never_spins(tmp_pa
     """With inotify the follow's timer is slow (the log wakes it); a health check that falls
     due shortens the wait, and one that is overdue but not made (the server is dead, so
     check_health skips it) still leaves a real wait: no busy loop until the laptop decides."""
-    log = tmp_path / "sglang.log"
-    log.write_bytes(b"")
-    laptop_side, agent_side = os.pipe()   # the request stream the laptop's decision would come on
-    state = AgentState()
-    state.requests = RequestReader(laptop_side)
-    follow = Follow(state, {"op": "follow", "log": str(log), "inode": os.stat(log).st_ino, "offset": 0,
-                               "timeout": 5, "health_url": "http://127.0.0.1:9/health"})
-    try:
+    with follow_of(tmp_path / "sglang.log", health_url="http://127.0.0.1:9/health") as follow:
         assert follow.watch is not None and follow.watch.fds()
         follow.next_health = time.monotonic() + 60
         assert follow.poll_wait() == follow.WATCHED_POLL_S > follow.POLL_S
@@ -114,7 +107,3 @@ def test_a_watched_follow_waits_for_the_log_not_the_clock_and_never_spins(tmp_pa
         assert follow.poll_wait() >= follow.POLL_S
         follow.health_url = None
         assert follow.poll_wait() == follow.WATCHED_POLL_S
-    finally:
-        follow.close()
-        os.close(laptop_side)
-        os.close(agent_side)
