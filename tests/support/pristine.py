@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from dataclasses import asdict
 
 from fleetpatch_demo.fleet import Fleet
@@ -50,6 +51,33 @@ def host_state(fleet: Fleet, name: str) -> tuple | None:
                 tuple(_entries(str(h.dir))))
     except (OSError, IndexError):
         return None
+
+
+def settle(fleet: Fleet, names, quiet: float = 0.05, within: float = 5.0) -> None:
+    """Wait until the servers' logs of `names` have not grown, and the processes in their namespaces
+    not changed, for `quiet` seconds (at most `within`). A reset ends when /health answers 200, and
+    a server can still be at its start then (the stand-in answers 200 once it is ready and writes
+    its ready line a moment later): recorded before it settles, a host would count as changed at
+    the next look."""
+    logs = [fleet.hosts[n].log_of(s) for n in names for s in fleet.hosts[n].server_names]
+
+    def now():
+        sizes = []
+        for log in logs:
+            try:
+                sizes.append(os.stat(log).st_size)
+            except OSError:
+                sizes.append(None)
+        return sizes, [sorted(fleet.processes(n)) for n in names]
+
+    deadline = time.monotonic() + within
+    last = now()
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        seen = now()
+        if seen == last:
+            return
+        last = seen
 
 
 def _entries(top: str):
@@ -106,6 +134,7 @@ class Pristine:
             fleet.reset_all(names=changed)
             for name in changed:
                 fleet.clear_commands(name)
+            settle(fleet, changed)
             for name in changed:
                 state = host_state(fleet, name)
                 if state is not None:
