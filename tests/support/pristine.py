@@ -137,6 +137,11 @@ class Pristine:
             settle(fleet, changed)
             for name in changed:
                 state = host_state(fleet, name)
+                for _ in range(50):   # a process of the old server still exiting (a zombie) reads as None
+                    if state is not None or fleet.hosts[name].containerized:
+                        break
+                    time.sleep(0.02)
+                    state = host_state(fleet, name)
                 if state is not None:
                     self._after_reset[self._key(fleet, name)] = state
         self.resets += len(changed)
