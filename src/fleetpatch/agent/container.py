@@ -44,8 +44,8 @@ import time
 from . import inroot
 from .base import AgentError
 from .package import dist_info_version
-from .procs import (pid_alive, pidfile_mismatch, proc_stat, read_pid, refuse_to_signal, run_tool, signal_if_same,
-                    wait_pid_gone)
+from .procs import (pid_alive, pidfile_mismatch, proc_argv, proc_stat, read_pid, refuse_to_signal, run_tool,
+                    signal_if_same, wait_pid_gone)
 from .runtime_api import LogStream, api_socket, call, message, quote
 
 # ops that read or act on the container (the others touch only the state dir on the host, or HTTP)
@@ -358,15 +358,11 @@ def past_runtime_init(pid, within=RUNTIME_INIT_WAIT_S):
     (or it is gone); False if it still runs the runtime after `within` seconds."""
     deadline = time.monotonic() + within
     while True:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                argv0 = f.read().split(b"\0", 1)[0]
-        except (IOError, OSError):
-            return True
-        if argv0 and os.path.basename(argv0).decode("utf-8", "replace") not in OCI_RUNTIMES:
-            return True
-        stat = None if argv0 else proc_stat(pid)
-        if not argv0 and (stat is None or stat.state in ("Z", "X")):   # ended: nothing to wait for
+        argv = proc_argv(pid)
+        if argv is None:   # unreadable, or empty: it ended, or is between exec and its new memory
+            if not pid_alive(pid):
+                return True
+        elif os.path.basename(argv[0]) not in OCI_RUNTIMES:
             return True
         if time.monotonic() >= deadline:
             return False
