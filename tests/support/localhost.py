@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from fleetpatch import steps
-from fleetpatch.agent.procs import PID_CLOCK_SLACK_S, proc_stat, started_epoch
+from fleetpatch.agent.procs import began_after, proc_stat
 from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 from fleetpatch.engines import sglang
@@ -147,10 +147,7 @@ class LocalHost:
         except (OSError, ValueError, IndexError):
             return None
         stat = proc_stat(pid)
-        began = started_epoch(stat) if stat is not None else None
-        if stat is None or (began is not None and began > written + PID_CLOCK_SLACK_S):
-            return None
-        return pid
+        return None if stat is None or began_after(stat, written) else pid
 
     def stop(self) -> None:
         pid = self.server_pid()

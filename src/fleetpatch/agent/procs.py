@@ -186,6 +186,14 @@ def started_epoch(stat):
     return boot + stat.start / float(os.sysconf("SC_CLK_TCK"))
 
 
+def began_after(stat, written):
+    """Did the process of `stat` (a ProcStat) begin after `written` (seconds since the epoch: when
+    its pidfile was written)? Then it is not the process that wrote it, whose pid it took. False
+    where either time is unknown."""
+    began = started_epoch(stat)
+    return written is not None and began is not None and began > written + PID_CLOCK_SLACK_S
+
+
 def what_runs(argv):
     """What a command line runs, leaving out the flags an operator changes between restarts: for
     an interpreter, the module (`-m X`) or the script it is given; else nothing more."""
@@ -232,11 +240,10 @@ def pidfile_mismatch(pid, argv, pidfile):
         written = os.stat(pidfile).st_mtime
     except OSError:
         written = None
-    began = started_epoch(stat)
-    if written is not None and began is not None and began > written + PID_CLOCK_SLACK_S:
+    if began_after(stat, written):
         when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
         return ("it started at %s, after the pidfile was written (%s): the server that wrote it ended and its pid "
-                "went to another process" % (when(began), when(written)))
+                "went to another process" % (when(started_epoch(stat)), when(written)))
     running = proc_argv(pid)
     if not same_program(pid, running, argv):
         return "its command line `%s` runs another program than server.restart.start `%s`" % (
