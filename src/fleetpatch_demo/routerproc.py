@@ -216,18 +216,16 @@ def router_install(version: str) -> Path:
     """sglang-router `version` from its PyPI wheel, unpacked once into the cache (pip install --target).
 
     For running older routers (0.1.x and 0.2.x APIs) next to the installed one."""
+    from fleetpatch.engines import sglang_wheel
+
     from .wheels import cache_dir
     dest = cache_dir() / "router" / version
     if (dest / ".complete").exists():
         return dest
     wheels = cache_dir() / "router-wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    found = sorted(wheels.glob("sglang_router-%s-*.whl" % version)) or [
+        sglang_wheel.pip_download("sglang-router==%s" % version, "sglang_router-%s-*.whl" % version, wheels)]
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    got = subprocess.run(pip + ["download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels),
-                                "sglang-router==%s" % version], capture_output=True, text=True)
-    found = sorted(wheels.glob("sglang_router-%s-*.whl" % version))
-    if got.returncode != 0 or not found:
-        raise RuntimeError("could not download sglang-router==%s: %s" % (version, (got.stderr or got.stdout).strip()))
     tmp = dest.with_name(dest.name + ".tmp%d" % os.getpid())
     done = subprocess.run(pip + ["install", "--no-deps", "--target", str(tmp), str(found[0])],
                           capture_output=True, text=True)

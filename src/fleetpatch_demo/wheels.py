@@ -8,7 +8,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -36,20 +35,9 @@ def cache_dir() -> Path:
 
 def wheel_path(version: str) -> Path:
     """The sglang wheel for `version`, downloaded once with pip."""
-    wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
-    wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-           "--disable-pip-version-check", "-d", str(wheels), f"sglang=={version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(
-            f"could not download sglang=={version} from PyPI: {proc.stderr.strip() or proc.stdout.strip()}"
-        )
-    return found[0]
+    from fleetpatch.engines import sglang_wheel   # here: the demo's other commands need none of it
+
+    return sglang_wheel.download(version, cache_dir() / "wheels")
 
 
 def trees_dir() -> Path:

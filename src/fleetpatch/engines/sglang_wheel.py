@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -368,15 +369,25 @@ def download(version: str, dest: Optional[Path] = None) -> Path:
     found = sorted(dest.glob(f"sglang-{version}-*.whl"))
     if found:
         return found[0]
+    return pip_download(f"sglang=={version}", f"sglang-{version}-*.whl", dest)
+
+
+def pip_download(requirement: str, pattern: str, dest: Path) -> Path:
+    """One wheel (`pattern`) of `requirement` into `dest`, by `pip download`: into a folder of this
+    process's own, then renamed into place. Processes that want the same release at once (test
+    workers) each download it, and none reads a wheel that another is still writing: two pips
+    copying into one folder made one of them fail (CI, 2026-12-06)."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
-           "--disable-pip-version-check", "-d", str(dest), f"sglang=={version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(dest.glob(f"sglang-{version}-*.whl"))
-    if proc.returncode != 0 or not found:
-        why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        raise RuntimeError(f"could not download sglang=={version}: {why[-1] if why else 'no wheel'}")
-    return found[0]
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=dest) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
+               "--disable-pip-version-check", "-d", tmp, requirement]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob(pattern))
+        if proc.returncode != 0 or not got:
+            why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise RuntimeError(f"could not download {requirement}: {why[-1] if why else 'no wheel'}")
+        os.replace(got[0], dest / got[0].name)
+    return dest / got[0].name
 
 
 def _flat(prefix: str, value, out: Dict[str, object]) -> None:
