@@ -5,10 +5,12 @@ import sys
 def entry() -> None:
     """The program, with a Ctrl-C while it still loads (its first half second) ending as any
     other interrupt does: one line, exit 130, no traceback; nothing has been done yet. SIGTERM
-    interrupts as a Ctrl-C does (errors.Terminated)."""
+    and SIGHUP interrupt as a Ctrl-C does (errors.Terminated)."""
     import signal
     from .errors import raise_terminated
     signal.signal(signal.SIGTERM, raise_terminated)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:   # under nohup it stays ignored
+        signal.signal(signal.SIGHUP, on_hangup([fd for fd in (1, 2) if _isatty(fd)]))
     try:
         from .cli import main
     except KeyboardInterrupt:
@@ -19,6 +21,32 @@ def entry() -> None:
     except SystemExit as done:
         leave(done)
         raise
+
+
+def on_hangup(terminal_fds: list):
+    """The SIGHUP handler: the terminal the run printed to is gone, so what is still printed to
+    it (the stop's lines, the summary) goes to /dev/null instead of failing; then the run stops
+    as at SIGTERM: the hosts in flight finish or undo their step, the report is written, exit 130."""
+    def hung_up(signum, frame):
+        import os
+        from .errors import Terminated
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            for fd in terminal_fds:
+                os.dup2(null, fd)
+            os.close(null)
+        except OSError:
+            pass
+        raise Terminated("SIGHUP")
+    return hung_up
+
+
+def _isatty(fd: int) -> bool:
+    import os
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def leave(done: SystemExit) -> None:

@@ -130,7 +130,7 @@ class Interrupt:
     draining goes back into its routers untouched (drain.py asks `is_set`)."""
 
     def __init__(self) -> None:
-        self.cause = "Ctrl-C"   # what fired it, for the messages: "Ctrl-C" or "SIGTERM"
+        self.cause = "Ctrl-C"   # what fired it, for the messages: "Ctrl-C", "SIGTERM" or "SIGHUP"
         self._fired = threading.Event()
         self._first = threading.local()
         self._handshaking: set = set()

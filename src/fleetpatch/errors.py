@@ -100,19 +100,24 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a `kill`, a CI job's timeout, a service manager stopping the shell): the run
-    stops as it does at a Ctrl-C, so that no host is left half-done and locked."""
-    cause = "SIGTERM"
+    """A signal from outside ends the run: SIGTERM (a `kill`, a CI job's timeout, a service manager
+    stopping the shell) or SIGHUP (the terminal, or the SSH session to the machine it runs on, went
+    away). The run stops as it does at a Ctrl-C, so that no host is left half-done and locked."""
+
+    def __init__(self, cause: str = "SIGTERM"):
+        super().__init__()
+        self.cause = cause
 
 
 def interrupt_cause(exc: BaseException) -> str:
-    """What interrupted the run, as its messages name it: "Ctrl-C" or "SIGTERM"."""
+    """What interrupted the run, as its messages name it: "Ctrl-C", "SIGTERM" or "SIGHUP"."""
     return getattr(exc, "cause", "Ctrl-C")
 
 
 def raise_terminated(signum, frame) -> None:
     """The SIGTERM handler: the main thread gets `Terminated` where a Ctrl-C gets KeyboardInterrupt."""
-    raise Terminated()
+    import signal
+    raise Terminated(signal.Signals(signum).name)
 
 
 def exit_code(exc: BaseException | None) -> int:

@@ -71,11 +71,27 @@ class LineConsole:
             self._rich.print(text, markup=False, highlight=False, soft_wrap=True)
             return
         stream = sys.stderr if self.stderr else sys.stdout
-        stream.write(text + "\n")
-        stream.flush()
+        try:
+            stream.write(text + "\n")
+            stream.flush()
+        except OSError:
+            # The reader went away (`| head`, a `tee` ended by the same hangup) or the terminal hung
+            # up. A host's thread prints its progress here mid-step: the step goes on, the rest of
+            # the output goes to /dev/null, and the report still records every host.
+            _to_devnull(stream)
 
     def print(self, *objects, **kw) -> None:
         self._resolve().print(*objects, **kw)
+
+
+def _to_devnull(stream) -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+        stream.flush()   # what the failed write left in the buffer goes there too
+    except (OSError, ValueError):
+        pass
 
 
 def preload() -> None:

@@ -86,7 +86,7 @@ class Stop:
 
     reason: str | None = None
     interrupted: bool = False
-    cause: str = "Ctrl-C"   # what interrupted it: "Ctrl-C" or "SIGTERM"
+    cause: str = "Ctrl-C"   # what interrupted it: "Ctrl-C", "SIGTERM" or "SIGHUP"
     event: threading.Event = field(default_factory=threading.Event)
     interrupt: dialer.Interrupt | None = None   # the run's Ctrl-C, fired for the hosts at work
     # where a Ctrl-C pressed again is answered (the terminal: the run's output may be piped)

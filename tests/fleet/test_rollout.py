@@ -124,17 +124,25 @@ def test_an_unreachable_host_is_reported_and_does_not_block_the_others(op8, flee
     assert run.report["counts"] == {"verified": 2, "unreachable": 1}
 
 
-@pytest.mark.parametrize("sig,said", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untouched(op8, fleet8, sig, said):
-    """A SIGTERM (a `kill`, a CI job's timeout) stops the run as a Ctrl-C does."""
+def slow_starts(op8):
+    """Every server takes 1.5 s to start: the run is still mid-restart when it is interrupted."""
     doc = op8.inventory()
     for n in NAMES:
         doc["hosts"][n]["server"]["restart"]["env"]["FLEETPATCH_STANDIN_STARTUP_DELAY"] = "1.5"
     op8.write_inventory(doc)
+
+
+ROLLOUT_ALL = [sys.executable, "-m", "fleetpatch", "rollout", "--patch", "spec-path-beacon",
+               "--group", "all", "--canary", "0", "--parallel", "2"]
+
+
+@pytest.mark.parametrize("sig,said", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untouched(op8, fleet8, sig, said):
+    """A SIGTERM (a `kill`, a CI job's timeout) stops the run as a Ctrl-C does."""
+    slow_starts(op8)
     before = snapshot(fleet8, NAMES)
     report = op8.workdir / "int.json"
-    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "rollout", "--patch", "spec-path-beacon",
-                             "--group", "all", "--canary", "0", "--parallel", "2", "--report", str(report)],
+    proc = subprocess.Popen(ROLLOUT_ALL + ["--report", str(report)],
                             cwd=op8.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in proc.stdout:
@@ -145,18 +153,53 @@ def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untou
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(seen) + out
     doc = json.loads(report.read_text())
+    assert_stopped_safely(fleet8, doc, before, said)
+    last = out.splitlines()[-1]
+    assert last.startswith("INTERRUPTED: rollout on 8 hosts: "), last
+    assert "skipped" in last and "failed" not in last, "hosts skipped after Ctrl-C are not failed"
+
+
+def test_a_hangup_of_the_terminal_it_runs_in_stops_the_run_as_a_ctrl_c_does(op8, fleet8):
+    """The operator's SSH session to the machine that runs fleetpatch drops mid-rollout: the kernel
+    hangs up its terminal (SIGHUP). The run stops as at a Ctrl-C, with nobody left to read it: no
+    new host, the hosts in flight finish or undo their step, the report says so, exit 130."""
+    slow_starts(op8)
+    before = snapshot(fleet8, NAMES)
+    report = op8.workdir / "hup.json"
+    main, term = os.openpty()
+    # a session of its own whose controlling terminal is the pty: closing `main` hangs it up
+    proc = subprocess.Popen(["setsid", "--wait", "--ctty"] + ROLLOUT_ALL + ["--report", str(report)],
+                            cwd=op8.workdir, stdin=term, stdout=term, stderr=term,
+                            env=dict(os.environ, COLUMNS="100", LINES="40", TERM="xterm"))
+    os.close(term)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"restart" not in seen and time.monotonic() < deadline:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:   # EIO: the program ended (or never had the terminal)
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert b"restart" in seen, seen[-2000:]
+    os.close(main)
+    assert proc.wait(timeout=120) == 130, seen[-2000:]
+    doc = json.loads(report.read_text())
+    assert_stopped_safely(fleet8, doc, before, "SIGHUP")
+
+
+def assert_stopped_safely(fleet8, doc, before, said):
+    """What an interrupted rollout leaves: no host half-done or locked, each host verified, rolled
+    back, skipped (untouched) or interrupted before its write (read, locked, left as it was)."""
     assert doc["interrupted"] is True
     assert doc["stopped"].startswith(f"stopped: interrupted ({said}): no new host was started"), doc["stopped"]
     statuses = {n: doc["hosts"][n]["status"] for n in NAMES}
-    # interrupted: a host in flight that the Ctrl-C reached before its write (read, locked, left as it was)
     assert set(statuses.values()) <= {"verified", "rolled-back", "skipped", "interrupted"}, statuses
     assert "verified" in statuses.values() and "skipped" in statuses.values()
     assert all(f"not started (interrupted ({said})); untouched" in doc["hosts"][n]["message"]
                for n, st in statuses.items() if st == "skipped"), doc["hosts"]
     assert doc["ok"] is False
-    last = out.splitlines()[-1]
-    assert last.startswith("INTERRUPTED: rollout on 8 hosts: "), last
-    assert "skipped" in last and "failed" not in last, "hosts skipped after Ctrl-C are not failed"
     assert doc["counts"]["skipped"] == sum(1 for st in statuses.values() if st == "skipped")
     after = snapshot(fleet8, NAMES)
     for n, st in statuses.items():
@@ -166,3 +209,23 @@ def test_ctrl_c_starts_no_new_host_and_leaves_each_verified_rolled_back_or_untou
             assert not (fleet8.hosts[n].state_dir / "lock").exists()
         elif st == "verified":
             assert after[n][:2] != PRISTINE
+
+
+def test_a_reader_that_goes_away_mid_rollout_leaves_every_host_done_and_reported(op8, fleet8):
+    """`fleetpatch rollout … | head -3`: the pipe breaks while the hosts' threads still print
+    their progress. Their steps go on as if nothing happened; the report has every host."""
+    report = op8.workdir / "piped.json"
+    reader = subprocess.Popen(["head", "-3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    four = [a for a in ROLLOUT_ALL if a not in ("--group", "all")] + ["--hosts", "r0,r1,r2,r3"]
+    proc = subprocess.Popen(four + ["--report", str(report)], cwd=op8.workdir, stdout=reader.stdin,
+                            stderr=subprocess.PIPE)
+    reader.stdin.close()   # only the rollout holds the pipe's write end now
+    shown = reader.stdout.read()
+    reader.wait(timeout=60)
+    _, err = proc.communicate(timeout=120)
+    assert len(shown.splitlines()) == 3
+    doc = json.loads(report.read_text())
+    assert {n: doc["hosts"][n]["status"] for n in ("r0", "r1", "r2", "r3")} == dict.fromkeys(
+        ("r0", "r1", "r2", "r3"), "verified"), doc["hosts"]
+    assert b"Traceback" not in err, err.decode(errors="replace")
+    assert proc.returncode in (0, 1), err   # 1: the summary could not be shown
