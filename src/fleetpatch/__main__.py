@@ -28,15 +28,9 @@ def on_hangup(terminal_fds: list):
     it (the stop's lines, the summary) goes to /dev/null instead of failing; then the run stops
     as at SIGTERM: the hosts in flight finish or undo their step, the report is written, exit 130."""
     def hung_up(signum, frame):
-        import os
         from .errors import Terminated
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            for fd in terminal_fds:
-                os.dup2(null, fd)
-            os.close(null)
-        except OSError:
-            pass
+        from .outputgone import to_devnull
+        to_devnull(*terminal_fds)
         raise Terminated("SIGHUP")
     return hung_up
 

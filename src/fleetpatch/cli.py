@@ -207,8 +207,8 @@ def main():
 def _stdout_to_devnull() -> None:
     # the reader went away (`fleetpatch --help | head`): no traceback; stdout goes
     # nowhere so that no later flush can raise again
-    import os
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    from .outputgone import to_devnull
+    to_devnull(sys.stdout.fileno())
 
 
 def _flushed(code):

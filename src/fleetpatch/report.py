@@ -85,10 +85,9 @@ class LineConsole:
 
 
 def _to_devnull(stream) -> None:
+    from .outputgone import to_devnull
     try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, stream.fileno())
-        os.close(null)
+        to_devnull(stream.fileno())
         stream.flush()   # what the failed write left in the buffer goes there too
     except (OSError, ValueError):
         pass
