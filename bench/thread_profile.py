@@ -1,7 +1,7 @@
 """bench/controller_cpu.py's wrapper: run `python -m fleetpatch ARGS` with every thread profiled on its own CPU clock
 (cProfile with time.thread_time), or with only per-thread CPU totals (TPROF_MODE=cpu).
 Writes TPROF_OUT.pstats (all threads merged) and TPROF_OUT.threads.json."""
-import cProfile, json, os, pstats, runpy, sys, threading, time
+import cProfile, json, os, pstats, sys, threading, time
 mode = os.environ.get("TPROF_MODE", "profile")
 out = os.environ["TPROF_OUT"]
 profs, cpu = [], {}
@@ -31,7 +31,11 @@ t0 = time.process_time()
 if mp: mp.enable()
 code = 0
 try:
-    runpy.run_module("fleetpatch", run_name="__main__", alter_sys=True)
+    # entry() as `python -m fleetpatch` runs it, but without its os._exit at the end (leave):
+    # the totals below are written after the command is over
+    import fleetpatch.__main__ as fp_main
+    fp_main.leave = lambda done: None
+    fp_main.entry()
 except SystemExit as e:
     code = e.code
 finally:
