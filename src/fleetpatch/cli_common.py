@@ -315,11 +315,16 @@ def finish(console, task_name, results, started, flags: Common, stop=None, extra
     """Print the outcome (with -v each host's evidence), write the report, end with the right exit code."""
     from . import report as rep
     report_path = flags.report
-    if flags.verbose:
-        rep.print_evidence(console, results)
     stopped = stop.describe(results) if stop is not None else None
-    rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
-                      interrupted=bool(stop is not None and stop.interrupted))
+    try:
+        if flags.verbose:
+            rep.print_evidence(console, results)
+        rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
+                          interrupted=bool(stop is not None and stop.interrupted))
+    except OSError:
+        # The reader went away (`| head`) or the terminal hung up: the report below still says
+        # what every host ended as, and the exit code stays the run's.
+        rep.output_gone()
     interrupted = bool(stop is not None and stop.interrupted)
     ok = all(r.ok for r in results.values()) and not interrupted
     if report_path:

@@ -84,6 +84,12 @@ class LineConsole:
         self._resolve().print(*objects, **kw)
 
 
+def output_gone() -> None:
+    """Nobody reads stdout and stderr any more: what the run still prints goes to /dev/null."""
+    for stream in (sys.stdout, sys.stderr):
+        _to_devnull(stream)
+
+
 def _to_devnull(stream) -> None:
     from .outputgone import to_devnull
     try:
@@ -207,8 +213,11 @@ class View:
         if self._live is not None:
             with self.lock:
                 final = self._render()
-            self._live.update(final)
-            self._live.__exit__(*exc)
+            try:
+                self._live.update(final)
+                self._live.__exit__(*exc)
+            except OSError:   # the terminal hung up (SIGHUP ignored): the outcome still goes to the report
+                output_gone()
 
     def stage(self, host: str, stage: str) -> None:
         """Which stage of a rollout the host belongs to (shown in its own column)."""

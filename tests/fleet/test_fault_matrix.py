@@ -464,7 +464,9 @@ def test_connection_stalled_during_verification(lh):
     t.start()
     started = time.monotonic()
     try:
-        r = steps.deploy(job(lh, host=host, timeout=1)[0], host)
+        # The follow's bound must outlast the server's start (1 s of delay, longer on a loaded
+        # machine): a bound that passed before the stall ended the run as "never became ready".
+        r = steps.deploy(job(lh, host=host, timeout=4)[0], host)
     finally:
         t.join()
         for pid in stopped:

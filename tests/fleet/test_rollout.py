@@ -166,10 +166,34 @@ def test_a_hangup_of_the_terminal_it_runs_in_stops_the_run_as_a_ctrl_c_does(op8,
     slow_starts(op8)
     before = snapshot(fleet8, NAMES)
     report = op8.workdir / "hup.json"
+    code = hang_up_mid_rollout(op8, report, "SIG_DFL")
+    assert code == 130, (code, report.read_text()[-3000:] if report.exists() else "no report")
+    assert_stopped_safely(fleet8, json.loads(report.read_text()), before, "SIGHUP")
+
+
+def test_under_nohup_a_hangup_stops_nothing_and_the_report_has_every_host(op8, fleet8):
+    """SIGHUP ignored (`nohup`, a wrapper's `trap '' HUP`) and the output still on the terminal
+    that hangs up: the run goes on to the end though nothing can be printed any more; the report
+    has every host verified and the exit code is the run's."""
+    report = op8.workdir / "nohup.json"
+    code = hang_up_mid_rollout(op8, report, "SIG_IGN", hosts="r0,r1,r2,r3")
+    assert code == 0, (code, report.read_text()[-3000:] if report.exists() else "no report")
+    doc = json.loads(report.read_text())
+    assert {n: h["status"] for n, h in doc["hosts"].items()} == dict.fromkeys(("r0", "r1", "r2", "r3"), "verified")
+    assert "interrupted" not in doc
+
+
+def hang_up_mid_rollout(op8, report, sighup: str, hosts: str | None = None) -> int:
+    """A rollout on a terminal (a pty) of its own session, hung up once a host restarts: the
+    rollout's exit code. `sighup`: its SIGHUP disposition as it starts (SIG_DFL, or SIG_IGN as
+    under nohup), whatever the test runner's is (a runner under nohup passes SIG_IGN down)."""
+    argv = ROLLOUT_ALL if hosts is None else [a for a in ROLLOUT_ALL if a not in ("--group", "all")] + ["--hosts", hosts]
     main, term = os.openpty()
     # a session of its own whose controlling terminal is the pty: closing `main` hangs it up
-    proc = subprocess.Popen(["setsid", "--wait", "--ctty"] + ROLLOUT_ALL + ["--report", str(report)],
-                            cwd=op8.workdir, stdin=term, stdout=term, stderr=term,
+    set_disposition = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.%s); "
+                       "os.execvp(sys.argv[1], sys.argv[1:])" % sighup)
+    proc = subprocess.Popen([sys.executable, "-c", set_disposition, "setsid", "--wait", "--ctty"] + argv
+                            + ["--report", str(report)], cwd=op8.workdir, stdin=term, stdout=term, stderr=term,
                             env=dict(os.environ, COLUMNS="100", LINES="40", TERM="xterm"))
     os.close(term)
     seen = b""
@@ -184,9 +208,7 @@ def test_a_hangup_of_the_terminal_it_runs_in_stops_the_run_as_a_ctrl_c_does(op8,
         seen += chunk
     assert b"restart" in seen, seen[-2000:]
     os.close(main)
-    assert proc.wait(timeout=120) == 130, seen[-2000:]
-    doc = json.loads(report.read_text())
-    assert_stopped_safely(fleet8, doc, before, "SIGHUP")
+    return proc.wait(timeout=120)
 
 
 def assert_stopped_safely(fleet8, doc, before, said):
