@@ -90,11 +90,11 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
                     inventory_arg=inventory)
     results, stop = fleet.run_all(selected, fleet.each_host(functools.partial(steps.status, job)), parallel_n,
                                   job.interrupt)
-    console.print(rep.status_table(results))
     ok = all(r.ok for r in results.values()) and not stop.interrupted
-    if report:
+    if report:   # first: a terminal that hung up, or a reader gone, cannot take it away
         rep.write_report(report, "status", ok, started, results,
                          {"stopped": stop.describe(results), "interrupted": True} if stop.interrupted else None)
+    console.print(rep.status_table(results))
     if verbose:
         rep.print_evidence(console, results)
     for r in results.values():
