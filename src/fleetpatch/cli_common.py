@@ -316,16 +316,15 @@ def finish(console, task_name, results, started, flags: Common, stop=None, extra
     from . import report as rep
     report_path = flags.report
     stopped = stop.describe(results) if stop is not None else None
+    interrupted = bool(stop is not None and stop.interrupted)
     try:
         if flags.verbose:
             rep.print_evidence(console, results)
-        rep.print_outcome(console, task_name, results, [stopped] if stopped else [],
-                          interrupted=bool(stop is not None and stop.interrupted))
+        rep.print_outcome(console, task_name, results, [stopped] if stopped else [], interrupted=interrupted)
     except OSError:
         # The reader went away (`| head`) or the terminal hung up: the report below still says
         # what every host ended as, and the exit code stays the run's.
-        rep.output_gone()
-    interrupted = bool(stop is not None and stop.interrupted)
+        rep.output_gone(console)
     ok = all(r.ok for r in results.values()) and not interrupted
     if report_path:
         doc_extra = dict(extra or {})

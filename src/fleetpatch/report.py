@@ -56,9 +56,17 @@ class LineConsole:
         if self._rich is None:
             from rich.console import Console
 
+            class ReaderGoneConsole(Console):
+                def on_broken_pipe(self) -> None:
+                    # rich's own answer is SystemExit(1), raised in whichever thread printed: a
+                    # host's thread mid-step, or the run before its report. Here the rest of the
+                    # output goes to /dev/null and the run goes on.
+                    self.quiet = True
+                    _to_devnull(self.file)
+
             probe = Console(stderr=self.stderr)
             width = None if probe.is_terminal else _UNBOUNDED
-            self._rich = Console(stderr=self.stderr, highlight=False, soft_wrap=True, width=width)
+            self._rich = ReaderGoneConsole(stderr=self.stderr, highlight=False, soft_wrap=True, width=width)
         return self._rich
 
     @property
@@ -67,13 +75,13 @@ class LineConsole:
 
     def line(self, text: str) -> None:
         """One plain line (already made safe)."""
-        if self._rich is not None:
-            self._rich.print(text, markup=False, highlight=False, soft_wrap=True)
-            return
         stream = sys.stderr if self.stderr else sys.stdout
         try:
-            stream.write(text + "\n")
-            stream.flush()
+            if self._rich is not None:
+                self._rich.print(text, markup=False, highlight=False, soft_wrap=True)
+            else:
+                stream.write(text + "\n")
+                stream.flush()
         except OSError:
             # The reader went away (`| head`, a `tee` ended by the same hangup) or the terminal hung
             # up. A host's thread prints its progress here mid-step: the step goes on, the rest of
@@ -84,10 +92,14 @@ class LineConsole:
         self._resolve().print(*objects, **kw)
 
 
-def output_gone() -> None:
-    """Nobody reads stdout and stderr any more: what the run still prints goes to /dev/null."""
-    for stream in (sys.stdout, sys.stderr):
-        _to_devnull(stream)
+def output_gone(console) -> None:
+    """Nobody reads `console`'s stream any more (its reader went away, its terminal hung up): what
+    is still printed there goes to /dev/null. The other stream is left as it is: with stdout piped
+    into `head`, an error line on stderr still reaches the terminal."""
+    if isinstance(console, LineConsole):
+        _to_devnull(sys.stderr if console.stderr else sys.stdout)
+    else:
+        _to_devnull(getattr(console, "file", sys.stdout))
 
 
 def _to_devnull(stream) -> None:
@@ -217,7 +229,7 @@ class View:
                 self._live.update(final)
                 self._live.__exit__(*exc)
             except OSError:   # the terminal hung up (SIGHUP ignored): the outcome still goes to the report
-                output_gone()
+                output_gone(self.console)
 
     def stage(self, host: str, stage: str) -> None:
         """Which stage of a rollout the host belongs to (shown in its own column)."""
