@@ -46,6 +46,12 @@ CORE_VERSIONS = ["0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.15"]   # the ones the
 REPLAYED_VERSIONS = [v for v in ALL_VERSIONS if Version(v) < Version("0.5.19")]
 
 
+def one_process_per_wheel(versions):
+    """Each version's tests in one xdist process (with `--dist loadgroup`), so that a wheel's big
+    files are parsed once, not once in every process that its tests were spread over."""
+    return [pytest.param(v, marks=pytest.mark.xdist_group(f"sglang-{v}")) for v in versions]
+
+
 # ----------------------------------------------------------------- wheel access
 @lru_cache(maxsize=None)
 def _wheel(version: str) -> zipfile.ZipFile:
@@ -187,7 +193,7 @@ def test_unknown_version_prediction_says_so():
 
 
 # ----------------------------------------------------------------- files
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_fetch_files_exist_in_that_version(version):
     files = PROFILE.fetch_files(version)
     have = names(version)
@@ -207,7 +213,7 @@ def test_fetch_files_exist_in_that_version(version):
                 assert (tree / f).is_file(), f
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_v1_worker_exists_exactly_until_0_5_12(version):
     has_v1 = "sglang/srt/speculative/eagle_worker.py" in names(version)
     from packaging.version import Version
@@ -225,14 +231,14 @@ def test_0_5_15_has_no_v1_worker_in_tree():
     assert "EAGLEWorker" not in PROFILE.range_for("0.5.15").path_names
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_each_code_path_class_lives_in_its_file(version):
     rng = PROFILE.range_for(version)
     for name in rng.path_names:
         assert name in class_defs(version, sg.PATH_FILES[name]), f"{version}: class {name} not in its file"
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_recorded_inheritance_is_complete(version):
     rng = PROFILE.range_for(version)
     found = set()
@@ -247,7 +253,7 @@ def test_recorded_inheritance_is_complete(version):
         assert PROFILE.ancestors("StandaloneWorker", version) == ["EAGLEWorker"]
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_workers_are_the_classes_create_worker_imports(version):
     """Every worker class spec_info.py (and, in 0.5.7, scheduler.py) imports is in the
     range's worker table, and nothing else is."""
@@ -265,7 +271,7 @@ def test_workers_are_the_classes_create_worker_imports(version):
     assert imported == table
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_builtin_algorithms_and_cli_choices(version):
     rng = PROFILE.range_for(version)
     info = tree_of(version, sg.SPEC_INFO)
@@ -290,7 +296,7 @@ def test_builtin_algorithms_and_cli_choices(version):
     assert choices == rng.algorithm_choices
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_env_flag_default_and_parsing(version):
     rng = PROFILE.range_for(version)
     default = "missing"
@@ -322,7 +328,7 @@ def _declared_fields(version):
     return found, None
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_dump_fields_are_dataclass_fields_in_repr(version):
     fields, cls = _declared_fields(version)
     shape = PROFILE.range_for(version).dump_shape
@@ -345,7 +351,7 @@ def _all_signatures(version):
     return list(rng.signatures) + list(rng.failures) + [sg.DUMP, sg.READY]
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_every_signature_is_in_that_wheel_at_the_recorded_line(version):
     checked = 0
     for sig in _all_signatures(version):
@@ -383,7 +389,7 @@ def test_signatures_named_in_the_brief():
     assert PROFILE.log_facts("0.5.9", [routing_signature("0.5.9", "W1").text]).values == {"overlap": False}
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_no_routing_warning_of_that_version_is_missing(version):
     """Every warning about spec v1/v2 or the overlap scheduler in the routing code of
     a version is one the profile recognises (or deliberately ignores)."""
@@ -405,7 +411,7 @@ def test_no_routing_warning_of_that_version_is_missing(version):
             pytest.fail(f"{version}: {src} has a routing message the profile does not know: {s!r}")
 
 
-@pytest.mark.parametrize("version", ALL_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(ALL_VERSIONS))
 def test_pp_error_is_the_wheels_assertion(version):
     rng = PROFILE.range_for(version)
     files = [sg.SERVER_ARGS] + sorted(p for p in names(version) if p.startswith("sglang/srt/arg_groups/")
@@ -807,7 +813,7 @@ GRID = list(itertools.product(
     [None, "True", "1", "yes", "Y", "false", "0", "no", "maybe", ""], [False, True], [False, True]))
 
 
-@pytest.mark.parametrize("version", REPLAYED_VERSIONS)
+@pytest.mark.parametrize("version", one_process_per_wheel(REPLAYED_VERSIONS))
 def test_predict_and_log_agree_with_the_wheels_own_routing(version):
     rr = RealRouting(version)
     mismatches = []

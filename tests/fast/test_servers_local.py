@@ -9,7 +9,8 @@ import signal
 import pytest
 import yaml
 
-from support.localhost import free_port, job
+from support.localhost import job
+from support.ports import free_port
 from fleetpatch import steps
 from fleetpatch.drain import Drainer
 from fleetpatch.errors import Status

@@ -31,7 +31,6 @@ import py_compile
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +47,7 @@ from packaging.version import Version
 from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
 from support.paths import REPO
+from support.ports import free_port
 
 SHIPPED = REPO / "src" / "fleetpatch" / "patches"
 FIXTURES = REPO / "tests" / "fixtures" / "patches"
@@ -468,12 +468,6 @@ V2_LAUNCH = (["--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
               "--speculative-num-draft-tokens", "4"], {"SGLANG_ENABLE_SPEC_V2": "True"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def standin_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("standin")
@@ -490,7 +484,7 @@ def run_standin(tree: Path, standin_dir: Path, launch, extra=(), timeout=30.0):
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(standin_dir)])
     env["FLEETPATCH_STANDIN_STARTUP_DELAY"] = "0"
     cmd = [sys.executable, "-m", "sglang_standin", "--model-path", "/models/x",
-           "--speculative-algorithm", "EAGLE3", *args, *extra, "--port", str(_free_port())]
+           "--speculative-algorithm", "EAGLE3", *args, *extra, "--port", str(free_port())]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=str(standin_dir))
     lines = []

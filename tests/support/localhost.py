@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from fleetpatch.inventory import parse_inventory
 from fleetpatch.patchset import load_patch, search_dirs
 from fleetpatch.transport_local import LocalTransport
 from support.paths import FIXTURE_PATCHES, REPO, sha256
+from support.ports import free_port
 from support.standin_env import QUICK_STOP
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -45,12 +45,6 @@ def speculative_tree(folder: Path) -> dict:
             st = p.lstat()
             out[str(p.relative_to(folder))] = (sha256(p), st.st_mode & 0o7777, st.st_uid, st.st_gid)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def template_env(root: Path, python: str = sys.executable) -> Path:
