@@ -188,7 +188,7 @@ def test_every_link_of_the_docs_leads_to_a_file_and_heading_that_exist():
 
 def test_the_fast_tier_command_is_the_same_in_the_readme_and_the_internals():
     """README.md and docs/internals.md both give the fast tier's command line; one process count."""
-    pattern = r"python3 -m pytest -q -n \d+ tests/fast"
+    pattern = r"python3 -m pytest -q -n \d+(?: --dist \w+)? tests/fast"
     readme = set(re.findall(pattern, (REPO / "README.md").read_text()))
     internals = set(re.findall(pattern, " ".join((REPO / "docs" / "internals.md").read_text().split())))
     assert len(readme) == 1 and readme == internals, (readme, internals)
