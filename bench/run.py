@@ -73,6 +73,7 @@ import fleetpatch
 from fleetpatch.agent import MODULES as AGENT_MODULES
 from fleetpatch_demo.fleet import Fleet, HostSpec
 from fleetpatch_demo.wheels import sglang_tree
+from speedgauge import SpeedGauge, at_reference   # bench/, beside this script
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -1192,6 +1193,8 @@ def spread(xs) -> float | None:
 
 def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) -> dict:
     summary = {}
+    # every run's wall time as at one machine speed: the median gauge of all the runs (speedgauge.py)
+    reference_ms = med([r.get("gauge_ms") for r in runs])
     for fleet, net, n, tool in ((f, net, n, t) for f in fleets for net in nets for n in sizes for t in TOOLS):
         rs = [r for r in runs if r["size"] == n and r["tool"] == tool and r.get("net", "loopback") == net
               and r.get("fleet", "plain") == fleet]
@@ -1200,6 +1203,10 @@ def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) 
         s = {"runs": len(rs), "wall_s": [round(r["wall_s"], 3) for r in rs],
              "wall_median_s": round(med([r["wall_s"] for r in rs]), 3),
              "wall_spread_pct": spread([r["wall_s"] for r in rs]),
+             "gauge_ms": [r.get("gauge_ms") for r in rs],
+             "wall_at_reference_s": [round(w, 3) if w else None for w in
+                                     (at_reference(r["wall_s"], r.get("gauge_ms"), reference_ms) for r in rs)],
+             "gauge_reference_ms": reference_ms,
              "commands_per_host": sorted({c for r in rs for c in r["commands_per_host"]}),
              "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
              "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
@@ -1382,6 +1389,7 @@ def tables(res: dict) -> str:
                              f"{x['controller_cpu_median_s']:.2f} s | {x['machine_busy_median_pct']:.0f} % | "
                              f"{x['foreign_cpu_median_s']:.2f} s ({x['foreign_cpu_max_s']:.2f}) | {oks} (of {n}) |")
         lines.append("")
+        lines += speed_lines(res, net)
         lines += container_lines(res, net)
         pairs = []
         for n in sizes:
@@ -1478,6 +1486,52 @@ def tables(res: dict) -> str:
                      + ", ".join(f"{k} {v['median_s']:.3f} s ({', '.join(f'{t:.3f}' for t in v['runs_s'])})"
                                  for k, v in fc.items() if v.get("median_s") is not None) + ".")
     return "\n".join(lines)
+
+
+def gauge_fit(runs: list[dict]) -> float | None:
+    """Pearson's r between each run's gauge and the median CPU of its new servers (the same
+    stand-in start in every run): how much of the servers' CPU the machine's speed explains."""
+    pairs = [(r["gauge_ms"], med(r.get("server_cpu_ms") or [])) for r in runs if r.get("gauge_ms")]
+    pairs = [(g, c) for g, c in pairs if c]
+    if len(pairs) < 3:
+        return None
+    try:
+        return round(statistics.correlation([g for g, _ in pairs], [c for _, c in pairs]), 2)
+    except statistics.StatisticsError:
+        return None
+
+
+def speed_lines(res: dict, net: str) -> list[str]:
+    """The same runs at one machine speed (bench/speedgauge.py): each run's wall time times the
+    reference gauge over its own."""
+    s, sizes = res["summary"], res["sizes"]
+    rows = []
+    for n in sizes:
+        base = s.get(f"{net}/baseline@{n}")
+        base_at = med((base or {}).get("wall_at_reference_s") or [])
+        for tool in TOOLS:
+            x = s.get(skey(net, tool, n))
+            at = [w for w in (x or {}).get("wall_at_reference_s") or [] if w]
+            if not at:
+                continue
+            gauges = ", ".join(fmt(g, 1) for g in x["gauge_ms"])
+            sp = spread(at)
+            rel = f"{med(at) / base_at:.2f}x" if base_at else "-"
+            rows.append(f"| {n} | {tool} | **{med(at):.2f} s** ({', '.join(f'{w:.2f}' for w in at)}) | "
+                        f"{'-' if sp is None else f'{sp:.0f} %'} | {rel} | {gauges} |")
+    if not rows:
+        return []
+    ref = next((x.get("gauge_reference_ms") for x in s.values() if isinstance(x, dict)
+                and x.get("gauge_reference_ms")), None)
+    fit = gauge_fit([r for r in res.get("runs") or [] if r.get("net", "loopback") == net
+                     and r.get("fleet", "plain") == "plain"])
+    return ["The same runs at one machine speed: each run's wall time times the reference gauge "
+            f"({fmt(ref, 2)} ms, the median of every run's) over its own (`bench/speedgauge.py`: the CPU "
+            "of a fixed loop, sampled every 0.1 s while the run went on; a slower moment of this shared "
+            "machine gives a larger gauge). Pearson's r between a run's gauge and its new servers' median "
+            f"CPU (the same start in every run): {fmt(fit, 2)}.", "",
+            "| hosts | tool | wall time at the reference speed, median (all runs) | spread | vs baseline | "
+            "gauge per run (ms) |", "| ---: | --- | --- | ---: | ---: | --- |", *rows, ""]
 
 
 def container_lines(res: dict, net: str) -> list[str]:
@@ -1817,8 +1871,10 @@ def main(argv=None) -> int:
             loadavg = load_avg()
             f0 = foreign_cpu(fleet_ns)
             cpu0, busy0 = children_cpu(), cpu_busy()
-            r = runners[tool](fleet, names, tag, net)
+            with SpeedGauge() as gauge:
+                r = runners[tool](fleet, names, tag, net)
             cpu1, busy1 = children_cpu(), cpu_busy()
+            r["gauge_ms"], r["gauge_samples"] = gauge.median_ms(), len(gauge.samples)
             f1 = foreign_cpu(fleet_ns)
             r["foreign_cpu_s"] = round(foreign_delta(f0, f1), 2)
             # the Docker daemon's and the containers' CPU (for a container fleet: the engines'
@@ -1850,7 +1906,7 @@ def main(argv=None) -> int:
             r["wall_s"] = round(r["wall_s"], 3)
             log(f"{'(warm-up) ' if not record else ''}{net.name:8s} {fl:9s} {tool:10s} {len(names):2d} hosts  "
                 f"{r['wall_s']:6.2f} s  exit {r['exit']}  "
-                f"busy before {r['busy_before_pct']}% load {loadavg} other CPU {r['foreign_cpu_s']} s "
+                f"busy before {r['busy_before_pct']}% load {loadavg} gauge {r['gauge_ms']} ms other CPU {r['foreign_cpu_s']} s "
                 f"docker CPU {r['docker_cpu_s']} s  ok {r['tool_ok']}/{len(names)} (check {r['checked_ok']})  "
                 f"cmds/host {sorted(set(r['commands_per_host']))}")
             if r["checked_ok"] != len(names) or r["tool_ok"] != len(names):

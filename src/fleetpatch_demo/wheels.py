@@ -12,6 +12,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from fleetpatch.cacheroot import cache_root
+
 # What a host tree needs: enough for importlib.metadata to report the version,
 # for `find_spec("sglang")` to work, and every file a shipped patch or the
 # stand-in touches (arg_groups/: from 0.5.20 ServerArgs is assembled from the
@@ -27,10 +29,7 @@ TREE_MEMBERS = (
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FLEETPATCH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fleetpatch"
-    )
-    return Path(root)
+    return cache_root()
 
 
 def wheel_path(version: str) -> Path:

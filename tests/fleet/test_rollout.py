@@ -250,4 +250,4 @@ def test_a_reader_that_goes_away_mid_rollout_leaves_every_host_done_and_reported
     assert {n: doc["hosts"][n]["status"] for n in ("r0", "r1", "r2", "r3")} == dict.fromkeys(
         ("r0", "r1", "r2", "r3"), "verified"), doc["hosts"]
     assert b"Traceback" not in err, err.decode(errors="replace")
-    assert proc.returncode in (0, 1), err   # 1: the summary could not be shown
+    assert proc.returncode == 0, err   # the run's own code: a summary nobody can read changes nothing

@@ -29,6 +29,8 @@ import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ..cacheroot import cache_root
+
 FACTS_DIR = Path(__file__).resolve().parent / "sglang_releases"
 CATALOG = FACTS_DIR / "signatures.json"
 SPEC = "sglang/srt/speculative/"
@@ -358,9 +360,7 @@ def regenerate(version: str, wheel: Path, facts_dir: Path = FACTS_DIR) -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FLEETPATCH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fleetpatch")
-    return Path(root) / "wheels"
+    return cache_root() / "wheels"
 
 
 def download(version: str, dest: Optional[Path] = None) -> Path:

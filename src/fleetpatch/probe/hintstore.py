@@ -20,13 +20,13 @@ import os
 import sys
 from pathlib import Path
 
+from ..cacheroot import cache_root
+
 FORMAT = b"fleetpatch splice hint 1"
 
 
 def default_dir() -> Path:
-    root = os.environ.get("FLEETPATCH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fleetpatch")
-    return Path(root) / "splice-hints"
+    return cache_root() / "splice-hints"
 
 
 def code_tag() -> bytes:
