@@ -1488,17 +1488,21 @@ def tables(res: dict) -> str:
     return "\n".join(lines)
 
 
-def gauge_fit(runs: list[dict]) -> float | None:
-    """Pearson's r between each run's gauge and the median CPU of its new servers (the same
-    stand-in start in every run): how much of the servers' CPU the machine's speed explains."""
-    pairs = [(r["gauge_ms"], med(r.get("server_cpu_ms") or [])) for r in runs if r.get("gauge_ms")]
-    pairs = [(g, c) for g, c in pairs if c]
-    if len(pairs) < 3:
-        return None
-    try:
-        return round(statistics.correlation([g for g, _ in pairs], [c for _, c in pairs]), 2)
-    except statistics.StatisticsError:
-        return None
+def gauge_fit(runs: list[dict]) -> dict:
+    """{hosts: Pearson's r} between each run's gauge and the median CPU of its new servers (the same
+    stand-in start in every run), per size (a server's CPU grows with the hosts beside it): how
+    much of the servers' CPU the machine's speed explains."""
+    out = {}
+    for n in sorted({r["size"] for r in runs}):
+        pairs = [(r.get("gauge_ms"), med(r.get("server_cpu_ms") or [])) for r in runs if r["size"] == n]
+        pairs = [(g, c) for g, c in pairs if g and c]
+        if len(pairs) < 3:
+            continue
+        try:
+            out[n] = round(statistics.correlation([g for g, _ in pairs], [c for _, c in pairs]), 2)
+        except statistics.StatisticsError:
+            continue
+    return out
 
 
 def speed_lines(res: dict, net: str) -> list[str]:
@@ -1529,7 +1533,10 @@ def speed_lines(res: dict, net: str) -> list[str]:
             f"({fmt(ref, 2)} ms, the median of every run's) over its own (`bench/speedgauge.py`: the CPU "
             "of a fixed loop, sampled every 0.1 s while the run went on; a slower moment of this shared "
             "machine gives a larger gauge). Pearson's r between a run's gauge and its new servers' median "
-            f"CPU (the same start in every run): {fmt(fit, 2)}.", "",
+            "CPU (the same start in every run of a size), by hosts: "
+            + (", ".join(f"{n}: {r:.2f}" for n, r in fit.items()) or "-")
+            + ". Where r is well below 1 the machine's speed explains only part of the spread, and these "
+            "figures correct for more than it explains: read them beside the raw ones, not instead.", "",
             "| hosts | tool | wall time at the reference speed, median (all runs) | spread | vs baseline | "
             "gauge per run (ms) |", "| ---: | --- | --- | ---: | ---: | --- |", *rows, ""]
 
