@@ -218,11 +218,11 @@ def router_install(version: str) -> Path:
     For running older routers (0.1.x and 0.2.x APIs) next to the installed one."""
     from fleetpatch.engines import sglang_wheel
 
-    from .wheels import cache_dir
-    dest = cache_dir() / "router" / version
+    from fleetpatch.cacheroot import cache_root
+    dest = cache_root() / "router" / version
     if (dest / ".complete").exists():
         return dest
-    wheels = cache_dir() / "router-wheels"
+    wheels = cache_root() / "router-wheels"
     found = sorted(wheels.glob("sglang_router-%s-*.whl" % version)) or [
         sglang_wheel.pip_download("sglang-router==%s" % version, "sglang_router-%s-*.whl" % version, wheels)]
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]

@@ -63,7 +63,7 @@ from .demo_steps import read_report as _report
 from .demo_steps import run_step as _run_step
 from .demo_steps import show_path as _show_path
 from .fleet import Fleet, FleetError, HostSpec
-from .wheels import cache_dir
+from fleetpatch.cacheroot import cache_root
 
 DEMO_PATCHES = Path(__file__).resolve().with_name("patches")
 SHIPPED_PATCH = "dynamic-spec-disable"
@@ -430,7 +430,7 @@ def _up(console: Console, root: Path, shown_root: str, delay: float, down_cmd: s
         (root / END_RECORD).unlink()  # written again only when this run finishes
     except FileNotFoundError:
         pass
-    if not (cache_dir() / "trees" / SGLANG_VERSION / ".complete").exists():
+    if not (cache_root() / "trees" / SGLANG_VERSION / ".complete").exists():
         console.print(f"First run: downloading the sglang {SGLANG_VERSION} wheel with pip "
                       "(once; it is cached) ...")
     finish_router = _launch_router(console, root)
@@ -580,7 +580,7 @@ def down(root: Path | None = None) -> int:
                       "(checked: no process, mount namespace or port of it is left).", markup=False)
     for line in removed:
         console.print(line, markup=False)
-    console.print(f"The engine wheels (SGLang, vLLM) stay cached in {cache_dir()} for the next run.", markup=False)
+    console.print(f"The engine wheels (SGLang, vLLM) stay cached in {cache_root()} for the next run.", markup=False)
     return 0
 
 

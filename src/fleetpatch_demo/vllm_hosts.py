@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 
 from .standins.vllm import install as standin_install
-from .wheels import cache_dir
+from fleetpatch.cacheroot import cache_root
 
 ENGINE = "vllm"
 # The releases the tests and the demo carry: V0/V1 (0.10.2), V2 opt-in (0.20.2), V2 by default with
@@ -91,7 +91,7 @@ def trees_dir(member_dirs) -> Path:
     """One folder per member selection (the file lists of the cached members), so that a process
     holding another selection keeps reading its own trees while this one is built beside them."""
     names = sorted(f"{i}:{p.relative_to(d)}" for i, d in enumerate(member_dirs) for p in Path(d).rglob("*.py"))
-    return cache_dir() / "trees" / f"vllm-{hashlib.sha256(chr(10).join(names).encode()).hexdigest()[:8]}"
+    return cache_root() / "trees" / f"vllm-{hashlib.sha256(chr(10).join(names).encode()).hexdigest()[:8]}"
 
 
 def vllm_tree(version: str) -> Path:

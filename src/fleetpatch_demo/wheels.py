@@ -28,15 +28,11 @@ TREE_MEMBERS = (
 )
 
 
-def cache_dir() -> Path:
-    return cache_root()
-
-
 def wheel_path(version: str) -> Path:
     """The sglang wheel for `version`, downloaded once with pip."""
     from fleetpatch.engines import sglang_wheel   # here: the demo's other commands need none of it
 
-    return sglang_wheel.download(version, cache_dir() / "wheels")
+    return sglang_wheel.download(version)   # into sglang_wheel.cache_dir(), the one wheel cache
 
 
 def trees_dir() -> Path:
@@ -44,7 +40,7 @@ def trees_dir() -> Path:
     that processes holding another list (other checkouts, running tests) keep
     reading their own trees while this one is built beside them."""
     key = hashlib.sha256("\n".join(TREE_MEMBERS).encode()).hexdigest()[:8]
-    return cache_dir() / "trees" / key
+    return cache_root() / "trees" / key
 
 
 def tree_is_cached(version: str) -> bool:
