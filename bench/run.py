@@ -1193,8 +1193,7 @@ def spread(xs) -> float | None:
 
 def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) -> dict:
     summary = {}
-    # every run's wall time as at one machine speed: the median gauge of all the runs (speedgauge.py)
-    reference_ms = med([r.get("gauge_ms") for r in runs])
+    reference_ms = gauge_reference(runs)
     for fleet, net, n, tool in ((f, net, n, t) for f in fleets for net in nets for n in sizes for t in TOOLS):
         rs = [r for r in runs if r["size"] == n and r["tool"] == tool and r.get("net", "loopback") == net
               and r.get("fleet", "plain") == fleet]
@@ -1206,7 +1205,6 @@ def summarize(runs: list[dict], sizes: list[int], nets=NETS, fleets=("plain",)) 
              "gauge_ms": [r.get("gauge_ms") for r in rs],
              "wall_at_reference_s": [round(w, 3) if w else None for w in
                                      (at_reference(r["wall_s"], r.get("gauge_ms"), reference_ms) for r in rs)],
-             "gauge_reference_ms": reference_ms,
              "commands_per_host": sorted({c for r in rs for c in r["commands_per_host"]}),
              "commands_per_host_median": med([c for r in rs for c in r["commands_per_host"]]),
              "tool_ok": [r["tool_ok"] for r in rs], "checked_ok": [r["checked_ok"] for r in rs],
@@ -1488,6 +1486,11 @@ def tables(res: dict) -> str:
     return "\n".join(lines)
 
 
+def gauge_reference(runs: list[dict]) -> float | None:
+    """The speed every run's wall time is brought to (speedgauge.py): the median gauge of all the runs."""
+    return med([r.get("gauge_ms") for r in runs])
+
+
 def gauge_fit(runs: list[dict]) -> dict:
     """{hosts: Pearson's r} between each run's gauge and the median CPU of its new servers (the same
     stand-in start in every run), per size (a server's CPU grows with the hosts beside it): how
@@ -1525,8 +1528,7 @@ def speed_lines(res: dict, net: str) -> list[str]:
                         f"{'-' if sp is None else f'{sp:.0f} %'} | {rel} | {gauges} |")
     if not rows:
         return []
-    ref = next((x.get("gauge_reference_ms") for x in s.values() if isinstance(x, dict)
-                and x.get("gauge_reference_ms")), None)
+    ref = gauge_reference(res.get("runs") or [])
     fit = gauge_fit([r for r in res.get("runs") or [] if r.get("net", "loopback") == net
                      and r.get("fleet", "plain") == "plain"])
     return ["The same runs at one machine speed: each run's wall time times the reference gauge "
