@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ import pytest
 
 from fleetpatch_demo.standinsite import install_sglang_standin
 from fleetpatch_demo.wheels import sglang_tree
+from support.ports import free_port
 
 READY = "The server is fired up and ready to roll!"
 W1 = ("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative "
@@ -156,12 +156,6 @@ def run_until_ready(site: Path, args: list[str], env: dict | None = None) -> tup
 
 def before_ready(text: str) -> str:
     return text.split(READY, 1)[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(port: int, path: str):

@@ -12,10 +12,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ import pytest
 from fleetpatch.engines.base import LaunchConfig
 from fleetpatch.engines.sglang import PROFILE
 from support.standin_sites import standin_site
+from support.ports import free_port
 
 READY = "The server is fired up and ready to roll!"
 DUMMY = "Dummy health check server started in background thread at 127.0.0.1:%d"
@@ -39,19 +38,6 @@ def launch(version: str) -> list[str]:
     return ["--model-path", "/models/llama", "--speculative-algorithm", "EAGLE3",
             "--speculative-num-steps", "3", "--speculative-eagle-topk", TOPK[version],
             "--speculative-num-draft-tokens", "4" if TOPK[version] == "1" else "8"]
-
-
-def free_port() -> int:
-    """A free port under the kernel's ephemeral range: 0.5.15's server_args refuses a
-    --port above 55535 (its gRPC port, port + 10000, must be a port)."""
-    while True:
-        port = random.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def node_args(version: str, rank: int, port: int, dist_port: int) -> list[str]:

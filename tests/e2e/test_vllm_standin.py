@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from fleetpatch.engines.base import LaunchConfig
 from fleetpatch.probe import install as probe_install
 from fleetpatch.probe.verdict import parse_records
 from fleetpatch_demo.standins.vllm import install
+from support.ports import free_port
 
 pytestmark = pytest.mark.pypi
 
@@ -77,12 +77,6 @@ def add_mark(site, source, func, tag):
     for lineno, col in reversed(firsts):
         lines.insert(lineno - 1, " " * col + MARK.format(tag=tag) + "\n")
     path.write_text("".join(lines), encoding="utf-8")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

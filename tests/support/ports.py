@@ -3,7 +3,9 @@
 A port from `bind(("127.0.0.1", 0))`, closed and handed on, is free only until the server binds
 it: the kernel can hand the same port to another xdist process doing the same in between, and
 that server then dies with "Address already in use". Each test process therefore draws from a
-block of its own, below the kernel's ephemeral range (which bind(0) and outgoing connections use).
+block of its own, below the kernel's ephemeral range (which bind(0) and outgoing connections use),
+which also keeps them under 55535, the highest --port that SGLang 0.5.15 takes (port + 10000 is its
+gRPC port).
 """
 from __future__ import annotations
 
