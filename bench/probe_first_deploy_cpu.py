@@ -15,6 +15,10 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
 ap.add_argument("--reps", type=int, default=12)
 args = ap.parse_args()
+if not os.access(args.python, os.X_OK):
+    ap.error("--python: %s is not an interpreter that can be run" % args.python)
+if args.reps < 1:
+    ap.error("--reps: expected 1 or more, got %d" % args.reps)
 from fleetpatch.probe import install as PI, splice
 from fleetpatch.cacheroot import cache_root
 tree = glob.glob(str(cache_root() / "trees" / "*" / "0.5.9" / "sglang" / "srt" / "speculative"))[0]
@@ -41,7 +45,7 @@ subprocess.run([args.python, "-m", "venv", "--without-pip", os.path.join(work, "
 CHILD = "SRC = %r\n" % SRC + r'''
 import sys, os, time, json, shutil
 sys.path.insert(0, SRC)
-import json, hashlib, hmac, subprocess, threading, ctypes, socket, selectors
+import hashlib, hmac, subprocess, threading, ctypes, socket, selectors   # what the agent holds
 from fleetpatch import protocol
 from fleetpatch.agent import probing
 from fleetpatch.agent.state import Session
@@ -52,10 +56,9 @@ src = open(work + "/runtime.src", "rb").read()
 def req(tok):
     return {"state_dir": state, "probe": {"token": tok, "plan": dict(plan), "python": work + "/venv/bin/python",
                                           "runtime": protocol.pack(src)}}
-first = not os.path.exists(state + "/probe-site-cache.json")
-if first:   # a host seen before: the site dir and the runtime's code known
-    probing.install_probe(Session(), req("warm"))
-    shutil.rmtree(os.path.join(state, probing.PLAN_CACHE), ignore_errors=True)
+# a host seen before: its site dir and the runtime's code known; this patch's plan not
+probing.install_probe(Session(), req("warm"))
+shutil.rmtree(os.path.join(state, probing.PLAN_CACHE), ignore_errors=True)
 acc = {}
 def timed(mod, name):
     fn = getattr(mod, name)
