@@ -67,10 +67,17 @@ def cpu(argv: list[str], stdin: bytes | None) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", nargs="?", default="src")
+    ap.add_argument("src", nargs="?", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"),
+                    help="the fleetpatch source tree whose agent is measured (default: this checkout's src)")
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--reps", type=int, default=25)
     a = ap.parse_args()
+    if not os.access(a.python, os.X_OK):
+        ap.error("--python: %s is not an interpreter that can be run" % a.python)
+    if not os.path.isfile(os.path.join(a.src, "fleetpatch", "__init__.py")):
+        ap.error("src: %s holds no fleetpatch package (a checkout's src folder)" % a.src)
+    if a.reps < 1:
+        ap.error("--reps: expected 1 or more, got %d" % a.reps)
     with tempfile.TemporaryDirectory(prefix="fleetpatch-importcpu-") as tmp:
         boot, stream = boot_files(os.path.abspath(a.src), os.path.join(tmp, "state"))
         cpu([a.python, "-S", "-c", boot], stream)   # fills the compile cache
