@@ -118,7 +118,8 @@ class Stop:
         parts = [self.reason]
         if tally and not self.interrupted:
             parts.append(f"in the end {tally}")
-        parts.append(f"{_plural(not_started, 'host')} not started (skipped, untouched)")
+        if not_started:   # every host had started (a hangup mid-run on the last one): nothing to say
+            parts.append(f"{_plural(not_started, 'host')} not started (skipped, untouched)")
         return "stopped: " + "; ".join(parts)
 
 

@@ -103,3 +103,16 @@ def test_an_unproven_canary_stops_the_rollout_unless_its_bake_proved_it():
                                max_failures=0, bake=bake)
     assert stop.reason is None and all(results[n].ok for n in ("c0", "a1", "a2")), (stop.reason, results)
     assert ("c0", Status.UNPROVEN) in baked
+
+
+def test_the_stopped_line_names_hosts_not_started_only_when_there_are_some():
+    """`stopped: interrupted (SIGHUP): …` after the last host had started: no "0 hosts not started"."""
+    from fleetpatch.errors import Status
+    from fleetpatch.rollout import Stop
+    from fleetpatch.steps import HostResult
+    stop = Stop()
+    stop.set("interrupted (SIGHUP): no new host was started", interrupted=True)
+    started = {"a": HostResult("a", False, Status.INTERRUPTED)}
+    assert stop.describe(started) == "stopped: interrupted (SIGHUP): no new host was started"
+    started["b"] = HostResult("b", False, Status.SKIPPED)
+    assert stop.describe(started).endswith("; 1 host not started (skipped, untouched)")
