@@ -53,3 +53,21 @@ def test_the_block_says_its_pids_are_the_containers():
     block = view.block("p@1")
     assert block["pid_namespace"] == "container"
     assert block["pids"] == [1, 9] and block["ran"] == {"m.py": [3]}
+
+
+def test_a_record_that_comes_later_is_in_the_next_judgement():
+    """The view keeps its block between events (a follow judges far more often than the probe
+    reports), so a record that arrives later must still reach the next judgement, and what a
+    verdict writes into one block must not show in the next."""
+    plan = {"modules": {"m": {"path": "m.py", "expected": "/c/m.py", "lines": [3]}}, "label": "p@1"}
+    started = {"1-5/process.json": json.dumps({"pid": 1, "ppid": 0, "mode": "lines"})}
+    view = ExecutionView({"installed": True})
+    view.add({"t": "probe", "records": started, "plan": plan, "pid": 1, "children": []})
+    first = view.block("p@1")
+    assert first["pids"] == [1] and first["ran"] == {}
+    first["proved_by"] = "startup"
+    assert "proved_by" not in view.block("p@1")
+
+    view.add({"t": "probe", "records": {"1-5/L-m-3.json": json.dumps({"module": "m", "path": "m.py", "line": 3,
+                                                                      "pid": 1})}, "pid": 1})
+    assert view.block("p@1")["ran"] == {"m.py": [3]}

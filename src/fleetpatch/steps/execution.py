@@ -142,9 +142,13 @@ class ExecutionView:
         self.interpreter: dict = {}   # what the server was started with: argv0, python, venv
         self.namespace: str | None = None   # "container": the pids are those of the container's pid namespace
         self.seen_event = False
+        # block() per label, until the next event: a follow judges ~15 times a host and most judgements
+        # come with no new probe event, while each block() parses every record again (~1 ms a host)
+        self._blocks: dict = {}
 
     def add(self, ev: dict) -> None:
         self.seen_event = True
+        self._blocks.clear()
         for key, text in (ev.get("records") or {}).items():
             self.records[key] = text.encode("utf-8") if isinstance(text, str) else text
         if ev.get("plan") is not None:
@@ -155,6 +159,13 @@ class ExecutionView:
         self.namespace = ev.get("pid_namespace") or self.namespace
 
     def block(self, label: str | None = None) -> dict:
+        """What the probe saw for `label` (probe.verdict's execution block), a fresh top level each call:
+        the verdict's fold writes into it."""
+        if label not in self._blocks:
+            self._blocks[label] = self._block(label)
+        return dict(self._blocks[label])
+
+    def _block(self, label: str | None) -> dict:
         if self.installed.get("error"):
             return probe_verdict.execution_off("unavailable", "the probe could not go in: " + self.installed["error"])
         if not self.plan:
