@@ -55,7 +55,7 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
         job = steps.Job(hosts_by_name=inv.hosts, patch=patch_obj, rev=rev, patch_dirs=dirs, timeout=timeout_s,
                         on_failure=on_failure, force=force, break_lock=break_lock,
                         accept_new_host_keys=accept_new_host_keys, inventory_arg=inventory, probe=not no_probe,
-                        bake_s=bake_s, interrupt=dials.interrupt, dials=dials)
+                        bake_s=bake_s, interrupt=dials.interrupt, known_hosts=dials.known_hosts, dials=dials)
         with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
             if routed and batch_n is None:   # as many at once as the routers can spare
                 batch_n = drain.default_batch(selected, router, tunnels)

@@ -14,6 +14,7 @@ import time
 
 from . import dialer
 from .inventory import Host
+from .knownhosts import KnownHosts
 from .remote import Remote
 
 
@@ -49,15 +50,16 @@ class Dial:
 class Dials:
     """The run's connections opened ahead, by host name, each taken once."""
 
-    def __init__(self, interrupt: dialer.Interrupt):
+    def __init__(self, interrupt: dialer.Interrupt, known_hosts: KnownHosts | None = None):
         self.interrupt = interrupt
+        self.known_hosts = known_hosts or KnownHosts()   # the run's (the Job takes it on)
         self._ahead: dict[str, Dial] = {}
         self._lock = threading.Lock()
 
     def start(self, hosts: list[Host], hosts_by_name: dict, accept_new_host_keys: bool) -> None:
         for host in hosts:
             remote = Remote(host, hosts_by_name=hosts_by_name, accept_new_host_keys=accept_new_host_keys,
-                            interrupt=self.interrupt)
+                            interrupt=self.interrupt, known_hosts=self.known_hosts)
             with self._lock:
                 self._ahead[host.name] = Dial(remote, self.interrupt)
 

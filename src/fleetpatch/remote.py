@@ -32,6 +32,7 @@ from . import dialer, protocol
 from .agent import ENTRY, HOST_PACKAGE, MODULES as AGENT_MODULES
 from .errors import HostFailure, NoAnswer, Status
 from .inventory import Host
+from .knownhosts import KnownHosts, lookup_name
 
 if TYPE_CHECKING:  # imported lazily: see the module's docstring
     import paramiko
@@ -211,16 +212,14 @@ def _known_hosts_files(host: Host) -> list[Path]:
     return files
 
 
-def _harden(conn: Connection, host: Host, accept_new: bool) -> None:
+def _harden(conn: Connection, host: Host, accept_new: bool, known_hosts: KnownHosts) -> None:
     """Fabric defaults every Connection (gateways too) to AutoAddPolicy."""
     import paramiko
     from fabric import Connection
     hop = conn
     while isinstance(hop, Connection):
         client = hop.client
-        for path in _known_hosts_files(host):
-            if path.is_file():
-                client.get_host_keys().load(str(path))
+        known_hosts.seed(client.get_host_keys(), _known_hosts_files(host), lookup_name(hop.host, hop.port))
         if accept_new:
             target = Path(os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts"))
             client.set_missing_host_key_policy(_record_new_host_key_policy(target))
@@ -237,7 +236,7 @@ def _connect_kwargs(host: Host) -> dict:
 
 
 def connection_for(host: Host, hosts_by_name: dict[str, Host] | None = None,
-                   accept_new_host_keys: bool = False) -> Connection:
+                   accept_new_host_keys: bool = False, known_hosts: KnownHosts | None = None) -> Connection:
     """A Fabric Connection; ~/.ssh/config (aliases, User, Port, IdentityFile,
     ProxyJump) and the ssh-agent are honoured, inventory values win."""
     from fabric import Connection
@@ -258,7 +257,7 @@ def connection_for(host: Host, hosts_by_name: dict[str, Host] | None = None,
     while isinstance(hop, Connection):
         hop.connect_timeout = host.connect_timeout
         hop = hop.gateway
-    _harden(conn, host, accept_new_host_keys)
+    _harden(conn, host, accept_new_host_keys, known_hosts or KnownHosts())
     return conn
 
 
@@ -346,11 +345,12 @@ class SSHTransport:
     """One host, one SSH connection (Fabric), for the whole command."""
 
     def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False,
-                 interrupt: "dialer.Interrupt | None" = None):
+                 interrupt: "dialer.Interrupt | None" = None, known_hosts: KnownHosts | None = None):
         self.host = host
         self.hosts_by_name = hosts_by_name or {}
         self.accept_new_host_keys = accept_new_host_keys
         self.interrupt = interrupt or dialer.Interrupt()   # the run's Ctrl-C (a fresh one: never fired)
+        self.known_hosts = known_hosts or KnownHosts()     # the run's, read once (a fresh one: read here)
         self._conn: Connection | None = None
 
     def open(self) -> None:
@@ -361,7 +361,7 @@ class SSHTransport:
             raise HostFailure(Status.SKIPPED, self._not_contacted())
         from . import ssh_errors
         ssh_errors.silence_paramiko()
-        conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys)
+        conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys, self.known_hosts)
         banner = h.connect_timeout or ssh_errors.DEFAULT_BANNER_TIMEOUT
         conn.connect_kwargs.update(banner_timeout=banner, auth_timeout=banner)
         sock = None
@@ -440,9 +440,10 @@ class Remote:
     BYE = request_line({"op": "bye"})
 
     def __init__(self, host: Host, hosts_by_name: dict | None = None, accept_new_host_keys: bool = False,
-                 transport: Transport | None = None, interrupt: "dialer.Interrupt | None" = None):
+                 transport: Transport | None = None, interrupt: "dialer.Interrupt | None" = None,
+                 known_hosts: KnownHosts | None = None):
         self.host = host
-        self.transport = transport or SSHTransport(host, hosts_by_name, accept_new_host_keys, interrupt)
+        self.transport = transport or SSHTransport(host, hosts_by_name, accept_new_host_keys, interrupt, known_hosts)
         self.round_trips = 0     # requests (a chained `then` rides on its request)
         self.agent_starts = 0    # remote commands
         self.bytes_sent = 0

@@ -17,7 +17,8 @@ CORE = SRC / "fleetpatch"
 
 # Lower layers first: a module may import only modules of its own or a lower layer.
 LAYERS = [
-    {"errors", "redact", "textsafe", "outputgone", "cacheroot", "protocol", "agentboot", "dialer", "probe"},
+    {"errors", "redact", "textsafe", "outputgone", "cacheroot", "protocol", "agentboot", "dialer", "knownhosts",
+     "probe"},
     {"engines", "diffapply", "inventory", "router"},
     {"patchset", "patchrecord", "evidence", "agent", "ssh_errors", "lockview"},
     {"remote", "transport_local", "hostcalls", "router_via"},

@@ -20,6 +20,7 @@ from ..engines import get as get_profile
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult, base_request, split_command
 from ..inventory import Host
+from ..knownhosts import KnownHosts
 from ..patchset import Patch
 from ..probe.hintstore import HintStore
 from ..probe.splice import Hints as SpliceHints
@@ -65,6 +66,8 @@ class Job:
     probe: bool = True            # False: --no-probe (markers alone judge execution)
     # the run's Ctrl-C: fired by the rollout's loop, seen by first contacts and drains
     interrupt: dialer.Interrupt = field(default_factory=dialer.Interrupt)
+    # the known_hosts files, read once for every host of the run (dials.py's share it)
+    known_hosts: KnownHosts = field(default_factory=KnownHosts)
     # each distinct (diff, host file) applied once per run, not once per host
     applied: diffapply.AppliedFiles = field(default_factory=diffapply.AppliedFiles)
     # connections the command opened ahead, while it loaded (dials.py); None: each host dials in its step
@@ -151,7 +154,7 @@ def new_run(job: Job, host: Host) -> HostRun:
     return HostRun(job, host, Remote(host, hosts_by_name=job.hosts_by_name,
                                      accept_new_host_keys=job.accept_new_host_keys,
                                      transport=job.transport(host) if job.transport else None,
-                                     interrupt=job.interrupt))
+                                     interrupt=job.interrupt, known_hosts=job.known_hosts))
 
 
 def connect(hr: HostRun) -> None:
