@@ -199,6 +199,7 @@ class View:
         self.lock = threading.Lock()
         self.started = time.monotonic()
         self._live = None
+        self._target = None   # the rich console the live view draws on
         self._last_line: dict[str, str] = {}
         self._preloaded = False
         self.bar = self.bar_task = None
@@ -218,13 +219,14 @@ class View:
             # built at every event instead, a 32-host rollout's ~850 events built ~850 tables of
             # 32 rows each, on the laptop's CPU the hosts' threads need (issue 34).
             self._live = Live(_LiveTable(self), console=target, refresh_per_second=8, transient=False)
+            self._target = target
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc):
         if self._live is not None:
-            with self.lock:
-                final = self._render()
+            with self.lock:   # as the frames before it: the summary that follows lists every host
+                final = self._render(room=live_room(self._target))
             try:
                 self._live.update(final)
                 self._live.__exit__(*exc)
@@ -265,11 +267,15 @@ class View:
         stamp = time.strftime("%H:%M:%S")
         say(self.console, f"{stamp} {safe_line(host):<12} {safe_line(line)}")
 
-    def _render(self):
+    def _render(self, room: int | None = None):
+        """The table and the progress bar; with `room` (the rows a terminal has lines for) at most
+        that many rows, the others counted in the caption (rows_in_view)."""
         from rich.console import Group
         from rich.table import Table
 
-        table = Table(title=f"fleetpatch {self.task}", expand=False)
+        rows, hidden = rows_in_view(self.rows, room)
+        table = Table(title=f"fleetpatch {self.task}", expand=False,
+                      caption=f"and {hidden_line(hidden)}" if hidden else None)
         table.add_column("host")
         if any(row.get("stage") for row in self.rows.values()):
             table.add_column("stage")
@@ -278,11 +284,10 @@ class View:
         table.add_column("detail", min_width=44)
         staged = len(table.columns) == 5
         now = time.monotonic()
-        for host, row in self.rows.items():
+        for host, row in rows:
             style = ""
             if row["phase"] == "done":
-                style = "green" if row["detail"] in Status._value2member_map_ and Status(row["detail"]).succeeded \
-                    else "bold red"
+                style = "green" if _done_well(row) else "bold red"
             if row.get("first") is None and row["phase"] not in ("queued",):
                 row["first"] = row["since"]
             end = row.get("ended") or now
@@ -295,15 +300,56 @@ class View:
         return Group(keep_whole(table), self.bar)
 
 
+def _done_well(row: dict) -> bool:
+    return row["detail"] in Status._value2member_map_ and Status(row["detail"]).succeeded
+
+
+def rows_in_view(rows: dict, room: int | None) -> tuple[list, list]:
+    """(the rows to draw, in the table's order; the rows left out). All of them where `room` allows
+    (or is None), else `room` of them: hosts that failed, then hosts at work, then the hosts done
+    last, then the next queued. A terminal shows what fits in it: drawn whole, 300 hosts took 74 ms
+    of the laptop's CPU at each of the 8 redraws a second (59 % of a core), 1000 hosts 252 ms."""
+    items = list(rows.items())
+    if room is None or len(items) <= room:
+        return items, []
+    def rank(i: int) -> tuple:
+        row = items[i][1]
+        if row["phase"] == "done":
+            return (0, i) if not _done_well(row) else (2, -(row.get("ended") or 0), i)
+        return (3, i) if row["phase"] == "queued" else (1, i)
+    shown = set(sorted(range(len(items)), key=rank)[:max(room, 1)])
+    return [items[i] for i in sorted(shown)], [items[i] for i in range(len(items)) if i not in shown]
+
+
+def hidden_line(hidden: list) -> str:
+    """'250 more hosts: 200 queued, 48 done, 2 at work' for the rows the live table leaves out."""
+    by = {"queued": 0, "done": 0, "at work": 0}
+    for _, row in hidden:
+        by["queued" if row["phase"] == "queued" else "done" if row["phase"] == "done" else "at work"] += 1
+    return f"{len(hidden)} more host{'s' if len(hidden) > 1 else ''}: " + ", ".join(
+        f"{n} {what}" for what, n in by.items() if n)
+
+
+# Lines of the live view that are not host rows: title, the table's borders and header, the
+# caption, the progress bar, and the line Live keeps for its cursor.
+LIVE_FRAME_LINES = 8
+
+
 class _LiveTable:
-    """The live view's table, built from the View's rows whenever rich draws it."""
+    """The live view's table, built from the View's rows whenever rich draws it, with as many
+    rows as the terminal has lines for."""
 
     def __init__(self, view: View):
         self.view = view
 
-    def __rich__(self):
+    def __rich_console__(self, console, options):
         with self.view.lock:
-            return self.view._render()
+            yield self.view._render(room=live_room(console))
+
+
+def live_room(console) -> int:
+    """How many host rows the live view draws on `console`'s terminal."""
+    return max(console.height - LIVE_FRAME_LINES, 3)
 
 
 # ----------------------------------------------------------------- table columns

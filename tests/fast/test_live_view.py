@@ -35,3 +35,26 @@ def test_live_view_shows_each_host_last_phase_and_time():
     took = float(rows["h1"][1].rstrip("s"))
     assert 0.2 <= took < 5, last   # connect -> done: the sleep inside it counts, the exit does not
     assert "2/2" in last, last     # the progress bar counted both hosts done
+
+
+def test_a_fleet_taller_than_the_terminal_shows_what_fits_failures_and_hosts_at_work_first():
+    """300 hosts on a 30-line terminal: each frame fits the terminal (drawn whole, a frame cost
+    the laptop 74 ms, 8 times a second), every failed host and host at work is in it, and the
+    hosts left out are counted."""
+    out = io.StringIO()
+    console = Console(file=out, width=120, height=30, force_terminal=True, color_system=None)
+    hosts = [f"gpu-{i:03d}" for i in range(300)]
+    with View("rollout", hosts, console=console, live=True) as view:
+        for i in range(0, 60):
+            view.progress(hosts[i], "done", "not-executed" if i == 7 else "verified")
+        view.progress(hosts[250], "done", "unreachable")
+        for i in range(60, 75):
+            view.progress(hosts[i], "verify", " 0.4s waiting for the server's ready line")
+        time.sleep(0.3)
+        frame = frames(out.getvalue())[-1]
+    drawn = [ln.split("│")[1].strip() for ln in frame.splitlines() if ln.startswith("│")]
+    assert len(frame.strip("\n").splitlines()) <= 30, frame
+    assert {"gpu-007", "gpu-250"} <= set(drawn), frame
+    assert set(hosts[60:75]) <= set(drawn), frame
+    assert drawn == sorted(drawn)   # in the table's order
+    assert f"and {300 - len(drawn)} more hosts: " in frame, frame
