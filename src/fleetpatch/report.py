@@ -226,7 +226,7 @@ class View:
     def __exit__(self, *exc):
         if self._live is not None:
             with self.lock:   # as the frames before it: the summary that follows lists every host
-                final = self._render(room=live_room(self._target))
+                final = self._render(room=live_room(self._target), width=self._target.width)
             try:
                 self._live.update(final)
                 self._live.__exit__(*exc)
@@ -267,10 +267,18 @@ class View:
         stamp = time.strftime("%H:%M:%S")
         say(self.console, f"{stamp} {safe_line(host):<12} {safe_line(line)}")
 
-    def _render(self, room: int | None = None):
-        """The table and the progress bar; with `room` (the rows a terminal has lines for) at most
-        that many rows, the others counted in the caption (rows_in_view)."""
+    def _render(self, room: int | None = None, width: int | None = None):
+        """The table and the progress bar; with `room` (the lines a terminal has for host rows) at
+        most that many rows, or a third of them where `width` turns each row into a block of
+        lines, the others counted in the caption (rows_in_view)."""
         from rich.console import Group
+
+        fitted = self._table(room)
+        if room is not None and width is not None and fitted.needed_width() > width:
+            fitted = self._table(max(room // BLOCK_LINES, 1))
+        return Group(fitted, self.bar)
+
+    def _table(self, room: int | None) -> "FittedTable":
         from rich.table import Table
 
         rows, hidden = rows_in_view(self.rows, room)
@@ -297,7 +305,7 @@ class View:
             cells = [cell(host)] + ([cell(row.get("stage", ""))] if staged else []) + [
                 cell(row["phase"]), cell(took), cell(row["detail"])]
             table.add_row(*cells, style=style)
-        return Group(keep_whole(table), self.bar)
+        return keep_whole(table)
 
 
 def _done_well(row: dict) -> bool:
@@ -333,6 +341,9 @@ def hidden_line(hidden: list) -> str:
 # Lines of the live view that are not host rows: title, the table's borders and header, the
 # caption, the progress bar, and the line Live keeps for its cursor.
 LIVE_FRAME_LINES = 8
+# The lines a host takes where the terminal is too narrow for the table (FittedTable.blocks):
+# its name and phase, then its stage, time and detail folded.
+BLOCK_LINES = 3
 
 
 class _LiveTable:
@@ -344,7 +355,7 @@ class _LiveTable:
 
     def __rich_console__(self, console, options):
         with self.view.lock:
-            yield self.view._render(room=live_room(console))
+            yield self.view._render(room=live_room(console), width=options.max_width)
 
 
 def live_room(console) -> int:
@@ -430,6 +441,8 @@ class FittedTable:
                 for line in Text("; ".join(rest)).wrap(console, max(20, width - 2), overflow="fold"):
                     line.rstrip()
                     yield Text("  ") + line
+        if table.caption:
+            yield Text(str(table.caption), overflow="fold")
 
 
 # ----------------------------------------------------------------- outcome

@@ -58,3 +58,21 @@ def test_a_fleet_taller_than_the_terminal_shows_what_fits_failures_and_hosts_at_
     assert set(hosts[60:75]) <= set(drawn), frame
     assert drawn == sorted(drawn)   # in the table's order
     assert f"and {300 - len(drawn)} more hosts: " in frame, frame
+
+
+def test_on_a_narrow_terminal_the_hosts_shown_as_blocks_still_fit_and_the_rest_are_counted():
+    out = io.StringIO()
+    console = Console(file=out, width=60, height=24, force_terminal=True, color_system=None)
+    hosts = [f"gpu-{i:03d}" for i in range(40)]
+    with View("rollout", hosts, console=console, live=True) as view:
+        for h in hosts:
+            view.stage(h, "batch 1 of 1")
+        for h in hosts[:10]:
+            view.progress(h, "verify", " 0.4s waiting for the probe's records of the server")
+        time.sleep(0.3)
+        frame = frames(out.getvalue())[-1]
+    assert "host: " not in frame and "│" not in frame, frame   # one block per host, not the table
+    assert len(frame.strip("\n").splitlines()) <= 24, frame
+    shown = [h for h in hosts if h in frame]
+    assert shown and set(shown) <= set(hosts[:10]), frame
+    assert f"and {40 - len(shown)} more hosts: " in frame, frame
