@@ -1,19 +1,23 @@
 """The known_hosts files, read once per run and kept while they stay the same.
 
 paramiko's `HostKeys.load` compares each line it reads with every line read
-before it, so one file of N hosts costs N²/2 comparisons, and each connection
-read every file again: a whole rollout cost N³. Measured in one process on this
-project's 2-core machine: a file of 32 hosts took 2 ms to load, 300 hosts 23 ms,
-1000 hosts 91 ms (206 ms with hashed names). A 1000-host rollout spent 1.5-3.5
-minutes of the laptop's CPU reading the same file. Now each set of files is
-loaded once, and each connection gets only the keys that paramiko will look up
-for its name.
+before it (N²/2 comparisons for a file of N hosts), each connection read every
+file again, and each lookup of a hashed name hashed it again in Python for every
+line: a rollout's laptop CPU grew with the cube of the fleet. `bench/laptop_scaling.py`
+on this project's 2-core machine, the clients of N hosts against a known_hosts of
+N hosts: 32 hosts 54-62 ms, 300 hosts 4.6 s (4.9 s hashed), 1000 hosts 86 s (130 s
+hashed). Now each set of files is read once (HostKeyEntry.from_line, as load
+parses it), a connection gets only the keys paramiko would look up for its name,
+and a hashed name is checked with the C HMAC: 17-19 ms, 0.17 s (0.32 s), 0.66 s
+(2.1 s).
 
 One `KnownHosts` per run (the Job and its early dials share it; router.via's
 connections keep their own), safe to use from the hosts' threads at once.
 """
 from __future__ import annotations
 
+import binascii
+import hmac
 import os
 import stat
 import threading
@@ -21,36 +25,82 @@ from pathlib import Path
 
 
 class KnownHosts:
-    """The keys of some known_hosts files, each set loaded once while none of its files changed."""
+    """The keys of some known_hosts files, each set read once while none of its files changed."""
 
     def __init__(self) -> None:
-        self._loaded: dict[tuple, object] = {}   # the files' paths and stats -> paramiko.HostKeys
+        self._read: dict[tuple, list] = {}   # the files' paths and stats -> their lines (read_lines)
         self._lock = threading.Lock()
 
     def seed(self, host_keys, files: list[Path], name: str) -> None:
         """Give `host_keys` (a client's paramiko.HostKeys) every key that `files`, loaded in this order,
         hold for `name` (`host`, or `[host]:port` off port 22, as paramiko looks it up): what
         loading the whole files into it would have given that lookup."""
-        found = self._keys_of(files).lookup(name)
-        if found is None:
-            return
-        for keytype in found.keys():
-            host_keys.add(name, keytype, found[keytype])
+        for keytype, key in keys_for(self._lines_of(files), name).items():
+            host_keys.add(name, keytype, key)
 
-    def _keys_of(self, files: list[Path]):
+    def _lines_of(self, files: list[Path]) -> list:
         stamp = tuple(_stamp(path) for path in files)
         with self._lock:
-            keys = self._loaded.get(stamp)
-            if keys is None:
-                from paramiko.hostkeys import HostKeys
-                keys = HostKeys()
-                for path, seen in zip(files, stamp):
-                    if seen[1] is not None:
-                        keys.load(str(path))
+            lines = self._read.get(stamp)
+            if lines is None:
+                lines = [line for path, seen in zip(files, stamp) if seen[1] is not None for line in read_lines(path)]
                 # a file that changed (a key accepted with --accept-new-host-keys) is read again
-                self._loaded = {s: k for s, k in self._loaded.items() if [p for p, _ in s] != [p for p, _ in stamp]}
-                self._loaded[stamp] = keys
-        return keys
+                self._read = {s: k for s, k in self._read.items() if [p for p, _ in s] != [p for p, _ in stamp]}
+                self._read[stamp] = lines
+        return lines
+
+
+def read_lines(path: Path) -> list:
+    """A known_hosts file's lines as paramiko's HostKeys.load parses them (HostKeyEntry.from_line, the
+    same lines skipped), each as (its plain names, its hashed names as (salt, HMAC) pairs, its key).
+    Not load itself: it also drops each name already seen with the same key, comparing every line
+    with every line before it, which changes no lookup."""
+    from paramiko.hostkeys import HostKeyEntry
+    from paramiko.ssh_exception import SSHException
+    lines = []
+    with open(path) as f:
+        for lineno, text in enumerate(f, 1):
+            text = text.strip()
+            if not text or text[0] == "#":
+                continue
+            try:
+                entry = HostKeyEntry.from_line(text, lineno)
+            except SSHException:
+                continue
+            if entry is None:
+                continue
+            plain = {h for h in entry.hostnames if not h.startswith(HASHED)}
+            hashed = [pair for pair in map(_salted, entry.hostnames) if pair is not None]
+            lines.append((plain, hashed, entry.key))
+    return lines
+
+
+def keys_for(lines: list, name: str) -> dict:
+    """keytype -> key for `name`, the first line's key of each type, in the order of the lines: what
+    paramiko's HostKeys.lookup(name) answers. A hashed name (OpenSSH's HashKnownHosts) matches where
+    HMAC-SHA1(its salt, name) is its hash, as in paramiko, whose own check of each hashed line (HMAC
+    and comparison in Python) took 15 ms a host with 1000 hashed lines."""
+    raw = name.encode()
+    found: dict = {}
+    for plain, hashed, key in lines:
+        if name in plain or any(hmac.compare_digest(hmac.digest(salt, raw, "sha1"), mac) for salt, mac in hashed):
+            found.setdefault(key.get_name(), key)
+    return found
+
+
+HASHED = "|1|"
+
+
+def _salted(hostname: str):
+    """(salt, HMAC) of a hashed name `|1|salt|hmac` (base64 each), or None."""
+    parts = hostname.split("|")
+    if not hostname.startswith(HASHED) or len(parts) != 4:
+        return None
+    try:
+        salt, mac = binascii.a2b_base64(parts[2]), binascii.a2b_base64(parts[3])
+    except binascii.Error:
+        return None
+    return (salt, mac) if len(salt) == len(mac) == 20 else None
 
 
 def lookup_name(host: str, port: int) -> str:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from paramiko.hostkeys import HostKeys
 
-from fleetpatch import ssh_errors
+from fleetpatch import knownhosts, ssh_errors
 from fleetpatch.errors import HostFailure, Status
 from fleetpatch.inventory import parse_inventory
 from fleetpatch.knownhosts import KnownHosts, lookup_name
@@ -41,7 +41,9 @@ def test_a_host_gets_the_keys_that_reading_every_file_whole_gives_it(tmp_path, k
                       + "# a comment\n\n" + line(HostKeys.hash_host("gpu-a03"), keys["host"]))
     # gpu-a01 is in both files with another key of the same type (the first file's wins) and an
     # ECDSA key the first lacks; gpu-a04 only in the second
-    user.write_text(line("gpu-a01", keys["other"]) + line("gpu-a01", keys["ecdsa"]) + line("gpu-a04", keys["other"]))
+    user.write_text(line("gpu-a01", keys["other"]) + line("gpu-a01", keys["ecdsa"]) + line("gpu-a04", keys["other"])
+                    + line(HostKeys.hash_host("gpu-a03"), keys["ecdsa"]) + line(HostKeys.hash_host("gpu-a03"), keys["other"])
+                    + line(",".join(HostKeys.hash_host(n) for n in ("gpu-a05", "10.0.0.5")), keys["host"]))
     missing = tmp_path / "absent"
     files = [system, missing, user]
     whole = HostKeys()
@@ -49,7 +51,7 @@ def test_a_host_gets_the_keys_that_reading_every_file_whole_gives_it(tmp_path, k
         whole.load(str(f))
     known = KnownHosts()
     for name in ("gpu-a01", "10.0.0.1", lookup_name("gpu-a02", 2222), "gpu-a02", "gpu-a03", "gpu-a04",
-                 lookup_name("gpu-a01", 2222), "gpu-a99"):
+                 "gpu-a05", "10.0.0.5", lookup_name("gpu-a01", 2222), "gpu-a99"):
         seeded = HostKeys()
         known.seed(seeded, files, name)
         want, got = whole.lookup(name), seeded.lookup(name)
@@ -65,15 +67,15 @@ def test_the_files_are_read_once_for_every_host_of_a_run(tmp_path, keys, monkeyp
     user = tmp_path / "known_hosts"
     user.write_text("".join(line(f"gpu-{i:03d}", keys["host"]) for i in range(300)))
     reads = []
-    real_load = HostKeys.load
-    monkeypatch.setattr(HostKeys, "load", lambda self, path: (reads.append(path), real_load(self, path))[1])
+    real_read = knownhosts.read_lines
+    monkeypatch.setattr(knownhosts, "read_lines", lambda path: (reads.append(path), real_read(path))[1])
     known = KnownHosts()
     for i in range(300):
         seeded = HostKeys()
         known.seed(seeded, [user], f"gpu-{i:03d}")
         assert seeded.lookup(f"gpu-{i:03d}") is not None
         assert seeded.lookup(f"gpu-{(i + 1) % 300:03d}") is None   # only its own
-    assert reads == [str(user)]
+    assert reads == [user]
 
 
 def _refusing_server(host_key):
