@@ -8,8 +8,8 @@ on this project's 2-core machine, the clients of N hosts against a known_hosts o
 N hosts: 32 hosts 54-62 ms, 300 hosts 4.6 s (4.9 s hashed), 1000 hosts 86 s (130 s
 hashed). Now each set of files is read once (HostKeyEntry.from_line, as load
 parses it), a connection gets only the keys paramiko would look up for its name,
-and a hashed name is checked with the C HMAC: 17-19 ms, 0.17 s (0.32 s), 0.66 s
-(2.1 s).
+and a hashed name is checked with the C HMAC: 19-23 ms, 0.20 s (0.34 s), 0.77 s
+(2.5 s).
 
 One `KnownHosts` per run (the Job and its early dials share it; router.via's
 connections keep their own), safe to use from the hosts' threads at once.
