@@ -55,7 +55,7 @@ def read_lines(path: Path) -> list:
     same lines skipped), each as (its plain names, its hashed names as (salt, HMAC) pairs, its key).
     Not load itself: it also drops each name already seen with the same key, comparing every line
     with every line before it, which changes no lookup."""
-    from paramiko.hostkeys import HostKeyEntry
+    from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
     from paramiko.ssh_exception import SSHException
     lines = []
     with open(path) as f:
@@ -67,12 +67,24 @@ def read_lines(path: Path) -> list:
                 entry = HostKeyEntry.from_line(text, lineno)
             except SSHException:
                 continue
+            except InvalidHostKey as e:   # paramiko's load raised it as it is, naming neither file nor line
+                raise KnownHostsError(path, lineno, e.exc) from None
             if entry is None:
                 continue
             plain = {h for h in entry.hostnames if not h.startswith(HASHED)}
             hashed = [pair for pair in map(_salted, entry.hostnames) if pair is not None]
             lines.append((plain, hashed, entry.key))
     return lines
+
+
+class KnownHostsError(Exception):
+    """A known_hosts line whose key cannot be read: no host's key in the file is trusted until it
+    is mended (a host's own line could be the one that cannot be read)."""
+
+    def __init__(self, path: Path, lineno: int, why: object):
+        super().__init__(f"{path}, line {lineno}: the key on this known_hosts line cannot be read ({why}); "
+                         f"correct or delete that line (`ssh-keygen -R NAME -f {path}` deletes a host's lines), "
+                         "then run again")
 
 
 def keys_for(lines: list, name: str) -> dict:

@@ -32,7 +32,7 @@ from . import dialer, protocol
 from .agent import ENTRY, HOST_PACKAGE, MODULES as AGENT_MODULES
 from .errors import HostFailure, NoAnswer, Status
 from .inventory import Host
-from .knownhosts import KnownHosts, lookup_name
+from .knownhosts import KnownHosts, KnownHostsError, lookup_name
 
 if TYPE_CHECKING:  # imported lazily: see the module's docstring
     import paramiko
@@ -361,7 +361,10 @@ class SSHTransport:
             raise HostFailure(Status.SKIPPED, self._not_contacted())
         from . import ssh_errors
         ssh_errors.silence_paramiko()
-        conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys, self.known_hosts)
+        try:
+            conn = connection_for(h, self.hosts_by_name, self.accept_new_host_keys, self.known_hosts)
+        except KnownHostsError as e:
+            raise HostFailure(Status.HOST_KEY_REJECTED, f"{h.name} ({h.target}): not contacted: {e}") from None
         banner = h.connect_timeout or ssh_errors.DEFAULT_BANNER_TIMEOUT
         conn.connect_kwargs.update(banner_timeout=banner, auth_timeout=banner)
         sock = None

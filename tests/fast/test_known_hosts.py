@@ -100,6 +100,33 @@ def _refusing_server(host_key):
     return Listener(serve)
 
 
+def _inventory(keys, known_file, port):
+    return parse_inventory(yaml.safe_dump({
+        "defaults": {"user": "root", "identity_file": keys["client_file"], "known_hosts": str(known_file),
+                     "connect_timeout": 3, "engine": {"python": "/usr/bin/python3"},
+                     "server": {"log": "/tmp/x.log",
+                                "restart": {"kind": "command", "start": "{python} -m x", "pidfile": "/tmp/x.pid"}}},
+        "hosts": {"h1": {"address": "127.0.0.1", "port": port}}}))
+
+
+def test_a_known_hosts_line_that_cannot_be_read_is_named_and_no_host_is_contacted(tmp_path, keys):
+    server = _refusing_server(keys["host"])
+    known_file = tmp_path / "known_hosts"
+    known_file.write_text(line(lookup_name("127.0.0.1", server.port), keys["host"])
+                          + "gpu-b07 ssh-ed25519 AAAA!!notbase64\n")
+    inv = _inventory(keys, known_file, server.port)
+    try:
+        with pytest.raises(HostFailure) as failed:
+            SSHTransport(inv.hosts["h1"], inv.hosts).open()
+    finally:
+        server.close()
+    message = str(failed.value)
+    assert failed.value.status == Status.HOST_KEY_REJECTED
+    assert message.startswith("h1 (") and f"{known_file}, line 2: " in message, message
+    assert "correct or delete that line" in message, message
+    assert server.accepted == 0
+
+
 def test_a_known_hosts_file_edited_mid_run_is_read_again(tmp_path, keys):
     """The host's key checks out (the login is what fails: this server refuses every key); then
     the operator's known_hosts says another key for it, and the run's next connection refuses it."""
@@ -108,12 +135,7 @@ def test_a_known_hosts_file_edited_mid_run_is_read_again(tmp_path, keys):
     known_file = tmp_path / "known_hosts"
     name = lookup_name("127.0.0.1", server.port)
     known_file.write_text(line(name, keys["host"]))
-    inv = parse_inventory(yaml.safe_dump({
-        "defaults": {"user": "root", "identity_file": keys["client_file"], "known_hosts": str(known_file),
-                     "connect_timeout": 3, "engine": {"python": "/usr/bin/python3"},
-                     "server": {"log": "/tmp/x.log",
-                                "restart": {"kind": "command", "start": "{python} -m x", "pidfile": "/tmp/x.pid"}}},
-        "hosts": {"h1": {"address": "127.0.0.1", "port": server.port}}}))
+    inv = _inventory(keys, known_file, server.port)
     host = inv.hosts["h1"]
     run_known = KnownHosts()
     try:
