@@ -4,7 +4,6 @@ paramiko's own HostKeys, and a real SSH handshake with paramiko's server."""
 from __future__ import annotations
 
 import subprocess
-import time
 
 import paramiko
 import pytest
@@ -16,7 +15,7 @@ from fleetpatch.errors import HostFailure, Status
 from fleetpatch.inventory import parse_inventory
 from fleetpatch.knownhosts import KnownHosts, lookup_name
 from fleetpatch.remote import SSHTransport
-from support.listeners import Listener
+from support.listeners import refusing_ssh_server
 
 
 @pytest.fixture(scope="module")
@@ -78,28 +77,6 @@ def test_the_files_are_read_once_for_every_host_of_a_run(tmp_path, keys, monkeyp
     assert reads == [user]
 
 
-def _refusing_server(host_key):
-    class RefuseAll(paramiko.ServerInterface):
-        def get_allowed_auths(self, username):
-            return "publickey"
-
-        def check_auth_publickey(self, username, key):
-            return paramiko.AUTH_FAILED
-
-    def serve(conn):
-        t = paramiko.Transport(conn)
-        t.add_server_key(host_key)
-        try:
-            t.start_server(server=RefuseAll())
-            t.accept(3)
-        except Exception:  # noqa: BLE001 - the client's failures end the session
-            pass
-        finally:
-            time.sleep(0.3)
-            t.close()
-    return Listener(serve)
-
-
 def _inventory(keys, known_file, port):
     return parse_inventory(yaml.safe_dump({
         "defaults": {"user": "root", "identity_file": keys["client_file"], "known_hosts": str(known_file),
@@ -110,7 +87,7 @@ def _inventory(keys, known_file, port):
 
 
 def test_a_known_hosts_line_that_cannot_be_read_is_named_and_no_host_is_contacted(tmp_path, keys):
-    server = _refusing_server(keys["host"])
+    server = refusing_ssh_server(keys["host"])
     known_file = tmp_path / "known_hosts"
     known_file.write_text(line(lookup_name("127.0.0.1", server.port), keys["host"])
                           + "gpu-b07 ssh-ed25519 AAAA!!notbase64\n")
@@ -131,7 +108,7 @@ def test_a_known_hosts_file_edited_mid_run_is_read_again(tmp_path, keys):
     """The host's key checks out (the login is what fails: this server refuses every key); then
     the operator's known_hosts says another key for it, and the run's next connection refuses it."""
     ssh_errors.silence_paramiko()
-    server = _refusing_server(keys["host"])
+    server = refusing_ssh_server(keys["host"])
     known_file = tmp_path / "known_hosts"
     name = lookup_name("127.0.0.1", server.port)
     known_file.write_text(line(name, keys["host"]))

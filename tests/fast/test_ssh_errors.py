@@ -12,7 +12,7 @@ import pytest
 
 from fleetpatch import ssh_errors
 from fleetpatch.errors import Status
-from support.listeners import Listener
+from support.listeners import Listener, refusing_ssh_server
 
 BANNER_TIMEOUT = 1.0
 
@@ -96,29 +96,6 @@ def test_a_name_under_invalid_does_not_resolve():
 
 # ------------------------------------------------------------ a real SSH server
 
-class _RefuseAll(paramiko.ServerInterface):
-    def get_allowed_auths(self, username):
-        return "publickey"
-
-    def check_auth_publickey(self, username, key):
-        return paramiko.AUTH_FAILED
-
-
-def ssh_server(host_key):
-    def serve(conn):
-        t = paramiko.Transport(conn)
-        t.add_server_key(host_key)
-        try:
-            t.start_server(server=_RefuseAll())
-            t.accept(3)
-        except Exception:  # noqa: BLE001 - the client's failures end the session
-            pass
-        finally:
-            time.sleep(0.5)
-            t.close()
-    return Listener(serve)
-
-
 @pytest.fixture(scope="module")
 def host_key():
     return paramiko.Ed25519Key.from_private_key_file(_keyfile("host"))
@@ -136,7 +113,7 @@ def _keyfile(name, _cache={}):
 
 
 def test_a_refused_key_says_authentication_failed_and_what_was_tried(host_key, capfd):
-    lst = ssh_server(host_key)
+    lst = refusing_ssh_server(host_key)
     try:
         f = attempt(lst.port, known={"k": host_key}, key_filename=[_keyfile("client")],
                     tried_desc=["publickey ~/.ssh/id_ed25519"])
@@ -148,7 +125,7 @@ def test_a_refused_key_says_authentication_failed_and_what_was_tried(host_key, c
 
 
 def test_an_unknown_host_key_is_refused(host_key):
-    lst = ssh_server(host_key)
+    lst = refusing_ssh_server(host_key)
     try:
         f = attempt(lst.port, key_filename=[_keyfile("client")])
     finally:
@@ -159,7 +136,7 @@ def test_an_unknown_host_key_is_refused(host_key):
 
 def test_a_changed_host_key_names_both_fingerprints(host_key):
     other = paramiko.Ed25519Key.from_private_key_file(_keyfile("other"))
-    lst = ssh_server(host_key)
+    lst = refusing_ssh_server(host_key)
     try:
         f = attempt(lst.port, known={"k": other}, key_filename=[_keyfile("client")])
     finally:

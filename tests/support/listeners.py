@@ -32,3 +32,31 @@ class Listener:
         self.sock.close()
         for c in self.conns:
             c.close()
+
+
+def refusing_ssh_server(host_key) -> Listener:
+    """A real SSH server (paramiko's) that shows `host_key` and refuses every login: a client gets
+    as far as the host key check and the authentication."""
+    import time
+
+    import paramiko
+
+    class RefuseAll(paramiko.ServerInterface):
+        def get_allowed_auths(self, username):
+            return "publickey"
+
+        def check_auth_publickey(self, username, key):
+            return paramiko.AUTH_FAILED
+
+    def serve(conn):
+        t = paramiko.Transport(conn)
+        t.add_server_key(host_key)
+        try:
+            t.start_server(server=RefuseAll())
+            t.accept(3)
+        except Exception:  # noqa: BLE001 - the client's failures end the session
+            pass
+        finally:
+            time.sleep(0.5)
+            t.close()
+    return Listener(serve)
