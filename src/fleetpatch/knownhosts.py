@@ -28,7 +28,7 @@ class KnownHosts:
     """The keys of some known_hosts files, each set read once while none of its files changed."""
 
     def __init__(self) -> None:
-        self._read: dict[tuple, list] = {}   # the files' paths and stats -> their lines (read_lines)
+        self._read: dict[tuple, tuple] = {}   # the files' paths -> (their stats when read, their lines)
         self._lock = threading.Lock()
 
     def seed(self, host_keys, files: list[Path], name: str) -> None:
@@ -39,15 +39,15 @@ class KnownHosts:
             host_keys.add(name, keytype, key)
 
     def _lines_of(self, files: list[Path]) -> list:
+        paths = tuple(str(path) for path in files)
         stamp = tuple(_stamp(path) for path in files)
         with self._lock:
-            lines = self._read.get(stamp)
-            if lines is None:
-                lines = [line for path, seen in zip(files, stamp) if seen[1] is not None for line in read_lines(path)]
-                # a file that changed (a key accepted with --accept-new-host-keys) is read again
-                self._read = {s: k for s, k in self._read.items() if [p for p, _ in s] != [p for p, _ in stamp]}
-                self._read[stamp] = lines
-        return lines
+            held = self._read.get(paths)
+            # read again once a file changed (a key accepted with --accept-new-host-keys, an edit)
+            if held is None or held[0] != stamp:
+                lines = [line for path, seen in zip(files, stamp) if seen is not None for line in read_lines(path)]
+                held = self._read[paths] = (stamp, lines)
+        return held[1]
 
 
 def read_lines(path: Path) -> list:
@@ -120,11 +120,10 @@ def lookup_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def _stamp(path: Path) -> tuple:
+def _stamp(path: Path) -> tuple | None:
+    """What tells a file's versions apart; None where it is not a file (absent: nothing to read)."""
     try:
         st = os.stat(path)
     except OSError:
-        return (str(path), None)
-    if not stat.S_ISREG(st.st_mode):
-        return (str(path), None)
-    return (str(path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None

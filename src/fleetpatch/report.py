@@ -199,7 +199,6 @@ class View:
         self.lock = threading.Lock()
         self.started = time.monotonic()
         self._live = None
-        self._target = None   # the rich console the live view draws on
         self._last_line: dict[str, str] = {}
         self._preloaded = False
         self.bar = self.bar_task = None
@@ -219,14 +218,13 @@ class View:
             # built at every event instead, a 32-host rollout's ~850 events built ~850 tables of
             # 32 rows each, on the laptop's CPU the hosts' threads need (issue 34).
             self._live = Live(_LiveTable(self), console=target, refresh_per_second=8, transient=False)
-            self._target = target
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc):
         if self._live is not None:
             with self.lock:   # as the frames before it: the summary that follows lists every host
-                final = self._render(room=live_room(self._target), width=self._target.width)
+                final = self._render(room=live_room(self._live.console), width=self._live.console.width)
             try:
                 self._live.update(final)
                 self._live.__exit__(*exc)
