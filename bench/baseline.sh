@@ -10,6 +10,13 @@
 # since the restart until the marker of the path that host runs appears.
 # Exit 0 = marker seen. Everything happens in one round trip.
 #
+# CONTAINER=NAME (a container host: the engine is the main process of that Docker
+# container, its log the container's output): the same job the way a hand-written
+# script does it there, still one ssh. The files are patched inside the container
+# through /proc/<its main pid>/root (SP is the path inside it), `docker restart`
+# stops and starts it, and `docker logs --since <the restart> --follow` is followed
+# until the marker. CHECKS=1 is not offered there.
+#
 # CHECKS=1 (the tool baseline-checks): the checks fleetpatch makes after a
 # restart before its verdict, done here too: the same follow waits for the
 # marker AND the server's ready line, then /health is polled with curl until it
@@ -20,7 +27,12 @@ set -eu
 @VARS@
 
 # 1. apply, with a backup (*.orig beside each file); exact context, no fuzz
-cd "$SP"
+ROOT=
+if [ -n "$CONTAINER" ]; then
+    [ "$CHECKS" != 1 ] || { echo "CHECKS=1 is not offered on a container host" >&2; exit 2; }
+    ROOT=/proc/$(docker inspect -f '{{.State.Pid}}' -- "$CONTAINER")/root
+fi
+cd "$ROOT$SP"
 patch -b -p1 -F0 --forward --batch --silent <<'FLEETPATCH_BENCH_DIFF_EOF'
 @DIFF@
 FLEETPATCH_BENCH_DIFF_EOF
@@ -30,6 +42,20 @@ for f in $CHANGED; do
     d=${f%/*}; b=${f##*/}; b=${b%.py}
     rm -f "$d/__pycache__/$b".*.pyc
 done
+
+# 3-6 on a container host: restart the container, follow its output since then
+if [ -n "$CONTAINER" ]; then
+    SINCE=$(date +%s.%N)
+    docker restart -t "$GRACE" -- "$CONTAINER" >/dev/null
+    export CONTAINER MARKER SINCE
+    timeout "$TIMEOUT" sh -c '
+        docker logs --since "$SINCE" --follow -- "$CONTAINER" 2>&1 | {
+            grep -m1 -F -- "$MARKER"; rc=$?
+            pkill -P $$ -x docker 2>/dev/null
+            exit $rc
+        }'
+    exit 0
+fi
 
 # 3. stop: TERM the pid in the pidfile, wait, KILL after the grace period.
 #    A zombie counts as gone (the test fleet's first server is a child of the

@@ -35,7 +35,8 @@ size and net timing the SSH connect and each agent round trip, with bytes moved.
 --fleets plain,container: beside the plain fleet, a second one of as many container hosts
 (c00, c01, …: the same sshd hosts, the engine in a Docker container of the engine image,
 ``engine.container`` in the inventory; fleetpatch_demo.containerhost) on the tests' Docker
-daemon, or a private one the bench starts. Only fleetpatch runs there. Per size and repeat
+daemon, or a private one the bench starts. fleetpatch and the baseline run there (baseline.sh's
+CONTAINER mode: the limit on a container host). Per size and repeat
 both fleets run, their order alternating per repeat; before each container run the
 containers are re-created from the image; the check reads the files inside the container
 (`docker exec … sha256sum`), the container's output since the run started (`docker logs
@@ -99,10 +100,12 @@ SMOKE_BODY = {"text": "The capital of France is", "sampling_params": {"max_new_t
 C25519 = ["-o", "KexAlgorithms=curve25519-sha256"]
 NETS = ("loopback", "delay")
 # --fleets: "plain" (the engine in a venv on the host), "container" (the engine in a Docker
-# container on the host, engine.container in the inventory). Only fleetpatch rolls out to
-# container hosts: the other tools' scripts stop a server by its pidfile and read a log file.
+# container on the host, engine.container in the inventory). fleetpatch and the baseline run on
+# container hosts (the baseline.sh's CONTAINER mode: the limit there, so that the container/plain
+# ratio of the job itself stands beside fleetpatch's); pyinfra's and Ansible's scripts stop a
+# server by its pidfile and read a log file.
 FLEETS = ("plain", "container")
-CONTAINER_TOOLS = ("fleetpatch", "fleetpatch-noprobe", "fleetpatch-before")
+CONTAINER_TOOLS = ("fleetpatch", "fleetpatch-noprobe", "fleetpatch-before", "baseline")
 # where the bench starts a Docker daemon of its own when none answers (short: containerd's
 # socket paths are limited); the tests' daemon (FLEETPATCH_TEST_DOCKER_SOCK, else
 # /run/fleetpatch-test/docker/docker.sock) is reused when it answers
@@ -844,11 +847,16 @@ def baseline_script(fleet: Fleet, name: str, diff_text: str, files: list[str], t
                     checks: bool = False) -> str:
     h = fleet.hosts[name]
     q = shlex.quote
-    assigns = {
-        "SP": h.remote_site_packages, "LOG": h.remote_log, "PIDFILE": h.remote_pidfile,
-        "WORKDIR": h.mount_point, "MARKER": MARKERS[host_path(fleet, name)], "TIMEOUT": str(timeout),
-        "GRACE": "10", "START": start_line(fleet, name), "CHANGED": " ".join(files), "CHECKS": "1" if checks else "0",
-    }
+    if h.containerized:   # the engine's checkout inside the container; no pidfile, log or start line
+        from fleetpatch_demo import containerhost
+        from fleetpatch_demo.images import SGL_CHECKOUT
+        assigns = {"SP": SGL_CHECKOUT, "CONTAINER": h.container_name, "LOG": "", "PIDFILE": "", "WORKDIR": "",
+                   "START": "", "GRACE": str(containerhost.STOP_GRACE)}
+    else:
+        assigns = {"SP": h.remote_site_packages, "CONTAINER": "", "LOG": h.remote_log, "PIDFILE": h.remote_pidfile,
+                   "WORKDIR": h.mount_point, "START": start_line(fleet, name), "GRACE": "10"}
+    assigns.update({"MARKER": MARKERS[host_path(fleet, name)], "TIMEOUT": str(timeout),
+                    "CHANGED": " ".join(files), "CHECKS": "1" if checks else "0"})
     if checks:
         assigns.update({k.upper(): v for k, v in checks_data(fleet, name).items()})
     text = (BENCH / "baseline.sh").read_text()
@@ -1724,7 +1732,7 @@ def main(argv=None) -> int:
     ap.add_argument("--delay-ms", default="25", help="the proxy's delay each way (default 25: 50 ms RTT)")
     ap.add_argument("--fleets", default="plain",
                     help="plain (the engine in a venv on each host) and/or container (the engine in a Docker "
-                         "container on each host; only fleetpatch runs there): plain,container times both in one "
+                         "container on each host; fleetpatch and the baseline run there): plain,container times both in one "
                          "run, the order alternating per repeat, and writes results-containers.json and "
                          "RESULTS-containers.md (default plain)")
     ap.add_argument("--fleetpatch-before", default="", metavar="CHECKOUT",
@@ -1769,7 +1777,8 @@ def main(argv=None) -> int:
     if not fleets or set(fleets) - set(FLEETS) or len(set(fleets)) != len(fleets):
         sys.exit(f"bench: --fleets takes plain and/or container, not {a.fleets!r}")
     if "container" in fleets and not set(tools) & set(CONTAINER_TOOLS):
-        sys.exit("bench: --fleets container: only fleetpatch rolls out to container hosts; add fleetpatch to --tools")
+        sys.exit("bench: --fleets container: only fleetpatch and the baseline run on container hosts; "
+                 "add fleetpatch or baseline to --tools")
     a.repeats = number("--repeats", a.repeats, whole=True, minimum=1, what="a whole number of 1 or more")
     a.delay_ms = number("--delay-ms", a.delay_ms, minimum=0, what="milliseconds, a number of 0 or more")
     a.quiet_wait = number("--quiet-wait", a.quiet_wait, minimum=0, what="seconds, a number of 0 or more")

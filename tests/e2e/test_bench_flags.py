@@ -17,10 +17,10 @@ from support.paths import REPO
     ("--sizes", "1,64", "sizes must be 1..32"),
     ("--tools", "foo", "unknown tool(s) ['foo']"),
     ("--fleets", "plain,vm", "--fleets takes plain and/or container, not 'plain,vm'"),
-    ("--fleets", "container", "only fleetpatch rolls out to container hosts; add fleetpatch to --tools"),
+    ("--fleets", "container", "only fleetpatch and the baseline run on container hosts; add fleetpatch or baseline to --tools"),
 ])
 def test_a_bad_bench_flag_is_one_line_and_starts_nothing(flag, value, says):
-    extra = ["--tools", "baseline"] if flag == "--fleets" else []   # container hosts: fleetpatch only
+    extra = ["--tools", "pyinfra"] if flag == "--fleets" else []   # container hosts: fleetpatch and the baseline only
     r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), flag, value, *extra, "--no-install"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r
