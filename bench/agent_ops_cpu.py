@@ -8,7 +8,10 @@ it (the agent's compile cache, site and package answers and `probe-code` kept; `
 wiped: every run is a patch's first deploy). Prints per SRC and mode the median CPU of each
 request and of the whole agent ("boot": at its first request; "total": at its end).
 
-    python3 bench/agent_ops_cpu.py [--hosts 1] [--reps 4] SRC [SRC ...]
+    python3 bench/agent_ops_cpu.py [--hosts 1] [--reps 4] [--containers] SRC [SRC ...]
+
+--containers: container hosts (the engine in a Docker container, as `bench/run.py --fleets
+container` has them) on the daemon at FLEETPATCH_TEST_DOCKER_SOCK (else the tests' default socket).
 """
 from __future__ import annotations
 
@@ -63,15 +66,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hosts", type=int, default=1)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--containers", action="store_true")
     ap.add_argument("src", nargs="+")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fp-agent-ops-"))
     trace = work / "trace.txt"
     copies = [traced_copy(s, work / f"src{i}", trace) for i, s in enumerate(a.src)]
-    specs = [HostSpec("h%02d" % i, version=bench.VERSION, spec_v2=False, startup_delay=0.0) for i in range(a.hosts)]
+    specs = [HostSpec("%s%02d" % ("c" if a.containers else "h", i), version=bench.VERSION, spec_v2=False,
+                      startup_delay=0.0, container=a.containers) for i in range(a.hosts)]
+    sock = None
+    if a.containers:
+        from fleetpatch_demo.dockerd import DEFAULT_SOCK, SOCK_ENV
+        sock = os.environ.get(SOCK_ENV) or DEFAULT_SOCK
     res: dict = collections.defaultdict(list)
     try:
-        with Fleet(work / "fleet", specs) as fleet:
+        with Fleet(work / "fleet", specs, docker_sock=sock) as fleet:
             inv = bench.write_inventory(fleet, fleet.names, work / "hosts.yaml", bench.loopback_net(fleet))
             for rep in range(a.reps + 1):          # the first round fills each copy's caches
                 for i, copy in enumerate(copies):
