@@ -56,3 +56,25 @@ def test_any_other_build_or_a_spoiled_code_file_compiles_the_source_as_before(pr
     assert ran(records), sorted(records)
     process = [json.loads(v) for k, v in records.items() if k.endswith("/process.json")]
     assert process, sorted(records)
+
+
+def test_for_a_server_of_another_minor_nothing_is_compiled_and_its_start_compiles_the_source(tmp_path):
+    """A container's interpreter (its version read from its site dir, never run by the agent) of another
+    minor than the agent's cannot load the agent's code: none is written, and the probe still runs."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "site").mkdir()
+    (tmp_path / "mods" / "fp_code_probed.py").write_text(MODULE)
+    plan = {"version": 1, "modules": {"fp_code_probed": {"path": "fp_code_probed.py", "lines": [2],
+                                                         "expected": str(tmp_path / "mods" / "fp_code_probed.py")}}}
+    probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "codetest", plan, server_version="2.7")
+    assert not (tmp_path / "probe" / probe_install.CODE_NAME).exists()
+    records = start(tmp_path)
+    assert ran(records), sorted(records)
+
+
+def test_for_a_server_of_this_minor_the_code_is_written(tmp_path):
+    (tmp_path / "site").mkdir()
+    this = "%d.%d" % __import__("sys").version_info[:2]
+    probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "codetest", {"version": 1, "modules": {}},
+                          server_version=this)
+    assert (tmp_path / "probe" / probe_install.CODE_NAME).read_bytes().startswith(probe_install.code_stamp() + b"\0")

@@ -200,7 +200,8 @@ def write_atomic(path, data, mode, sync=True):
     os.replace(tmp, path)
 
 
-def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, server_code=None, cache_dir=None):
+def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, server_code=None, cache_dir=None,
+            server_version=None):
     """Put the probe in: probe dir (runtime, plan, records 0o1777), then the .pth, each atomically.
 
     Returns {"pth": path, "probe_dir": path}. The probe dir's parents must be
@@ -208,7 +209,11 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     server sees it, where that differs (a chroot or container mount). `server_code`: CODE_NAME's
     content as the server's build compiled it (`compiled_by`; this one's: the agent's cache), for
     the runtime at `runtime_path` as the server sees it (None: compiled here). `cache_dir`: where
-    `probe_plan`'s work is kept between installs (the agent's state dir; None: not kept)."""
+    `probe_plan`'s work is kept between installs (the agent's state dir; None: not kept).
+    `server_version`: the server's "3.13" where the agent knows it without running that
+    interpreter (a container's, from its site dir); of another minor than this one's, it cannot
+    load code compiled here: none is compiled (4 ms of the agent's CPU) nor written, and its start
+    compiles the source, as it would have."""
     if not TOKEN_RE.match(token):
         raise ProbeInstallError("bad probe token %r" % token)
     if not os.path.isdir(site_dir):
@@ -230,10 +235,12 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     if server_code is not None:
         stamp, _, body = server_code.partition(b"\0")
         code = marshal.loads(body) if stamp == code_stamp() else None
-    if code is None and (server_code is None or local):
+    other_minor = bool(server_version) and server_version != "%d.%d" % sys.version_info[:2]
+    if code is None and (server_code is None or local) and not other_minor:
         code = compile(source, seen, "exec")
-    write_atomic(os.path.join(probe_dir, CODE_NAME), server_code or code_stamp() + b"\0" + marshal.dumps(code), 0o644,
-                 sync=False)
+    if server_code is not None or code is not None:
+        write_atomic(os.path.join(probe_dir, CODE_NAME), server_code or code_stamp() + b"\0" + marshal.dumps(code),
+                     0o644, sync=False)
     write_atomic(os.path.join(probe_dir, PLAN_NAME), json.dumps(plan, sort_keys=True).encode("utf-8"), 0o644,
                  sync=False)
     ready = cached_probe_plan(plan, probe_dir, code if local else None, source, cache_dir)
