@@ -66,7 +66,10 @@ def test_for_a_server_of_another_minor_nothing_is_compiled_and_its_start_compile
     (tmp_path / "mods" / "fp_code_probed.py").write_text(MODULE)
     plan = {"version": 1, "modules": {"fp_code_probed": {"path": "fp_code_probed.py", "lines": [2],
                                                          "expected": str(tmp_path / "mods" / "fp_code_probed.py")}}}
-    probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "codetest", plan, server_version="2.7")
+    # the server sees the probe dir at another path (as in a container's root), and its Python is 2.7
+    (tmp_path / "probe-as-the-server-sees-it").symlink_to(tmp_path / "probe")
+    probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "codetest", dict(plan, python_version="2.7"),
+                          probe_dir_seen=str(tmp_path / "probe-as-the-server-sees-it"))
     assert not (tmp_path / "probe" / probe_install.CODE_NAME).exists()
     records = start(tmp_path)
     assert ran(records), sorted(records)
@@ -75,6 +78,7 @@ def test_for_a_server_of_another_minor_nothing_is_compiled_and_its_start_compile
 def test_for_a_server_of_this_minor_the_code_is_written(tmp_path):
     (tmp_path / "site").mkdir()
     this = "%d.%d" % __import__("sys").version_info[:2]
-    probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "codetest", {"version": 1, "modules": {}},
-                          server_version=this)
+    probe_install.install(str(tmp_path / "site"), str(tmp_path / "probe"), "codetest",
+                          {"version": 1, "modules": {}, "python_version": this},
+                          probe_dir_seen=str(tmp_path / "probe-as-the-server-sees-it"))
     assert (tmp_path / "probe" / probe_install.CODE_NAME).read_bytes().startswith(probe_install.code_stamp() + b"\0")

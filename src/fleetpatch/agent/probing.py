@@ -175,7 +175,7 @@ def install_probe(state, req):
     python = spec.get("python") or sys.executable
     try:
         note, site, folder, seen, version, stamp = placement(req, spec, python)
-        plan = dict(spec["plan"], python=python)
+        plan = dict(spec["plan"], python=python, python_version=version)
         source = protocol.unpack(spec["runtime"])
         server_code = None
         if seen is None:    # a container's interpreter is not run from here
@@ -183,8 +183,7 @@ def install_probe(state, req):
             server_code = runtime_code_for(req, python, source, os.path.join(folder, probe_install.RUNTIME_NAME), other)
         atomic_write(state_path(req, INSTALLED), json.dumps(note).encode())
         done = probe_install.install(site, folder, spec["token"], plan, source=source, probe_dir_seen=seen,
-                                     server_code=server_code, cache_dir=state_path(req, PLAN_CACHE),
-                                     server_version=version if seen is not None else None)
+                                     server_code=server_code, cache_dir=state_path(req, PLAN_CACHE))
     except (probe_install.ProbeInstallError, OSError, KeyError, ValueError) as e:
         return dict(out, installed=False, error=str(e))
     state.probe = dict(note, state_dir=req.get("state_dir"))

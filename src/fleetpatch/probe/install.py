@@ -200,8 +200,7 @@ def write_atomic(path, data, mode, sync=True):
     os.replace(tmp, path)
 
 
-def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, server_code=None, cache_dir=None,
-            server_version=None):
+def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, server_code=None, cache_dir=None):
     """Put the probe in: probe dir (runtime, plan, records 0o1777), then the .pth, each atomically.
 
     Returns {"pth": path, "probe_dir": path}. The probe dir's parents must be
@@ -210,10 +209,10 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     content as the server's build compiled it (`compiled_by`; this one's: the agent's cache), for
     the runtime at `runtime_path` as the server sees it (None: compiled here). `cache_dir`: where
     `probe_plan`'s work is kept between installs (the agent's state dir; None: not kept).
-    `server_version`: the server's "3.13" where the agent knows it without running that
-    interpreter (a container's, from its site dir); of another minor than this one's, it cannot
-    load code compiled here: none is compiled (4 ms of the agent's CPU) nor written, and its start
-    compiles the source, as it would have."""
+    The plan's `python_version` ("3.13"), where the server does not see the probe dir at the
+    agent's path (a container) and no `server_code` is given: a server of another minor than this
+    one's cannot load code compiled here, so none is compiled (4 ms of the agent's CPU) nor
+    written, and its start compiles the source, as it would have."""
     if not TOKEN_RE.match(token):
         raise ProbeInstallError("bad probe token %r" % token)
     if not os.path.isdir(site_dir):
@@ -235,7 +234,8 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     if server_code is not None:
         stamp, _, body = server_code.partition(b"\0")
         code = marshal.loads(body) if stamp == code_stamp() else None
-    other_minor = bool(server_version) and server_version != "%d.%d" % sys.version_info[:2]
+    version = plan.get("python_version")
+    other_minor = not local and bool(version) and version != "%d.%d" % sys.version_info[:2]
     if code is None and (server_code is None or local) and not other_minor:
         code = compile(source, seen, "exec")
     if server_code is not None or code is not None:
