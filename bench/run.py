@@ -701,6 +701,7 @@ def container_cpu_ms(pid: int) -> float | None:
             continue
     return None
 
+
 def healthy_soon(fleet: Fleet, name: str, within: float = 5.0) -> bool:
     """The baseline, pyinfra and Ansible stop at the marker, which the server logs a
     moment before it answers /health: give it that moment, bounded."""
