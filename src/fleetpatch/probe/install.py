@@ -209,7 +209,7 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     content as the server's build compiled it (`compiled_by`; this one's: the agent's cache), for
     the runtime at `runtime_path` as the server sees it (None: compiled here). `cache_dir`: where
     `probe_plan`'s work is kept between installs (the agent's state dir; None: not kept).
-    The plan's `python_version` ("3.13"), where the server does not see the probe dir at the
+    The plan's `python_version` ("3.13", "3.13.5"), where the server does not see the probe dir at the
     agent's path (a container) and no `server_code` is given: a server of another minor than this
     one's cannot load code compiled here, so none is compiled (4 ms of the agent's CPU) nor
     written, and its start compiles the source, as it would have."""
@@ -234,8 +234,8 @@ def install(site_dir, probe_dir, token, plan, source=None, probe_dir_seen=None, 
     if server_code is not None:
         stamp, _, body = server_code.partition(b"\0")
         code = marshal.loads(body) if stamp == code_stamp() else None
-    version = plan.get("python_version")
-    other_minor = not local and bool(version) and version != "%d.%d" % sys.version_info[:2]
+    minor = ".".join(str(plan.get("python_version") or "").split(".")[:2])   # "3.13" of "3.13" or "3.13.5"
+    other_minor = not local and bool(minor) and minor != "%d.%d" % sys.version_info[:2]
     if code is None and (server_code is None or local) and not other_minor:
         code = compile(source, seen, "exec")
     if server_code is not None or code is not None:
