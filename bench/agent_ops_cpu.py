@@ -11,7 +11,8 @@ request and of the whole agent ("boot": at its first request; "total": at its en
     python3 bench/agent_ops_cpu.py [--hosts 1] [--reps 4] [--containers] SRC [SRC ...]
 
 --containers: container hosts (the engine in a Docker container, as `bench/run.py --fleets
-container` has them) on the daemon at FLEETPATCH_TEST_DOCKER_SOCK (else the tests' default socket).
+container` has them), on the daemon that the bench uses (FLEETPATCH_TEST_DOCKER_SOCK, else the
+tests' daemon, else a private one it starts and stops).
 """
 from __future__ import annotations
 
@@ -74,10 +75,8 @@ def main() -> None:
     copies = [traced_copy(s, work / f"src{i}", trace) for i, s in enumerate(a.src)]
     specs = [HostSpec("%s%02d" % ("c" if a.containers else "h", i), version=bench.VERSION, spec_v2=False,
                       startup_delay=0.0, container=a.containers) for i in range(a.hosts)]
-    sock = None
-    if a.containers:
-        from fleetpatch_demo.dockerd import DEFAULT_SOCK, SOCK_ENV
-        sock = os.environ.get(SOCK_ENV) or DEFAULT_SOCK
+    # the bench's daemon: FLEETPATCH_TEST_DOCKER_SOCK, the tests' one, else a private one (one line if none)
+    sock = bench.container_daemon("--containers")[0].sock if a.containers else None
     res: dict = collections.defaultdict(list)
     try:
         with Fleet(work / "fleet", specs, docker_sock=sock) as fleet:

@@ -256,33 +256,33 @@ def install_fleetpatch(install: bool) -> tuple[str, Path]:
             f"{time.monotonic() - t0:.0f} s)"), pkg
 
 
-def container_daemon():
+def container_daemon(flag: str = "--fleets container"):
     """(Dockerd, note) for the container fleet: FLEETPATCH_TEST_DOCKER_SOCK if set (it must
     answer), else the tests' daemon at /run/fleetpatch-test/docker/docker.sock if it answers,
     else a private one started here on its own socket and data root (BENCH_DOCKER_*), stopped
-    at exit. Never another daemon. Exits with one line if none can be had."""
+    at exit. Never another daemon. Exits with one line, naming `flag`, if none can be had."""
     from fleetpatch_demo.dockerd import DEFAULT_SOCK, SOCK_ENV, Dockerd, DockerError, docker_unavailable
     from fleetpatch_demo.images import containers_unavailable
     sock = os.environ.get(SOCK_ENV)
     if sock:
         reason = containers_unavailable(sock)
         if reason:
-            sys.exit(f"bench: --fleets container: {SOCK_ENV}={sock}: {reason}")
+            sys.exit(f"bench: {flag}: {SOCK_ENV}={sock}: {reason}")
         return Dockerd(sock), {"sock": sock, "daemon": f"reused ({SOCK_ENV})"}
     if docker_unavailable(DEFAULT_SOCK) is None:
         reason = containers_unavailable(DEFAULT_SOCK)
         if reason:
-            sys.exit(f"bench: --fleets container: {reason}")
+            sys.exit(f"bench: {flag}: {reason}")
         return Dockerd(DEFAULT_SOCK), {"sock": DEFAULT_SOCK, "daemon": "reused (the tests' daemon)"}
     d = Dockerd(BENCH_DOCKER_SOCK, BENCH_DOCKER_ROOT)
     t = time.monotonic()
     try:
         d.start()   # stopped at exit (atexit), as it is this process's
     except DockerError as e:
-        sys.exit(f"bench: --fleets container needs a Docker daemon: {e}")
+        sys.exit(f"bench: {flag} needs a Docker daemon: {e}")
     reason = containers_unavailable(d.sock)
     if reason:
-        sys.exit(f"bench: --fleets container: {reason}")
+        sys.exit(f"bench: {flag}: {reason}")
     return d, {"sock": d.sock, "daemon": f"private, started by the bench in {time.monotonic() - t:.1f} s "
                                          f"(data root {d.data_root})"}
 
