@@ -1305,7 +1305,8 @@ def verdict_and_cpu_table(s: dict, fleets, nets, sizes) -> list[str]:
     CPU per host on the controller and on the hosts, for every tool."""
     lines = ["", "Verdict latency (the earliest probe record of an added line on the host -> that host's "
              "`done` line printed; medians over hosts, max in brackets) and the phases each host timed "
-             "(the agent's age at its first request, pre-flight read, write, probe install, stop, whole restart), "
+             "(the agent's age at its first request, pre-flight read, write, probe install, stop, whole restart; "
+             "since 2026-12-07 11:00 the probe's install runs after the old server's TERM, inside stop and restart), "
              "and the agent process's own CPU per host by its last reply (`agent_cpu_s`, ms):", "",
              "| net | hosts | tool | verdict latency (max) | agent start | pre-flight | write | probe install | stop | "
              "restart | agent CPU per host |", "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

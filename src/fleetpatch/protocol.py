@@ -296,7 +296,8 @@ class ApplyReply(TypedDict, total=False):
     created: List[str]
     deleted: List[str]
     restart: RestartReply
-    timings: Dict[str, float]   # write_s, probe_install_s, restart_s: where the request's time went; agent_cpu_s
+    timings: Dict[str, float]   # write_s, restart_s (the probe's install, probe_install_s, done within it
+                                # while the old server stops): where the request's time went; agent_cpu_s
 
 
 class RollbackReply(TypedDict, total=False):

@@ -406,16 +406,22 @@ def command_pid(restart):
     return host_pid(info, inner) if inner else None
 
 
-def stop_command(restart):
-    """Stop the server started in the container: TERM, KILL after stop_grace."""
+def stop_command(restart, meanwhile=None):
+    """Stop the server started in the container: TERM, KILL after stop_grace. `meanwhile()` runs
+    once the TERM is sent (at once where nothing runs), while the server drains and exits."""
     pid = command_pid(restart)
     extra = {"stopped": None}
-    if pid_alive(pid):
+    if not pid_alive(pid):
+        if meanwhile is not None:
+            meanwhile()
+    else:
         why = pidfile_mismatch(pid, restart.get("argv"), restart["_container"]["root"] + restart["pidfile"])
         if why:
             refuse_to_signal(restart["pidfile"] + " (in the container)", pid, why)
         start = getattr(proc_stat(pid), "start", None)   # None: it ended just now, nothing to signal
         signal_if_same(pid, start, signal.SIGTERM)
+        if meanwhile is not None:
+            meanwhile()
         extra = {"stopped": pid, "signal": "TERM"}
         if not wait_pid_gone(pid, float(restart.get("stop_grace", 10))):
             signal_if_same(pid, start, signal.SIGKILL)
@@ -424,11 +430,12 @@ def stop_command(restart):
     return extra
 
 
-def restart_command(restart, log):
-    """Stop the server started in the container (TERM, KILL after stop_grace), note where its
-    log (a file in the container, read from the host) ends, start it again with `exec -d`."""
+def restart_command(restart, log, meanwhile=None):
+    """Stop the server started in the container (TERM, KILL after stop_grace; `meanwhile()` while
+    it drains), note where its log (a file in the container, read from the host) ends, start it
+    again with `exec -d`."""
     info = restart["_container"]
-    extra = stop_command(restart)
+    extra = stop_command(restart, meanwhile)
     pos = log_position(log)
     pidfile = inroot.host_path(info["root"], restart["pidfile"], follow_last=False)
     if os.path.lexists(pidfile):

@@ -92,9 +92,11 @@ def command_server_pid(restart):
     return found[0] if found else (None if why else read_pid(restart["pidfile"]))
 
 
-def stop_command_server(restart):
+def stop_command_server(restart, meanwhile=None):
     """TERM the server, KILL it after stop_grace; a pidfile naming a process that is not the
-    server is refused with why, nothing signalled."""
+    server is refused with why, nothing signalled. `meanwhile()` runs once the TERM is sent (or
+    at once, where there is nothing to signal), while the server drains and exits."""
+    meanwhile = meanwhile or (lambda: None)
     pid, why = pidfile_server(restart)
     if pid is None:
         found = started_servers(restart)
@@ -103,8 +105,11 @@ def stop_command_server(restart):
         pid = found[0] if found else None
     stat = proc_stat(pid) if pid else None
     if stat is None:
+        meanwhile()
         return {"stopped": None}
-    if not signal_if_same(pid, stat.start, signal.SIGTERM):
+    signalled = signal_if_same(pid, stat.start, signal.SIGTERM)
+    meanwhile()
+    if not signalled:
         return {"stopped": pid}
     if wait_pid_gone(pid, float(restart.get("stop_grace", 10))):
         return {"stopped": pid, "signal": "TERM"}
@@ -338,19 +343,26 @@ def restart_settings(req):
     return dict(req["restart"], state_dir=req.get("state_dir"), server=req.get("server_name"))
 
 
-def restart_server(req, ledger, reason):
+def restart_server(req, ledger, reason, meanwhile=None):
     """Stop, note where the log ends, start. The offset is taken after the old
-    server is gone, so nothing it wrote can count for the new one."""
+    server is gone, so nothing it wrote can count for the new one.
+
+    `meanwhile()`: what must be done before the new server starts (the probe's install). Where
+    the agent signals the server itself (a command server), it is done after the TERM, while the
+    old server drains and exits: a drain is a wait with nothing to do (SGLang's watchdog looks
+    every 5 s), and the work would otherwise lengthen the restart. Elsewhere it is done first."""
     restart = restart_settings(req)
     log = req["log"]
     kind = restart.get("kind", "command")
     result = {"kind": kind}
+    if kind != "command" and meanwhile is not None:
+        meanwhile()
     if kind == "command" and restart.get("_container"):   # a server started in a long-running container
-        extra, pos, pid = restart_command(restart, log)
+        extra, pos, pid = restart_command(restart, log, meanwhile)
         result.update(extra)
     elif kind == "command":
         stopping = time.monotonic()
-        result.update(stop_command_server(restart))
+        result.update(stop_command_server(restart, meanwhile))
         result["stop_s"] = round(time.monotonic() - stopping, 4)   # the rest of a restart is the start
         pos = log_position(log)
         pid = start_command_server(restart, log)
