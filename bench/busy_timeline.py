@@ -38,13 +38,13 @@ class BusySampler(threading.Thread):
     def __init__(self):
         super().__init__(name="busy-sampler", daemon=True)
         self.samples: list[tuple[float, int, int]] = []
-        self._stop = threading.Event()
+        self._finished = threading.Event()
 
     def run(self) -> None:
         t0 = time.monotonic()
         while True:
             self.samples.append((time.monotonic() - t0, *bench.cpu_busy()))
-            if self._stop.wait(SAMPLE_S):
+            if self._finished.wait(SAMPLE_S):
                 return
 
     def __enter__(self):
@@ -52,7 +52,7 @@ class BusySampler(threading.Thread):
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
+        self._finished.set()
         self.join()
 
     def buckets(self) -> list[int]:
