@@ -2,6 +2,7 @@
 runs while the old process is still exiting, and the new server starts only after both."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetpatch.agent import ops, probing
 from fleetpatch.agent import restart as agent_restart
 from fleetpatch.agent.procs import pid_alive
+from fleetpatch.agent.state import AgentState
 
 SERVER = """\
 import pathlib, signal, sys, time
@@ -78,3 +81,22 @@ def test_with_no_server_running_the_probe_still_goes_in_before_the_start(server)
     assert result["stopped"] is None and pid_alive(result["pid"])
     assert appears(up)
     assert not term.exists()
+
+
+def test_a_probe_that_cannot_go_in_after_the_term_still_lets_the_restart_finish(server, tmp_path):
+    """The install fails after the old server has its TERM (here: a directory where a stale probe
+    .pth would be): the new server is started all the same, and the reply says why the probe is off."""
+    req, term, up = server
+    site = tmp_path / "site-packages"
+    (site / "zzz-fleetpatch-probe-old.pth").mkdir(parents=True)
+    state = Path(req["state_dir"])
+    state.mkdir()
+    (state / probing.INSTALLED).write_text(json.dumps({"site_dir": str(site), "token": "old"}))
+    old = agent_restart.start_command_server(agent_restart.restart_settings(req), req["log"])
+    assert appears(up)
+    up.unlink()
+    restart, probe, _ = ops.restart_with_probe(AgentState(), req, {}, "deploy")
+    assert restart["stopped"] == old and not pid_alive(old)
+    assert pid_alive(restart["pid"]) and appears(up), "the new server was not started"
+    assert probe["installed"] is False
+    assert "the probe could not go in" in probe["error"] and "zzz-fleetpatch-probe-old.pth" in probe["error"]
