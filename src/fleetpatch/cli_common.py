@@ -350,7 +350,9 @@ def make_drainer(selected, stages, router: dict | None, tunnels, preflight: bool
     """The router-aware restart of this run (None: no router applies, or --no-router), reaching
     router.via's hosts through `tunnels` (the run's router_via.Tunnels).
     With `preflight`, every router is checked and the capacity of every stage, before
-    any host is touched (UsageError, exit 2)."""
+    any host is touched (UsageError, exit 2). `require_listed` off: a worker the router does not
+    list is let through (a rollback, or --break-lock finishing a dead run that had taken it out):
+    the drain skips it, and it goes in when it is put back."""
     from . import drain
     if not router or router.get("no_router") or not any(h.router is not None for h in selected):
         return None
@@ -382,7 +384,8 @@ def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=
                     inventory_arg=flags.inventory, accept_new_host_keys=flags.accept_new_host_keys, **job_kw)
     with run_tunnels(job) as tunnels:   # router.via's connections: this run's, closed at its end
         job.drain = make_drainer(selected, [selected[i:i + at_once] for i in range(0, len(selected), at_once)],
-                                 router, tunnels, preflight=changes_hosts, require_listed=task_name != "rollback")
+                                 router, tunnels, preflight=changes_hosts,
+                                 require_listed=task_name != "rollback" and not job_kw.get("break_lock"))
         console = rep.make_console()
         started = rep.now_iso()
         with rep.View(task_name, [h.name for h in selected], console=console) as view:

@@ -63,7 +63,7 @@ def rollout(c, patch=None, inventory=None, hosts=None, group=None, report=None, 
             # what is out at once: a stage, or `parallel` of its hosts
             at_once = [st[i:i + fleet.default_parallel(len(st), parallel_n)] for st in stages_planned
                        for i in range(0, len(st), fleet.default_parallel(len(st), parallel_n))]
-            job.drain = make_drainer(selected, at_once, router, tunnels)
+            job.drain = make_drainer(selected, at_once, router, tunnels, require_listed=not break_lock)
             console = rep.make_console()
             started = rep.now_iso()
             n_batches = len(stages_planned) - (1 if has_canary else 0)

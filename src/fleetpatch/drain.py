@@ -257,6 +257,34 @@ def _after_restart(job, host, remote, routers, info, result, rollback, expect):
     return _readd(host, routers, info, result)
 
 
+def back_if_left_out(job, host, remote, result: HostResult) -> HostResult:
+    """A host found verified with nothing to restart (the patch already applied) whose worker a
+    router does not list: an earlier run took it out and died before it put it back (the run
+    that `--break-lock` finishes). Smoke-tested, then put back; an unproven one put back as after
+    a restart. Nothing where no router applies or every router lists it."""
+    if not enabled(job, host) or not (result.ok or result.status == Status.UNPROVEN):
+        return result
+    routers = routers_of(host.router, job.drain.tunnels)
+    try:
+        left_out = [r.label for r in routers.routers if r.find(host.server.url) is None]
+    except RouterError as e:
+        result.ok, result.status = False, Status.ROUTER_ERROR
+        result.message += f"\n  cannot tell whether the router lists it: {e}"
+        return result
+    if not left_out:
+        return result
+    info = dict(_info(), was_listed=False)
+    if result.ok:
+        problem = smoke(job, host, remote, [])
+        if problem is not None:
+            status, why = problem
+            result.ok, result.status = False, status
+            result.message += f"\n  {why}\n  not put back into the router"
+            return _with_router(result, info)
+    result.message += f"\n  it was out of {', '.join(left_out)} (an earlier run left it out): put back"
+    return _readd(host, routers, info, result)
+
+
 def _readd(host, routers, info, result):
     problem = _put_back(host, routers, info)
     if problem:

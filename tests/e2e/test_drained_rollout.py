@@ -12,7 +12,8 @@ and plain requests through it, two of three longer than the 1 s stop grace.
 * a worker that verifies but fails its smoke request stays out of the router
   (with --on-failure rollback: rolled back, then put back);
 * refused before any host is touched: the router's last healthy worker, more
-  than --max-unavailable, a worker the router does not list, a router that is down.
+  than --max-unavailable, a worker the router does not list, a router that is down;
+* a run that died with its worker out: deploy-patch --break-lock finishes it and puts it back.
 """
 from __future__ import annotations
 
@@ -291,6 +292,39 @@ def test_ctrl_c_during_the_drain_puts_the_untouched_worker_back(op, fleet, route
     assert fleet.server_pid("d3") == pid
     assert sha256(fleet.hosts["d3"].site_packages / EAGLE) == sha256(sglang_tree("0.5.9") / EAGLE)
     assert outcome["r"][0] == OK, outcome
+
+
+def test_a_run_that_died_with_its_worker_out_is_finished_by_break_lock_which_puts_it_back(op, fleet, router):
+    """The laptop is killed after the restart, its worker out of the router and its lock on the host.
+    A plain deploy is refused before any host is touched, naming the ways back; the way that
+    `status` gives, deploy-patch --break-lock, verifies the host and puts the worker back."""
+    url = url_of(fleet, "d5")
+    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "deploy-patch", "--patch", "dynamic-spec-disable",
+                             "--hosts", "d5"], cwd=op.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "COLUMNS": "200"})
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if " verify " in line:     # restarted, the verdict not in yet
+            break
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert url not in listed(router.url), seen
+
+    status = op.run("status", "--hosts", "d5")
+    assert "DEAD run" in status.output and "deploy-patch --patch dynamic-spec-disable --break-lock" in status.output
+
+    refused = op.run("deploy-patch", "--patch", "dynamic-spec-disable", "--hosts", "d5")
+    assert refused.code == 2, refused
+    assert f"worker {url} is not in its list" in refused.output
+    assert "`deploy-patch --break-lock` after a dead run" in refused.output
+
+    run = op.run("deploy-patch", "--patch", "dynamic-spec-disable", "--break-lock", "--hosts", "d5")
+    assert run.code == 0, run
+    h = run.host("d5")
+    assert h["status"] == "already-applied" and "still verified" in h["message"], h   # the dead run's restart
+    assert h["router"]["readded"] is True and "an earlier run left it out" in h["message"], h
+    assert listed(router.url).get(url) is True
 
 
 def test_bake_watches_each_batch_and_a_host_failing_it_stops_the_rollout(op, fleet, router):

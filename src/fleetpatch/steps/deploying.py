@@ -2,7 +2,7 @@
 when a router is in front of the host), and verify that the patched path ran."""
 from __future__ import annotations
 
-from .. import protocol
+from .. import drain, protocol
 from ..errors import Status
 from ..hostcalls import HostResult
 from . import execution, servers
@@ -161,7 +161,7 @@ def already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe:
     if job.no_restart or not last:
         return run.result(True, Status.ALREADY_APPLIED, f"{run.name}: {plan.label} already applied; nothing changed",
                           patch=plan.label)
-    return verify_again(run, plan.label, reply, plan.launch)
+    return drain.back_if_left_out(job, run.host, run.remote, verify_again(run, plan.label, reply, plan.launch))
 
 
 def undo_step(run: HostRun):
