@@ -59,7 +59,8 @@ def _verify_last(srun: HostRun, plan, reply: dict) -> HostResult:
     if not last:
         return srun.result(True, Status.ALREADY_APPLIED, f"{srun.name}: {plan.label} already applied; nothing "
                                                          "changed", patch=plan.label, details={"restarted": False})
-    result = verify_again(srun, plan.label, reply, running_launch(srun.host, reply))
+    result = drain.back_if_left_out(srun.job, srun.host, srun.remote,
+                                    verify_again(srun, plan.label, reply, running_launch(srun.host, reply)))
     result.details["restarted"] = False
     return result
 
