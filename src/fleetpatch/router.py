@@ -302,8 +302,8 @@ class Router:
         hint = (f"; it lists {', '.join(near)} - server.url must be exactly the URL the router lists"
                 if near else f"; it lists {', '.join(x.url for x in workers) or 'no workers'}. If a fleetpatch "
                              "run left it out (it failed verification, or the run died while the worker was out), "
-                             "`fleetpatch rollback` of that patch, or `deploy-patch --break-lock` after a dead run, "
-                             "puts it back; else server.url must be the URL the router lists")
+                             "`fleetpatch rollback` of that patch puts it back, as does a deploy with --break-lock "
+                             "after a dead run; else server.url must be the URL the router lists")
         raise RouterError(self.label, f"worker {worker_url} is not in its list{hint}")
 
     def remove(self, worker_url: str, timeout: float = 30.0) -> Optional[Worker]:

@@ -317,7 +317,7 @@ def test_a_run_that_died_with_its_worker_out_is_finished_by_break_lock_which_put
     refused = op.run("deploy-patch", "--patch", "dynamic-spec-disable", "--hosts", "d5")
     assert refused.code == 2, refused
     assert f"worker {url} is not in its list" in refused.output
-    assert "`deploy-patch --break-lock` after a dead run" in refused.output
+    assert "`fleetpatch rollback` of that patch puts it back, as does a deploy with --break-lock" in refused.output
 
     run = op.run("deploy-patch", "--patch", "dynamic-spec-disable", "--break-lock", "--hosts", "d5")
     assert run.code == 0, run
