@@ -359,7 +359,7 @@ def make_drainer(selected, stages, router: dict | None, tunnels, preflight: bool
     if preflight:
         drain.preflight(selected, stages, router.get("max_unavailable"), require_listed, tunnels)
     return drain.Drainer(drain_timeout=router["drain_timeout"], max_unavailable=router.get("max_unavailable"),
-                         tunnels=tunnels)
+                         tunnels=tunnels, all_listed=preflight and require_listed)
 
 
 def run_hosts(task_name: str, step, flags: Common, *, patch=None, changes_hosts=False, router: dict | None = None,

@@ -53,6 +53,9 @@ class Drainer:
     tunnels: Optional[object] = None   # the run's router_via.Tunnels (router.via connections), closed at its end
     lock: threading.Lock = field(default_factory=threading.Lock)
     out: Dict[str, set] = field(default_factory=dict)     # router (Router.label) -> worker URLs out right now
+    # the pre-flight found every selected worker listed: no host can reach its step left out
+    # (unset for a rollback and for --break-lock, which let a left-out worker through)
+    all_listed: bool = False
 
     def take_out(self, host, routers: Routers) -> None:
         """Mark the worker out of each router, refusing (HostFailure router-error) if that
@@ -261,8 +264,9 @@ def back_if_left_out(job, host, remote, result: HostResult) -> HostResult:
     """A host found verified with nothing to restart (the patch already applied) whose worker a
     router does not list: an earlier run took it out and died before it put it back (the run
     that `--break-lock` finishes). Smoke-tested, then put back; an unproven one put back as after
-    a restart. Nothing where no router applies or every router lists it."""
-    if not enabled(job, host) or not (result.ok or result.status == Status.UNPROVEN):
+    a restart. Nothing where no router applies or every router lists it; no router asked where
+    the pre-flight found every worker listed."""
+    if not enabled(job, host) or job.drain.all_listed or not (result.ok or result.status == Status.UNPROVEN):
         return result
     routers = routers_of(host.router, job.drain.tunnels)
     try:

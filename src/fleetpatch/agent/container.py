@@ -409,19 +409,18 @@ def command_pid(restart):
 def stop_command(restart, meanwhile=None):
     """Stop the server started in the container: TERM, KILL after stop_grace. `meanwhile()` runs
     once the TERM is sent (at once where nothing runs), while the server drains and exits."""
+    meanwhile = meanwhile or (lambda: None)
     pid = command_pid(restart)
     extra = {"stopped": None}
     if not pid_alive(pid):
-        if meanwhile is not None:
-            meanwhile()
+        meanwhile()
     else:
         why = pidfile_mismatch(pid, restart.get("argv"), restart["_container"]["root"] + restart["pidfile"])
         if why:
             refuse_to_signal(restart["pidfile"] + " (in the container)", pid, why)
         start = getattr(proc_stat(pid), "start", None)   # None: it ended just now, nothing to signal
         signal_if_same(pid, start, signal.SIGTERM)
-        if meanwhile is not None:
-            meanwhile()
+        meanwhile()
         extra = {"stopped": pid, "signal": "TERM"}
         if not wait_pid_gone(pid, float(restart.get("stop_grace", 10))):
             signal_if_same(pid, start, signal.SIGKILL)
