@@ -31,6 +31,7 @@ import json
 import signal
 import socket
 import sys
+import time
 
 LOOPBACK = "127.0.0.1"
 CHUNK = 256 * 1024
@@ -46,6 +47,7 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
 
 
 TRACE = None   # --trace: a file that gets one line per chunk read: time, connection, direction, bytes
+LATENESS = None   # --lateness: one line per chunk written: wall time, connection, direction, ms past its due time
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
@@ -73,6 +75,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             wait = due - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
+            if LATENESS is not None:   # the proxy's own lag: a starved event loop adds to the link's delay
+                LATENESS.write(f"{time.time():.4f} {label} {(loop.time() - due) * 1000:.2f}\n")
             if not data:
                 # half-close: the peer sees EOF after the same delay as the data before it
                 if writer.can_write_eof():
@@ -192,7 +196,15 @@ def main(argv=None) -> int:
                     help="connect to the target at once (no round trip for the TCP handshake)")
     ap.add_argument("--ignore-stdin", action="store_true", help="do not stop when stdin reaches EOF")
     ap.add_argument("--trace", help="write one line per chunk read (time, connection, > or <, bytes) here")
+    ap.add_argument("--lateness", help="write one line per chunk written (wall time, connection, > or <, ms it "
+                                       "went out past its due time) here")
     a = ap.parse_args(argv)
+    if a.lateness:
+        global LATENESS
+        try:
+            LATENESS = open(a.lateness, "a", buffering=1)
+        except OSError as e:
+            ap.error(f"--lateness {a.lateness}: cannot write there ({e.strerror})")
     if a.trace:
         global TRACE
         try:

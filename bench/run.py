@@ -492,8 +492,12 @@ class DelayProxy:
     def __enter__(self) -> Net:
         echo = _EchoServer()
         targets = [h.ssh_port for h in self.fleet.hosts.values()] + [echo.port]
+        # every forwarded chunk's lateness past its due time: a proxy starved of CPU by the hosts'
+        # work (all on the same cores) delays more than --delay-ms, more for whoever talks then
+        self.lateness = self.wd / f"proxy-lateness{self.label}.txt"
+        self.lateness.write_text("")
         argv = [sys.executable, str(BENCH / "delayproxy.py"), "--delay-ms", str(self.delay_ms),
-                "--max-seconds", str(self.max_seconds)]
+                "--max-seconds", str(self.max_seconds), "--lateness", str(self.lateness)]
         for t in targets:
             argv += ["--target", str(t)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -514,6 +518,7 @@ class DelayProxy:
         kh.write_text("".join(f"[127.0.0.1]:{by_name[n]} {keys[h.ssh_port]}\n" for n, h in self.fleet.hosts.items()))
         net = Net("delay", by_name, kh, rtt_ms=rtt)
         net.first_exchange_ms = first
+        net.lateness_file = self.lateness
         return net
 
     def __exit__(self, *exc) -> None:
@@ -524,6 +529,25 @@ class DelayProxy:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def proxy_lateness(path: Path, start: float, end: float) -> dict | None:
+    """The delay proxy's lateness over one run (chunks written between `start` and `end`, wall
+    clock): ms past each chunk's due time, median, 90th percentile and max."""
+    late = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 4 and start <= float(parts[0]) <= end:
+                    late.append(float(parts[3]))
+    except (OSError, ValueError):
+        return None
+    if not late:
+        return None
+    late.sort()
+    return {"chunks": len(late), "median_ms": round(late[len(late) // 2], 2),
+            "p90_ms": round(late[min(len(late) - 1, int(len(late) * 0.9))], 2), "max_ms": round(late[-1], 2)}
 
 
 class _EchoServer:
@@ -1473,6 +1497,7 @@ def tables(res: dict) -> str:
                 lines.append(f"| {n} | {tool} | {lo['wall_median_s']:.2f} s | {de['wall_median_s']:.2f} s | "
                              f"{add:+.2f} s | {rts} | {over} |")
         lines.append("")
+    lines += lateness_table(res)
     lines.append("fleetpatch, per host (from its report and the sshd-side command timestamps; medians):")
     lines.append("")
     lines.append("| net | hosts | host duration_s (max) | round trips | launch → 1st command (probe) | probe → apply | "
@@ -1658,6 +1683,28 @@ def where_tools_run(t: dict) -> str:
             f"that venv's python; pyinfra from its own venv `{t.get('pyinfra_venv', PYINFRA_VENV)}`; Ansible on the "
             f"machine's interpreter ({t.get('ansible_from', '-')}); the baseline and baseline-checks are the OpenSSH "
             f"client and a POSIX sh script run on the hosts (GNU patch, coreutils, {t.get('curl', 'curl')}).")
+
+
+def lateness_table(res: dict) -> list[str]:
+    """The delay proxy's own lag past each chunk's due time, per tool and size (medians over the runs
+    of each run's median, 90th percentile and max): the proxy shares the cores with every host, so a
+    busy moment delays a chunk beyond the link's delay, more for a tool whose traffic falls then."""
+    rows = {}
+    for r in res.get("runs", []):
+        if r.get("net") == "delay" and r.get("proxy_late") and r.get("fleet", "plain") == "plain":
+            rows.setdefault((r["size"], r["tool"]), []).append(r["proxy_late"])
+    if not rows:
+        return []
+    out = ["The delay proxy's own lateness: ms past each chunk's due time (the proxy runs on the same two "
+           "cores as the hosts), medians over the runs of each run's median / 90th percentile / max, and the "
+           "chunks it forwarded per run:", "",
+           "| hosts | tool | median | p90 | max | chunks per run |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    for (n, tool), xs in sorted(rows.items(), key=lambda kv: (kv[0][0], TOOLS.index(kv[0][1])
+                                                             if kv[0][1] in TOOLS else 99)):
+        m = lambda k: med([x[k] for x in xs])
+        out.append(f"| {n} | {tool} | {m('median_ms'):.1f} ms | {m('p90_ms'):.1f} ms | {m('max_ms'):.1f} ms | "
+                   f"{m('chunks'):.0f} |")
+    return out + [""]
 
 
 def checks_table(res: dict) -> list[str]:
@@ -1952,6 +1999,8 @@ def main(argv=None) -> int:
                       "commands_per_host": [side[n]["count"] for n in names],
                       "cmd_at": [side[n]["at"] for n in names],
                       "command_kinds": side[names[0]]["kinds"]})
+            if getattr(net, "lateness_file", None) is not None:
+                r["proxy_late"] = proxy_lateness(net.lateness_file, r["t_launch"], r["t_launch"] + r["wall_s"] + 0.5)
             r["wall_s"] = round(r["wall_s"], 3)
             log(f"{'(warm-up) ' if not record else ''}{net.name:8s} {fl:9s} {tool:10s} {len(names):2d} hosts  "
                 f"{r['wall_s']:6.2f} s  exit {r['exit']}  "
