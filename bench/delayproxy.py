@@ -46,12 +46,17 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
             pass
 
 
-TRACE = None   # --trace: a file that gets one line per chunk read: time, connection, direction, bytes
-LATENESS = None   # --lateness: one line per chunk written: wall time, connection, direction, ms past its due time
+class ChunkLogs:
+    """The files that get one line per chunk, each None unless asked for: `trace` (--trace) per
+    chunk read: loop time, connection, direction, bytes; `lateness` (--lateness) per chunk
+    written: wall time, connection, direction, ms past its due time."""
+
+    def __init__(self, trace=None, lateness=None):
+        self.trace, self.lateness = trace, lateness
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
-                label: str = "") -> None:
+                label: str = "", logs: ChunkLogs = ChunkLogs()) -> None:
     """Copy reader -> writer, each chunk released `delay` seconds after it was read.
     Reading never waits for writing: the queue holds what is in flight."""
     loop = asyncio.get_running_loop()
@@ -61,8 +66,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
         try:
             while True:
                 data = await reader.read(CHUNK)
-                if TRACE is not None:
-                    TRACE.write(f"{loop.time():.4f} {label} {len(data)}\n")
+                if logs.trace is not None:
+                    logs.trace.write(f"{loop.time():.4f} {label} {len(data)}\n")
                 q.put_nowait((loop.time() + delay, data))
                 if not data:
                     return
@@ -75,8 +80,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             wait = due - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-            if LATENESS is not None:   # the proxy's own lag: a starved event loop adds to the link's delay
-                LATENESS.write(f"{time.time():.4f} {label} {(loop.time() - due) * 1000:.2f}\n")
+            if logs.lateness is not None:   # the proxy's own lag: a starved event loop adds to the link's delay
+                logs.lateness.write(f"{time.time():.4f} {label} {(loop.time() - due) * 1000:.2f}\n")
             if not data:
                 # half-close: the peer sees EOF after the same delay as the data before it
                 if writer.can_write_eof():
@@ -93,13 +98,14 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 
 class Proxy:
-    def __init__(self, targets, delay: float, handshake_rtt: bool = True):
+    def __init__(self, targets, delay: float, handshake_rtt: bool = True, logs: ChunkLogs | None = None):
         for t in targets:
             if not 0 < t < 65536:
                 raise SystemExit(f"delayproxy: target port {t} out of range")
         self.targets = list(targets)
         self.delay = delay
         self.handshake_rtt = handshake_rtt
+        self.logs = logs or ChunkLogs()
         self.ports: dict = {}
         self.servers = []
         self.conns: set = set()
@@ -133,8 +139,8 @@ class Proxy:
         try:
             self.connections += 1
             n = self.connections
-            await asyncio.gather(_pump(creader, swriter, self.delay, f"{n} >"),
-                                 _pump(sreader, cwriter, self.delay, f"{n} <"))
+            await asyncio.gather(_pump(creader, swriter, self.delay, f"{n} >", self.logs),
+                                 _pump(sreader, cwriter, self.delay, f"{n} <", self.logs))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -167,7 +173,7 @@ async def _stdin_eof() -> None:
 
 
 async def amain(a) -> int:
-    proxy = Proxy(a.target, a.delay_ms / 1000.0, handshake_rtt=not a.no_handshake_rtt)
+    proxy = Proxy(a.target, a.delay_ms / 1000.0, handshake_rtt=not a.no_handshake_rtt, logs=a.logs)
     await proxy.start()
     print(json.dumps({"ports": {str(k): v for k, v in proxy.ports.items()}, "delay_ms": a.delay_ms,
                       "handshake_rtt": not a.no_handshake_rtt,
@@ -186,6 +192,16 @@ async def amain(a) -> int:
     return 0
 
 
+def _log_file(ap: argparse.ArgumentParser, flag: str, path: str | None):
+    """A line-buffered file to append to, None without `path`; a path that cannot be written is a usage error."""
+    if not path:
+        return None
+    try:
+        return open(path, "a", buffering=1)
+    except OSError as e:
+        ap.error(f"{flag} {path}: cannot write there ({e.strerror})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="TCP delay proxy on 127.0.0.1 (bench)")
     ap.add_argument("--target", type=int, action="append", required=True,
@@ -199,18 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lateness", help="write one line per chunk written (wall time, connection, > or <, ms it "
                                        "went out past its due time) here")
     a = ap.parse_args(argv)
-    if a.lateness:
-        global LATENESS
-        try:
-            LATENESS = open(a.lateness, "a", buffering=1)
-        except OSError as e:
-            ap.error(f"--lateness {a.lateness}: cannot write there ({e.strerror})")
-    if a.trace:
-        global TRACE
-        try:
-            TRACE = open(a.trace, "a", buffering=1)
-        except OSError as e:
-            ap.error(f"--trace {a.trace}: cannot write there ({e.strerror})")
+    a.logs = ChunkLogs(*(_log_file(ap, flag, path) for flag, path in (("--trace", a.trace), ("--lateness", a.lateness))))
     if a.delay_ms < 0 or a.max_seconds <= 0:
         ap.error("--delay-ms must be >= 0 and --max-seconds > 0")
     return asyncio.run(amain(a))
