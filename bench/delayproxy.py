@@ -56,7 +56,7 @@ class ChunkLogs:
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
-                label: str = "", logs: ChunkLogs = ChunkLogs()) -> None:
+                label: str, logs: ChunkLogs) -> None:
     """Copy reader -> writer, each chunk released `delay` seconds after it was read.
     Reading never waits for writing: the queue holds what is in flight."""
     loop = asyncio.get_running_loop()

@@ -461,6 +461,7 @@ class Net:
 
     # OpenSSH client options for the baseline's ssh (--baseline-kex); empty = OpenSSH's defaults
     baseline_opts: list = []
+    lateness: "LatenessLog | None" = None   # the delay proxy's lateness log ("delay" only)
 
     def __init__(self, name: str, ports: dict, known_hosts: Path, rtt_ms: float | None = None):
         self.name, self.ports, self.known_hosts, self.rtt_ms = name, ports, known_hosts, rtt_ms
@@ -494,10 +495,9 @@ class DelayProxy:
         targets = [h.ssh_port for h in self.fleet.hosts.values()] + [echo.port]
         # every forwarded chunk's lateness past its due time: a proxy starved of CPU by the hosts'
         # work (all on the same cores) delays more than --delay-ms, more for whoever talks then
-        self.lateness = self.wd / f"proxy-lateness{self.label}.txt"
-        self.lateness.write_text("")
+        self.lateness = LatenessLog(self.wd / f"proxy-lateness{self.label}.txt")
         argv = [sys.executable, str(BENCH / "delayproxy.py"), "--delay-ms", str(self.delay_ms),
-                "--max-seconds", str(self.max_seconds), "--lateness", str(self.lateness)]
+                "--max-seconds", str(self.max_seconds), "--lateness", str(self.lateness.path)]
         for t in targets:
             argv += ["--target", str(t)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -518,7 +518,7 @@ class DelayProxy:
         kh.write_text("".join(f"[127.0.0.1]:{by_name[n]} {keys[h.ssh_port]}\n" for n, h in self.fleet.hosts.items()))
         net = Net("delay", by_name, kh, rtt_ms=rtt)
         net.first_exchange_ms = first
-        net.lateness_file = self.lateness
+        net.lateness = self.lateness
         return net
 
     def __exit__(self, *exc) -> None:
@@ -531,23 +531,36 @@ class DelayProxy:
                 self.proc.wait()
 
 
-def proxy_lateness(path: Path, start: float, end: float) -> dict | None:
-    """The delay proxy's lateness over one run (chunks written between `start` and `end`, wall
-    clock): ms past each chunk's due time, median, 90th percentile and max."""
-    late = []
-    try:
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 4 and start <= float(parts[0]) <= end:
-                    late.append(float(parts[3]))
-    except (OSError, ValueError):
-        return None
-    if not late:
-        return None
-    late.sort()
-    return {"chunks": len(late), "median_ms": round(late[len(late) // 2], 2),
-            "p90_ms": round(late[min(len(late) - 1, int(len(late) * 0.9))], 2), "max_ms": round(late[-1], 2)}
+class LatenessLog:
+    """The delay proxy's --lateness file (a line per chunk written: wall time, connection, direction,
+    ms past its due time), read one run at a time from where the last read ended: each line once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.write_text("")
+        self._offset = 0
+
+    def window(self, start: float, end: float) -> dict | None:
+        """The chunks written between `start` and `end` (wall clock): how many, and the median,
+        90th percentile and max of their lateness in ms; None when there were none."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return None
+        whole = data[:data.rfind(b"\n") + 1]   # a line still being written is read next time
+        self._offset += len(whole)
+        late = []
+        for line in whole.decode("ascii", "replace").splitlines():
+            parts = line.split()
+            if len(parts) == 4 and start <= float(parts[0]) <= end:
+                late.append(float(parts[3]))
+        if not late:
+            return None
+        late.sort()
+        return {"chunks": len(late), "median_ms": round(med(late), 2),
+                "p90_ms": round(late[min(len(late) - 1, int(len(late) * 0.9))], 2), "max_ms": round(late[-1], 2)}
 
 
 class _EchoServer:
@@ -1999,8 +2012,8 @@ def main(argv=None) -> int:
                       "commands_per_host": [side[n]["count"] for n in names],
                       "cmd_at": [side[n]["at"] for n in names],
                       "command_kinds": side[names[0]]["kinds"]})
-            if getattr(net, "lateness_file", None) is not None:
-                r["proxy_late"] = proxy_lateness(net.lateness_file, r["t_launch"], r["t_launch"] + r["wall_s"] + 0.5)
+            if net.lateness is not None:
+                r["proxy_late"] = net.lateness.window(r["t_launch"], r["t_launch"] + r["wall_s"] + 0.5)
             r["wall_s"] = round(r["wall_s"], 3)
             log(f"{'(warm-up) ' if not record else ''}{net.name:8s} {fl:9s} {tool:10s} {len(names):2d} hosts  "
                 f"{r['wall_s']:6.2f} s  exit {r['exit']}  "
