@@ -6,6 +6,8 @@ the proxy stops by itself (time bound) and when its parent closes its stdin."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,23 +86,32 @@ def test_every_exchange_takes_the_round_trip_and_a_new_connection_one_more(echo_
 
 def test_lateness_names_each_chunk_it_forwarded_and_how_late_it_went(echo_port, tmp_path):
     """--lateness: one line per chunk written (wall time, connection, direction, ms past its due
-    time), so the bench can tell the proxy's own lag from the link's delay."""
+    time), so the bench can tell the proxy's own lag from the link's delay. A proxy held still
+    (SIGSTOP, as a starved one is) while a chunk waits its delay sends it late, and says so."""
     log = tmp_path / "late.txt"
-    p, port = start(echo_port, "--delay-ms", "10", "--max-seconds", "30", "--lateness", str(log))
+    p, port = start(echo_port, "--delay-ms", "100", "--max-seconds", "30", "--lateness", str(log))
     try:
         t0 = time.time()
         s = connect(port)
         for _ in range(3):
             exchange(s)
+        s.sendall(b"y")
+        time.sleep(0.03)              # read by the proxy, due 100 ms after it was
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        os.kill(p.pid, signal.SIGCONT)
+        assert s.recv(16) == b"y"
         s.close()
         t1 = time.time()
     finally:
+        os.kill(p.pid, signal.SIGCONT)
         p.stdin.close()
         p.wait(10)
     rows = [line.split() for line in log.read_text().splitlines()]
-    assert [r[2] for r in rows[:6]] == [">", "<"] * 3      # each byte out, then its echo back
+    assert [r[2] for r in rows[:8]] == [">", "<"] * 4      # each byte out, then its echo back
     assert {r[1] for r in rows} == {"1"}                    # one connection
     assert all(t0 <= float(r[0]) <= t1 + 1 and float(r[3]) >= 0 for r in rows), rows
+    assert float(rows[6][3]) >= 200, rows                   # the stopped byte: about 400 ms late
 
 
 def test_bulk_data_arrives_intact_in_order_and_eof_is_passed_on(echo_port):
