@@ -233,6 +233,11 @@ def serving_again(result) -> bool:
     return result.status == Status.ROLLED_BACK and bool((result.details.get("rollback") or {}).get("ok"))
 
 
+def smoked(result) -> bool:
+    """The verdict was taken after smoke requests that were answered (steps.follow)."""
+    return bool((result.details.get("smoke") or {}).get("ended"))
+
+
 def _after_restart(job, host, remote, routers, info, result, rollback, expect):
     if result.status == Status.UNPROVEN:
         # healthy and on the right path, its added lines not run yet: real traffic may prove it (--bake)
@@ -243,8 +248,7 @@ def _after_restart(job, host, remote, routers, info, result, rollback, expect):
         return _with_router(result, info)
     # smoke_expect proves the patched branch ran for a request: only for a patched, verified server.
     # The smoke requests the verdict was taken after (steps.follow) judged it already.
-    answered = bool((result.details.get("smoke") or {}).get("ended"))
-    problem = None if answered else smoke(job, host, remote, expect if result.ok else [])
+    problem = None if smoked(result) else smoke(job, host, remote, expect if result.ok else [])
     if problem is not None:
         status, why = problem
         result.ok, result.status = False, status
@@ -278,7 +282,7 @@ def back_if_left_out(job, host, remote, result: HostResult) -> HostResult:
     if not left_out:
         return result
     info = dict(_info(), was_listed=False)
-    if result.ok:
+    if result.ok and not smoked(result):
         problem = smoke(job, host, remote, [])
         if problem is not None:
             status, why = problem

@@ -327,6 +327,34 @@ def test_a_run_that_died_with_its_worker_out_is_finished_by_break_lock_which_put
     assert listed(router.url).get(url) is True
 
 
+def test_break_lock_sends_the_smoke_request_a_dead_run_never_sent_and_proves_a_per_request_line(op, fleet, router):
+    """The dead run restarted the server and died before its smoke request (the fleet skips SGLang's
+    warmup, so nothing has served a request since). forward-extend's line runs only for a request:
+    finishing the run with --break-lock sends the smoke request the dead run owed, which proves the
+    line, and only then puts the worker back."""
+    url, log = url_of(fleet, "d3"), fleet.hosts["d3"].log_of()
+    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "deploy-patch", "--patch", "forward-extend", *FIX,
+                             "--hosts", "d3"], cwd=op.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "COLUMNS": "200"})
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if " verify " in line:     # restarted, the verdict not in yet
+            break
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert url not in listed(router.url), seen
+    restarted = log.read_text().rsplit("SIGTERM received", 1)[-1]
+    assert "POST /generate" not in restarted, "the dead run's smoke request went out after all"
+
+    run = op.run("deploy-patch", "--patch", "forward-extend", *FIX, "--break-lock", "--hosts", "d3")
+    assert run.code == 0, run
+    h = run.host("d3")
+    assert h["status"] == "already-applied" and h["execution"]["proved_by"] == "smoke", h
+    assert h["smoke"]["statuses"] == [200], h
+    assert h["router"]["readded"] is True and listed(router.url).get(url) is True, h
+
+
 def test_bake_watches_each_batch_and_a_host_failing_it_stops_the_rollout(op, fleet, router):
     doc = op.router_inventory()
     # d1's restarted server dies 5 s after it is ready: after verification and the smoke request

@@ -41,7 +41,12 @@ def verify_again(run: HostRun, label: str, reply: protocol.ProbeReply, launch) -
                           f"{verification.get('executed_path') or 'its path'}) still runs; its log since that restart "
                           "is no longer there to re-read", patch=label, executed_path=verification.get("executed_path"))
     view = execution.ExecutionView() if execution.probe_wanted(job, run.host, job.patch) else None
-    return verify(run, Watch(protocol.log_window(last), launch, [job.patch], [label], execution=view), already=True)
+    # No verdict was ever recorded after that restart: the run that made it died first (the one
+    # --break-lock finishes), maybe before its smoke requests, which prove a line that runs per
+    # request. They go out now, as after a restart.
+    smoke = follow.smoke_spec(run.host, job.patch) if not last.get("verdict_epoch") else None
+    return verify(run, Watch(protocol.log_window(last), launch, [job.patch], [label], execution=view, smoke=smoke,
+                             smoke_wait=follow.prove_wait(job.patch) if smoke else 0.0), already=True)
 
 
 def last_verified(run: HostRun, ledger: protocol.Ledger, label: str) -> dict | None:
