@@ -353,6 +353,8 @@ def test_break_lock_sends_the_smoke_request_a_dead_run_never_sent_and_proves_a_p
     assert h["status"] == "already-applied" and h["execution"]["proved_by"] == "smoke", h
     assert h["smoke"]["statuses"] == [200], h
     assert h["router"]["readded"] is True and listed(router.url).get(url) is True, h
+    # one smoke request: the put-back does not send a second one after the verdict's
+    assert log.read_text().rsplit("SIGTERM received", 1)[-1].count("POST /generate") == 1
 
 
 def test_bake_watches_each_batch_and_a_host_failing_it_stops_the_rollout(op, fleet, router):
