@@ -196,7 +196,7 @@ def test_a_worker_failing_its_smoke_request_is_not_put_back(op, fleet, router):
     run = op.run("deploy-patch", "--patch", "breaks-generate", *FIX, "--hosts", "d2", "--on-failure", "rollback")
     assert run.code == 1, run
     h = run.host("d2")
-    assert h["status"] == "rolled-back", h
+    assert h["status"] == "rolled-back", h["message"]
     assert h["router"]["readded"] is True
     assert sha256(fleet.hosts["d2"].site_packages / EAGLE) == sha256(sglang_tree("0.5.9") / EAGLE)
     assert listed(router.url).get(url_of(fleet, "d2")) is True

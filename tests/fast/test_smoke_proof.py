@@ -260,3 +260,35 @@ def test_bake_turns_an_unproven_host_verified_once_real_traffic_runs_the_line(lh
     assert result.ok and result.status == Status.VERIFIED, result.message
     assert result.details["bake"]["proved"] is True, result.details["bake"]
     assert "proved by traffic" in result.message, result.message
+
+
+def test_a_rank_above_0_that_ran_the_line_waits_for_rank_0s_smoke_answers_before_its_verdict(lh):
+    """A rank above 0 serves no HTTP: the line it runs for rank 0's smoke request is called
+    `smoke` by when rank 0's requests began, which comes on rank 0's own stream and may arrive
+    after this rank's record of the line. A success there waits for rank 0's answers (which come
+    after their start on that stream); a failure does not, nor a rank whose rank 0 ended without them."""
+    import dataclasses as dc
+    from fleetpatch import evidence
+    from fleetpatch.steps.context import new_run
+    from fleetpatch.steps.follow import EventLog, Judging, PeerSmoke, Watch
+    j, host = job(lh, "forward-quiet")
+    rank1 = new_run(j, dc.replace(host, node_group="g", node_rank=1))
+    peer = PeerSmoke()
+
+    def judging():
+        watch = Watch({}, None, [j.patch], ["forward-quiet@1"], peer_smoke=peer)
+        return Judging(rank1, watch, EventLog(rank1.profile.ready_line, None, None))
+
+    verdict = evidence.Verdict(Status.VERIFIED, True, "EAGLEWorker", [], "", [], [], "")
+    failed = dc.replace(verdict, status=Status.NOT_EXECUTED)
+    assert judging()._smoke_unanswered([verdict], False), "rank 0's requests not begun: it may not say `smoke` yet"
+    assert not judging()._smoke_unanswered([failed], False)
+    assert not judging()._smoke_unanswered([verdict], True), "at the deadline it decides"
+    peer.started(1.0e9)
+    assert judging()._smoke_unanswered([verdict], False), "begun, not answered"
+    peer.answered()
+    assert not judging()._smoke_unanswered([verdict], False)
+    ended = PeerSmoke()
+    ended.finish()   # rank 0's follow ended without answers: its own failure decides the group
+    watch = Watch({}, None, [j.patch], ["forward-quiet@1"], peer_smoke=ended)
+    assert not Judging(rank1, watch, EventLog(rank1.profile.ready_line, None, None))._smoke_unanswered([verdict], False)

@@ -430,10 +430,16 @@ class Judging:
 
     def _smoke_unanswered(self, vs: list[evidence.Verdict], timed_out: bool) -> bool:
         """A success waits for the smoke requests' answers (a proof at start-up included: the
-        server must also answer requests); a failure does not."""
-        if self.watch.smoke is None or self.events.smoke is not None or timed_out or self.events.alive is False:
+        server must also answer requests); a failure does not. A rank above 0 waits for rank 0's:
+        a line it ran is called `smoke` or `traffic` by when they began, which rank 0's own
+        stream may bring after this rank's record of the line."""
+        if timed_out or self.events.alive is False or not all(v.status in SUCCESS for v in vs):
             return False
-        return all(v.status in SUCCESS for v in vs)
+        peer = self.watch.peer_smoke
+        if peer is not None and self.run.host.node_rank:
+            waits, answered_at = peer.waited_on()
+            return waits and answered_at is None
+        return self.watch.smoke is not None and self.events.smoke is None
 
     def _in_failure_grace(self, vs: list[evidence.Verdict], timed_out: bool) -> bool:
         """A decided restart failure waits a moment for the rest of the traceback (the
