@@ -292,3 +292,11 @@ def test_a_rank_above_0_that_ran_the_line_waits_for_rank_0s_smoke_answers_before
     ended.finish()   # rank 0's follow ended without answers: its own failure decides the group
     watch = Watch({}, None, [j.patch], ["forward-quiet@1"], peer_smoke=ended)
     assert not Judging(rank1, watch, EventLog(rank1.profile.ready_line, None, None))._smoke_unanswered([verdict], False)
+
+
+def test_a_patch_without_markers_is_shown_waiting_for_an_added_line_not_for_markers(lh):
+    from fleetpatch.steps.follow import Watch
+    from fleetpatch.steps.verify import waiting_for
+    quiet, beacon = job(lh, "forward-quiet")[0].patch, job(lh, "spec-path-beacon")[0].patch
+    assert waiting_for(Watch({}, None, [quiet], ["forward-quiet@1"])) == "waiting for an added line to run"
+    assert waiting_for(Watch({}, None, [beacon], ["spec-path-beacon@1"])) == "waiting for markers"

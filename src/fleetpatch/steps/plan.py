@@ -240,7 +240,7 @@ def preflight_verdict(host, profile, revision, prediction, label) -> evidence.Ve
                 f"  the server will run {runs}{where}\n"
                 f"    cause: {prediction.cause}\n"
                 f"  {label} changes only {', '.join(sorted(changed_paths))}"
-                + (f"; it would need a change and a marker in {need}" if need else "")
+                + (f"; it would need a change in {need} too (with the probe off, a marker there)" if need else "")
                 + "\n  nothing was written; fix the launch configuration or the patch, or rerun with --force")
     else:
         text = (f"FAIL {host.name}  {label} would never execute (pre-flight)\n"

@@ -15,7 +15,7 @@ from .recorded import deployed, wanted_name, with_notes
 
 def verify(run: HostRun, watch: Watch, already: bool = False) -> HostResult:
     """Follow and judge the markers; `already`: nothing was written (re-read the last restart's window)."""
-    run.progress("verify", "waiting for markers")
+    run.progress("verify", waiting_for(watch))
     verdicts, timings = follow.follow_and_judge(run, watch)
     result = follow.verdict_result(run, verdicts, watch.labels, timings)
     if already and result.ok:
@@ -23,6 +23,14 @@ def verify(run: HostRun, watch: Watch, already: bool = False) -> HostResult:
         result.message = f"{run.name}: {watch.labels[0]} already applied; nothing changed; still verified\n" + \
             result.message
     return result
+
+
+def waiting_for(watch: Watch) -> str:
+    """What the first progress line of a verification names: a patch without markers is proved by
+    the probe's record of an added line (patch.yaml may leave markers out)."""
+    if any(getattr(p, "markers", None) for p in watch.patches):
+        return "waiting for markers"
+    return "waiting for an added line to run"
 
 
 def verify_again(run: HostRun, label: str, reply: protocol.ProbeReply, launch) -> HostResult:
