@@ -109,3 +109,32 @@ def test_the_server_fleetpatch_started_is_known_by_its_mark_whatever_its_command
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_server_on_its_way_out_is_the_server_though_its_command_line_is_gone(tmp_path, sleeper):
+    """A server that crashed a moment ago (its scheduler raised) is still in its exit when a
+    rollback restarts it: the kernel shows no command line or environment for it any more, only
+    its PF_EXITING flag. It began before its pidfile was written, so it is the server, and the
+    stop waits it out; it is not refused as `another program`, which left the host rolled back
+    but not restarted. A zombie is in the same state, for good."""
+    from fleetpatch.agent import procs
+    dying = subprocess.Popen(["/bin/true"])
+    deadline = time.monotonic() + 10
+    while procs.proc_stat(dying.pid).state != "Z":   # not reaped: its exit is done, its pid still taken
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        stat = procs.proc_stat(dying.pid)
+        assert stat.exiting and procs.proc_argv(dying.pid) is None
+        server_argv = ["/bin/true"]
+        written = time.time()
+        assert procs.stat_mismatch(stat, written, None, server_argv, dying.pid) is None
+        # the same empty command line on a process that is not exiting is another program
+        live = procs.proc_stat(sleeper.pid)
+        assert not live.exiting
+        assert "runs another program" in procs.stat_mismatch(live, written, None, server_argv, sleeper.pid)
+        # and one that began after the pidfile was written took a dead server's pid, exiting or not
+        assert "after the pidfile was written" in procs.stat_mismatch(stat, written - 3600, None, server_argv,
+                                                                       dying.pid)
+    finally:
+        dying.wait()

@@ -10,11 +10,21 @@ import time
 from .base import AgentError, read_bytes, expand, redact
 
 
-class ProcStat(collections.namedtuple("ProcStat", "comm state ppid pgrp session start")):
+# the kernel's PF_EXITING (include/linux/sched.h): the task is in do_exit
+PF_EXITING = 0x4
+
+
+class ProcStat(collections.namedtuple("ProcStat", "comm state ppid pgrp session start flags")):
     """/proc/<pid>/stat as far as fleetpatch reads it: the command name (comm), the state ("R",
-    "S", "Z", ...), the parent, the process group, the session and the start time in clock ticks
-    since boot (field 22), which a reused pid does not share."""
+    "S", "Z", ...), the parent, the process group, the session, the start time in clock ticks
+    since boot (field 22), which a reused pid does not share, and the kernel's flags (field 9)."""
     __slots__ = ()
+
+    @property
+    def exiting(self):
+        """On its way out (a crash, a kill): once its memory is let go its command line and
+        environment read empty, though it is not a zombie yet, and no signal can stop its exit."""
+        return bool(self.flags & PF_EXITING)
 
 
 def parse_proc_stat(data):
@@ -27,7 +37,7 @@ def parse_proc_stat(data):
         return None
     try:
         return ProcStat(comm.decode("utf-8", "replace"), fields[0].decode("ascii", "replace"),
-                        int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+                        int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]), int(fields[6]))
     except ValueError:
         return None
 
@@ -240,11 +250,20 @@ def pidfile_mismatch(pid, argv, pidfile):
         written = os.stat(pidfile).st_mtime
     except OSError:
         written = None
+    return stat_mismatch(stat, written, proc_argv(pid), argv, pid)
+
+
+def stat_mismatch(stat, written, running, argv, pid):
+    """pidfile_mismatch of what /proc said: the process's ProcStat, when its pidfile was
+    `written`, its command line `running`, against server.restart.start's `argv`."""
     if began_after(stat, written):
         when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
         return ("it started at %s, after the pidfile was written (%s): the server that wrote it ended and its pid "
                 "went to another process" % (when(started_epoch(stat)), when(written)))
-    running = proc_argv(pid)
+    if stat.exiting:
+        # the server dying (it crashed a moment ago): its command line is already gone, it began
+        # before the pidfile was written, and a signal cannot hurt what is exiting; the stop waits it out
+        return None
     if not same_program(pid, running, argv):
         return "its command line `%s` runs another program than server.restart.start `%s`" % (
             " ".join(redact.argv(running or ["(none)"]))[:300], " ".join(redact.argv(argv or []))[:300])
