@@ -161,6 +161,27 @@ def test_a_lock_held_by_another_run_is_left_alone(lh):
 
 # -------------------------------------------------------------- rollback
 
+def test_an_inventory_that_would_restart_the_server_onto_the_other_path_is_refused_before_any_write(lh2):
+    """The running server was started on spec v2, but hosts.yaml's start and env (what a command
+    restart uses) would start it on v1: a v2-only patch passes by the running process, yet after
+    fleetpatch's restart it would never run. Refused by the pre-flight, nothing written, not restarted."""
+    j, host = job(lh2)
+    assert steps.deploy(j, host).ok and steps.rollback(job(lh2, None)[0], host).ok   # the server runs v2
+    pid, pristine = lh2.server_pid(), dict(lh2.pristine)
+    start = host.server.restart.start.replace("--speculative-eagle-topk 1", "--speculative-eagle-topk 4")
+    v1 = lh2.host(start=start, env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "0"})
+    for r in (steps.check_patch(job(lh2, "v2-only-beacon", host=v1)[0], v1),
+              steps.deploy(job(lh2, "v2-only-beacon", host=v1)[0], v1)):
+        assert r.status == "not-executed", r.message
+        assert "would never execute (pre-flight)" in r.message and "the server will run EAGLEWorker " in r.message
+        assert "from the inventory's start and env, which fleetpatch restarts the server with; the running " \
+               "server was started otherwise and runs EAGLEWorkerV2" in r.message, r.message
+    assert lh2.is_pristine() and lh2.server_pid() == pid and not lh2.lock.exists()
+    assert {rel: sha256(lh2.file(rel)) for rel in pristine} == pristine
+    # the same inventory with the running server's settings passes
+    assert steps.check_patch(job(lh2, "v2-only-beacon")[0], host).status == "applies"
+
+
 def test_rollback_restores_pristine_bytes_and_restarts_without_the_marker(lh):
     j, host = job(lh)
     assert steps.deploy(j, host).ok

@@ -198,8 +198,30 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     verdict = preflight_verdict(host, profile, revision, prediction, label)
     if verdict is not None:
         verdict.message += launch_note(host, profile, version, launch, prediction)
+    else:
+        verdict = restart_launch_verdict(host, profile, version, revision, launch, prediction, label)
     return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision,
                 clashes=clash), revision
+
+
+def restart_launch_verdict(host: Host, profile, version: str, revision, launch: LaunchConfig, prediction,
+                           label: str):
+    """A `command` restart starts the server with the inventory's start and env, not with what
+    the running process was started with: where the two lead elsewhere, the patch must run (and
+    the server start) under the inventory's too. A typo in hosts.yaml (an env value the engine
+    cannot parse) is refused here, before a write and a restart it would leave the server down
+    after, its rollback's restart included."""
+    if launch.source != "process" or host.server.restart.kind != "command":
+        return None
+    planned = profile.predict(version, inventory_launch(host))
+    if (planned.path, planned.starts) == (prediction.path, prediction.starts):
+        return None
+    verdict = preflight_verdict(host, profile, revision, planned, label)
+    if verdict is not None:
+        runs = (prediction.path or f"no {profile.path_noun}") if prediction.starts else "nothing"
+        verdict.message += ("\n  (launch configuration from the inventory's start and env, which fleetpatch restarts "
+                            f"the server with; the running server was started otherwise and runs {runs})")
+    return verdict
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
