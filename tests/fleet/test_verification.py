@@ -78,9 +78,20 @@ def test_the_same_one_path_patch_verifies_where_its_path_runs(operator, fleet):
 
 def test_spec_v2_with_topk_4_fails_fast_as_restart_failed(operator, fleet):
     set_env(operator, "v1b", SGLANG_ENABLE_SPEC_V2="True")
+    before, pid = sha256(host_file(fleet, "v1b", EAGLE)), fleet.server_pid("v1b")
+    # the running server was started without spec v2, but the restart uses the inventory's env,
+    # with which it would not start: refused before anything is written
     pre = operator.run("check-patch", "--patch", "spec-path-beacon", "--hosts", "v1b")
-    assert pre.code == 0, "the running server was started without spec v2: pre-flight sees that one"
+    assert pre.code == 1, pre
+    assert pre.host("v1b")["status"] == "not-executed"
+    assert "the server would not start" in pre.host("v1b")["message"]
+    assert "Spec v2 currently only supports topk = 1" in pre.host("v1b")["message"]
+    assert "the running server was started otherwise and runs EAGLEWorker" in pre.host("v1b")["message"]
     run = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "v1b", "--timeout", "120")
+    assert run.code == 1 and run.host("v1b")["status"] == "not-executed", run
+    assert sha256(host_file(fleet, "v1b", EAGLE)) == before and fleet.server_pid("v1b") == pid, "untouched"
+    # forced past it, the restart fails at once, not at the timeout
+    run = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "v1b", "--timeout", "120", "--force")
     assert run.code == 1, run
     h = run.host("v1b")
     assert h["status"] == "restart-failed"
@@ -152,7 +163,9 @@ def test_verify_logs_on_a_host_fleetpatch_never_restarted_says_so(operator, flee
 
 def test_a_start_that_cannot_run_is_restart_failed_and_rolled_back_on_request(operator, fleet):
     doc = operator.inventory()
-    doc["hosts"]["v2b"]["server"]["restart"]["start"] = "/nonexistent/python -m sglang_standin"
+    restart = doc["hosts"]["v2b"]["server"]["restart"]
+    # the same flags (the pre-flight predicts the same path from them), an interpreter that is not there
+    restart["start"] = "/nonexistent/python " + restart["start"].split(None, 1)[1]
     operator.write_inventory(doc)
     run = operator.run("deploy-patch", "--patch", "spec-path-beacon", "--hosts", "v2b", "--on-failure", "rollback",
                        "--timeout", "20")
