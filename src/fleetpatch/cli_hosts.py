@@ -64,7 +64,8 @@ def verify_logs(c, patch=None, inventory=None, hosts=None, group=None, report=No
 
 
 @command(help=helps(*COMMON, "patch", "timeout", "break_lock", *ROUTER,
-                    force="restore the originals even over files changed since fleetpatch wrote them"))
+                    force="restore the originals even over files changed since fleetpatch wrote them, and restart "
+                          "even where the engine would refuse server.restart's start and env"))
 def rollback(c, patch=None, inventory=None, hosts=None, group=None, report=None, parallel=None, patches=None,
              timeout=None, force=False, break_lock=False, drain_timeout=None, max_unavailable=None, no_router=False,
              accept_new_host_keys=False, verbose=False):

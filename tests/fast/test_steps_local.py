@@ -182,6 +182,25 @@ def test_an_inventory_that_would_restart_the_server_onto_the_other_path_is_refus
     assert steps.check_patch(job(lh2, "v2-only-beacon")[0], host).status == "applies"
 
 
+def test_a_rollback_whose_restart_would_not_start_the_server_is_refused_untouched(lh):
+    """hosts.yaml now sets spec v2, which with topk 4 does not start: a rollback's command restart
+    would take the running server down. Refused, nothing restored; --force goes ahead."""
+    j, host = job(lh)
+    assert steps.deploy(j, host).ok
+    pid, patched = lh.server_pid(), sha256(lh.file(EAGLE))
+    env = dict(host.server.restart.env, SGLANG_ENABLE_SPEC_V2="True")
+    broken = lh.host(env=env)
+    r = steps.rollback(job(lh, None, host=broken)[0], broken)
+    assert r.status == "error" and "rollback refused: the inventory's start and env would not start" in r.message, \
+        r.message
+    assert "Spec v2 currently only supports topk = 1" in r.message and "nothing was restored" in r.message
+    assert sha256(lh.file(EAGLE)) == patched and lh.server_pid() == pid and not lh.lock.exists()
+    assert "spec-path-beacon" in lh.ledger()["patches"]
+    forced = steps.rollback(job(lh, None, host=broken, force=True)[0], broken)
+    assert forced.status == "restart-failed", forced.message   # what the refusal spared the server
+    assert lh.is_pristine()
+
+
 def test_rollback_restores_pristine_bytes_and_restarts_without_the_marker(lh):
     j, host = job(lh)
     assert steps.deploy(j, host).ok

@@ -8,7 +8,7 @@ from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from . import execution, follow
-from .context import HostRun, host_step, rollback_command, running_launch
+from .context import HostRun, host_step, inventory_launch, rollback_command, running_launch
 from .follow import Watch
 from .lock import HostLock
 from .recorded import Deployed, deployed, wanted_name, with_notes
@@ -31,6 +31,9 @@ def rollback(run: HostRun) -> HostResult:
             return lock.annotate(run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted "
                                             f"({job.interrupt.cause}) before anything was restored; untouched, "
                                             "not restarted"))
+        refused = (names or ledger.get("restart_pending")) and restart_would_not_start(run, reply)
+        if refused:
+            return lock.annotate(refused)
         if not names and ledger.get("restart_pending") and ledger.get("rolled_back"):
             # an earlier rollback restored the files (or the next run finished it for a
             # killed one) but the server still runs the patched code: restart and check it
@@ -58,6 +61,27 @@ def rollback(run: HostRun) -> HostResult:
             return _rollback_locked(run, reply, names[-1], found=found.get(names[-1]), undone=undone)
         result = drain.around_restart(job, run.host, run.remote, undo_all)
     return with_notes(lock.annotate(result), list(found.values()))
+
+
+def restart_would_not_start(run: HostRun, reply: protocol.ProbeReply) -> HostResult | None:
+    """The host refused, untouched, where the server runs but a `command` restart (the inventory's
+    start and env) would not start it: a typo in hosts.yaml would take a running server down.
+    None where the restart may go ahead (--force, another restart kind, a server not running, a
+    host of several servers: each has its own settings)."""
+    host = run.host
+    if run.job.force or host.servers or host.server.restart.kind != "command":
+        return None
+    launch = running_launch(host, reply)
+    if launch.source != "process":
+        return None
+    version = reply.get("version")
+    planned = run.profile.predict(version, inventory_launch(host))
+    if planned.starts or not run.profile.predict(version, launch).starts:
+        return None
+    return run.result(False, Status.ERROR, (
+        f"FAIL {run.name}  rollback refused: the inventory's start and env would not start the server: "
+        f"{planned.error}\n    cause: {planned.cause}\n  nothing was restored or restarted; the running server, "
+        "started otherwise, keeps running: fix server.restart in hosts.yaml, or rerun with --force"))
 
 
 def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
