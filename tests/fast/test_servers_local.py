@@ -107,6 +107,25 @@ def test_one_server_that_fails_to_start_fails_the_host_naming_it_and_the_other_i
         stop_all(lh)
 
 
+def test_a_second_server_whose_inventory_would_not_start_it_refuses_the_host_before_any_write(lh):
+    """Only the first server's launch is read from /proc, but each server is restarted with its own
+    start and env: hosts.yaml now gives s1 spec v2 with topk 4, which does not start. Refused by the
+    pre-flight, naming s1; nothing written, neither server restarted."""
+    host = two_servers(lh)
+    try:
+        assert steps.deploy(job(lh, host=host)[0], host).ok
+        assert steps.rollback(job(lh, None, host=host)[0], host).ok   # both run, unpatched
+        pids = (pid_of(lh, "s0"), pid_of(lh, "s1"))
+        broken = two_servers(lh, s1={"SGLANG_ENABLE_SPEC_V2": "True"})
+        for r in (steps.check_patch(job(lh, host=broken)[0], broken), steps.deploy(job(lh, host=broken)[0], broken)):
+            assert r.status == "not-executed", r.message
+            assert "the server would not start: Spec v2 currently only supports topk = 1" in r.message, r.message
+            assert "(server s1: launch configuration from the inventory's start and env" in r.message, r.message
+        assert lh.is_pristine() and (pid_of(lh, "s0"), pid_of(lh, "s1")) == pids
+    finally:
+        stop_all(lh)
+
+
 def test_without_markers_each_server_is_proven_by_its_own_probe_records_and_verify_logs_rereads_them(lh):
     """both-quiet has no marker: each server's verdict is its own processes' probe records,
     kept per server, so verify-logs of the first server still finds its own after the second's restart."""

@@ -210,18 +210,27 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, launch: 
     the running process was started with: where the two lead elsewhere, the patch must run (and
     the server start) under the inventory's too. A typo in hosts.yaml (an env value the engine
     cannot parse) is refused here, before a write and a restart it would leave the server down
-    after, its rollback's restart included."""
-    if launch.source != "process" or host.server.restart.kind != "command":
+    after, its rollback's restart included. On a host of several servers each one's settings are
+    judged so (only the first server's process is read)."""
+    if launch.source != "process":
         return None
-    planned = profile.predict(version, inventory_launch(host))
-    if (planned.path, planned.starts) == (prediction.path, prediction.starts):
-        return None
-    verdict = preflight_verdict(host, profile, revision, planned, label)
-    if verdict is not None:
-        runs = (prediction.path or f"no {profile.path_noun}") if prediction.starts else "nothing"
-        verdict.message += ("\n  (launch configuration from the inventory's start and env, which fleetpatch restarts "
-                            f"the server with; the running server was started otherwise and runs {runs})")
-    return verdict
+    runs = (prediction.path or f"no {profile.path_noun}") if prediction.starts else "nothing"
+    # a host of several servers: each is restarted with its own settings (only the first is read from /proc)
+    for view in host.server_views():
+        if view.server.restart.kind != "command":
+            continue
+        planned = profile.predict(version, inventory_launch(view))
+        if (planned.path, planned.starts) == (prediction.path, prediction.starts):
+            continue
+        verdict = preflight_verdict(view, profile, revision, planned, label)
+        if verdict is not None:
+            verdict.message += (f"\n  (server {view.server_name}: launch configuration from the inventory's start and "
+                                "env, which fleetpatch restarts it with)" if host.servers else
+                                "\n  (launch configuration from the inventory's start and env, which fleetpatch "
+                                "restarts the server with; the running server was started otherwise and runs "
+                                f"{runs})")
+            return verdict
+    return None
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
