@@ -107,10 +107,11 @@ def test_one_server_that_fails_to_start_fails_the_host_naming_it_and_the_other_i
         stop_all(lh)
 
 
-def test_a_second_server_whose_inventory_would_not_start_it_refuses_the_host_before_any_write(lh):
+def test_a_second_server_whose_inventory_would_not_start_it_refuses_the_deploy_and_the_rollback_untouched(lh):
     """Only the first server's launch is read from /proc, but each server is restarted with its own
-    start and env: hosts.yaml now gives s1 spec v2 with topk 4, which does not start. Refused by the
-    pre-flight, naming s1; nothing written, neither server restarted."""
+    start and env: hosts.yaml now gives s1 spec v2 with topk 4, which does not start. The deploy is
+    refused by the pre-flight, naming s1, and so is a rollback: nothing written or restored, neither
+    server restarted."""
     host = two_servers(lh)
     try:
         assert steps.deploy(job(lh, host=host)[0], host).ok
@@ -122,6 +123,13 @@ def test_a_second_server_whose_inventory_would_not_start_it_refuses_the_host_bef
             assert "the server would not start: Spec v2 currently only supports topk = 1" in r.message, r.message
             assert "(server s1: launch configuration from the inventory's start and env" in r.message, r.message
         assert lh.is_pristine() and (pid_of(lh, "s0"), pid_of(lh, "s1")) == pids
+        # a rollback would restart s1 with it too: refused, the patch left in place
+        assert steps.deploy(job(lh, host=host)[0], host).ok
+        pids = (pid_of(lh, "s0"), pid_of(lh, "s1"))
+        r = steps.rollback(job(lh, None, host=broken)[0], broken)
+        assert r.status == "error" and "rollback refused: server s1: the inventory's start and env would not start" \
+            in r.message, r.message
+        assert not lh.is_pristine() and (pid_of(lh, "s0"), pid_of(lh, "s1")) == pids
     finally:
         stop_all(lh)
 

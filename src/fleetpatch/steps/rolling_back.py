@@ -66,22 +66,27 @@ def rollback(run: HostRun) -> HostResult:
 def restart_would_not_start(run: HostRun, reply: protocol.ProbeReply) -> HostResult | None:
     """The host refused, untouched, where the server runs but a `command` restart (the inventory's
     start and env) would not start it: a typo in hosts.yaml would take a running server down.
-    None where the restart may go ahead (--force, another restart kind, a server not running, a
-    host of several servers: each has its own settings)."""
+    None where the restart may go ahead (--force, another restart kind, a server not running). On
+    a host of several servers, each one's settings (the first one's process is the one read)."""
     host = run.host
-    if run.job.force or host.servers or host.server.restart.kind != "command":
-        return None
     launch = running_launch(host, reply)
-    if launch.source != "process":
+    if run.job.force or launch.source != "process":
         return None
     version = reply.get("version")
-    planned = run.profile.predict(version, inventory_launch(host))
-    if planned.starts or not run.profile.predict(version, launch).starts:
+    if not run.profile.predict(version, launch).starts:
         return None
-    return run.result(False, Status.ERROR, (
-        f"FAIL {run.name}  rollback refused: the inventory's start and env would not start the server: "
-        f"{planned.error}\n    cause: {planned.cause}\n  nothing was restored or restarted; the running server, "
-        "started otherwise, keeps running: fix server.restart in hosts.yaml, or rerun with --force"))
+    for view in host.server_views():   # several servers: each restarts with its own settings
+        if view.server.restart.kind != "command":
+            continue
+        planned = run.profile.predict(version, inventory_launch(view))
+        if planned.starts:
+            continue
+        which = f"server {view.server_name}: " if host.servers else ""
+        return run.result(False, Status.ERROR, (
+            f"FAIL {run.name}  rollback refused: {which}the inventory's start and env would not start the server: "
+            f"{planned.error}\n    cause: {planned.cause}\n  nothing was restored or restarted; the running server, "
+            "started otherwise, keeps running: fix server.restart in hosts.yaml, or rerun with --force"))
+    return None
 
 
 def _pending_rollback_restart(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
