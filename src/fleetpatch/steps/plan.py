@@ -215,7 +215,6 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, launch: 
     if launch.source != "process":
         return None
     runs = (prediction.path or f"no {profile.path_noun}") if prediction.starts else "nothing"
-    # a host of several servers: each is restarted with its own settings (only the first is read from /proc)
     for view in host.server_views():
         if view.server.restart.kind != "command":
             continue

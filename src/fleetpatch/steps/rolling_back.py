@@ -31,7 +31,7 @@ def rollback(run: HostRun) -> HostResult:
             return lock.annotate(run.result(False, Status.INTERRUPTED, f"{run.name}: interrupted "
                                             f"({job.interrupt.cause}) before anything was restored; untouched, "
                                             "not restarted"))
-        refused = (names or ledger.get("restart_pending")) and restart_would_not_start(run, reply)
+        refused = (names or ledger.get("restart_pending")) and restart_refusal(run, reply)
         if refused:
             return lock.annotate(refused)
         if not names and ledger.get("restart_pending") and ledger.get("rolled_back"):
@@ -63,7 +63,7 @@ def rollback(run: HostRun) -> HostResult:
     return with_notes(lock.annotate(result), list(found.values()))
 
 
-def restart_would_not_start(run: HostRun, reply: protocol.ProbeReply) -> HostResult | None:
+def restart_refusal(run: HostRun, reply: protocol.ProbeReply) -> HostResult | None:
     """The host refused, untouched, where the server runs but a `command` restart (the inventory's
     start and env) would not start it: a typo in hosts.yaml would take a running server down.
     None where the restart may go ahead (--force, another restart kind, a server not running). On
@@ -75,7 +75,7 @@ def restart_would_not_start(run: HostRun, reply: protocol.ProbeReply) -> HostRes
     version = reply.get("version")
     if not run.profile.predict(version, launch).starts:
         return None
-    for view in host.server_views():   # several servers: each restarts with its own settings
+    for view in host.server_views():
         if view.server.restart.kind != "command":
             continue
         planned = run.profile.predict(version, inventory_launch(view))
