@@ -4,7 +4,8 @@ Dynamo compiles a function by stepping through its bytecode without running
 it, and the compiled code runs no line of it either: no LINE event fires and no
 guard runs. The probe must record such lines as traced (never as never run),
 must not make Dynamo break the graph or recompile, and must not change what is
-computed. Runs with the interpreter named by $FLEETPATCH_TORCH_PYTHON, else the
+computed. Runs with the interpreter named by $FLEETPATCH_TORCH_PYTHON (.ci/run sets it
+to a venv of its own where a torch wheel for its Python is on the machine), else the
 test venv /var/cache/fleetpatch-test/torch312 (`python3.12 -m venv` it and
 `pip install torch`: the CPU runs of Dynamo need no GPU), else this Python if it
 has torch; skipped where none has. The backend is a graph-counting one that
