@@ -294,14 +294,12 @@ def test_ctrl_c_during_the_drain_puts_the_untouched_worker_back(op, fleet, route
     assert outcome["r"][0] == OK, outcome
 
 
-def test_a_run_that_died_with_its_worker_out_is_finished_by_break_lock_which_puts_it_back(op, fleet, router):
-    """The laptop is killed after the restart, its worker out of the router and its lock on the host.
-    A plain deploy is refused before any host is touched, naming the ways back; the way that
-    `status` gives, deploy-patch --break-lock, verifies the host and puts the worker back."""
-    url = url_of(fleet, "d5")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "deploy-patch", "--patch", "dynamic-spec-disable",
-                             "--hosts", "d5"], cwd=op.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "COLUMNS": "200"})
+def killed_after_restart(op, *args) -> str:
+    """`deploy-patch ARGS` whose laptop is killed (SIGKILL) once the host restarted, before the
+    verdict: its worker out of the router, its lock on the host. What it printed until then."""
+    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "deploy-patch", *args], cwd=op.workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
     seen = ""
     for line in proc.stdout:
         seen += line
@@ -309,6 +307,15 @@ def test_a_run_that_died_with_its_worker_out_is_finished_by_break_lock_which_put
             break
     proc.kill()
     proc.communicate(timeout=60)
+    return seen
+
+
+def test_a_run_that_died_with_its_worker_out_is_finished_by_break_lock_which_puts_it_back(op, fleet, router):
+    """The laptop is killed after the restart, its worker out of the router and its lock on the host.
+    A plain deploy is refused before any host is touched, naming the ways back; the way that
+    `status` gives, deploy-patch --break-lock, verifies the host and puts the worker back."""
+    url = url_of(fleet, "d5")
+    seen = killed_after_restart(op, "--patch", "dynamic-spec-disable", "--hosts", "d5")
     assert url not in listed(router.url), seen
 
     status = op.run("status", "--hosts", "d5")
@@ -333,16 +340,7 @@ def test_break_lock_sends_the_smoke_request_a_dead_run_never_sent_and_proves_a_p
     finishing the run with --break-lock sends the smoke request the dead run owed, which proves the
     line, and only then puts the worker back."""
     url, log = url_of(fleet, "d3"), fleet.hosts["d3"].log_of()
-    proc = subprocess.Popen([sys.executable, "-m", "fleetpatch", "deploy-patch", "--patch", "forward-extend", *FIX,
-                             "--hosts", "d3"], cwd=op.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "COLUMNS": "200"})
-    seen = ""
-    for line in proc.stdout:
-        seen += line
-        if " verify " in line:     # restarted, the verdict not in yet
-            break
-    proc.kill()
-    proc.communicate(timeout=60)
+    seen = killed_after_restart(op, "--patch", "forward-extend", *FIX, "--hosts", "d3")
     assert url not in listed(router.url), seen
     restarted = log.read_text().rsplit("SIGTERM received", 1)[-1]
     assert "POST /generate" not in restarted, "the dead run's smoke request went out after all"
