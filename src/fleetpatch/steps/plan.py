@@ -215,10 +215,7 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, launch: 
     if launch.source != "process":
         return None
     runs = (prediction.path or f"no {profile.path_noun}") if prediction.starts else "nothing"
-    for view in host.server_views():
-        if view.server.restart.kind != "command":
-            continue
-        planned = profile.predict(version, inventory_launch(view))
+    for view, planned in restart_predictions(host, profile, version):
         if (planned.path, planned.starts) == (prediction.path, prediction.starts):
             continue
         verdict = preflight_verdict(view, profile, revision, planned, label)
@@ -230,6 +227,13 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, launch: 
                                 f"{runs})")
             return verdict
     return None
+
+
+def restart_predictions(host: Host, profile, version: str) -> list:
+    """(server, what its restart would run) for each server of the host that a `command` restart
+    starts with the inventory's start and env: the host's one server, or each of `servers:`."""
+    return [(view, profile.predict(version, inventory_launch(view))) for view in host.server_views()
+            if view.server.restart.kind == "command"]
 
 
 def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:

@@ -8,9 +8,10 @@ from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from . import execution, follow
-from .context import HostRun, host_step, inventory_launch, rollback_command, running_launch
+from .context import HostRun, host_step, rollback_command, running_launch
 from .follow import Watch
 from .lock import HostLock
+from .plan import restart_predictions
 from .recorded import Deployed, deployed, wanted_name, with_notes
 from .servers import rollback_servers
 from .verify import cut_off, fold_rollback, newest_first, no_answer
@@ -75,10 +76,7 @@ def restart_refusal(run: HostRun, reply: protocol.ProbeReply) -> HostResult | No
     version = reply.get("version")
     if not run.profile.predict(version, launch).starts:
         return None
-    for view in host.server_views():
-        if view.server.restart.kind != "command":
-            continue
-        planned = run.profile.predict(version, inventory_launch(view))
+    for view, planned in restart_predictions(host, run.profile, version):
         if planned.starts:
             continue
         which = f"server {view.server_name}: " if host.servers else ""
