@@ -295,8 +295,13 @@ def test_a_rank_above_0_that_ran_the_line_waits_for_rank_0s_smoke_answers_before
 
 
 def test_a_patch_without_markers_is_shown_waiting_for_an_added_line_not_for_markers(lh):
-    from fleetpatch.steps.follow import Watch
-    from fleetpatch.steps.verify import waiting_for
-    quiet, beacon = job(lh, "forward-quiet")[0].patch, job(lh, "spec-path-beacon")[0].patch
-    assert waiting_for(Watch({}, None, [quiet], ["forward-quiet@1"])) == "waiting for an added line to run"
-    assert waiting_for(Watch({}, None, [beacon], ["spec-path-beacon@1"])) == "waiting for markers"
+    """The progress line a verification starts with names what proves it: a marker, or for a patch
+    with none (the probe proves it), an added line."""
+    def shown(patch):
+        seen = []
+        host = skipping_warmup(lh)
+        j = job(lh, patch, host=host, progress=lambda name, phase, detail="": seen.append((phase, detail)))[0]
+        assert steps.deploy(j, host).ok
+        return [detail for phase, detail in seen if phase == "verify"]
+    assert shown("forward-quiet")[0] == "waiting for an added line to run"
+    assert shown("spec-path-beacon")[0] == "waiting for markers"
