@@ -10,8 +10,11 @@ that run one: `fleetpatch --help`, `--version` and a usage error never load it
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,27 +314,43 @@ def check_probe_off(patch_obj, selected, no_probe: bool) -> None:
         raise UsageError(str(e)) from None
 
 
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Ctrl-C does nothing while the outcome is printed and the report written: every host has
+    finished by then, and a Ctrl-C there cut the summary off and left no report, hiding how each
+    host ended. (Only the main thread receives signals: elsewhere nothing is changed.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def finish(console, task_name, results, started, flags: Common, stop=None, extra=None) -> None:
     """Print the outcome (with -v each host's evidence), write the report, end with the right exit code."""
     from . import report as rep
     report_path = flags.report
     stopped = stop.describe(results) if stop is not None else None
     interrupted = bool(stop is not None and stop.interrupted)
-    try:
-        if flags.verbose:
-            rep.print_evidence(console, results)
-        rep.print_outcome(console, task_name, results, [stopped] if stopped else [], interrupted=interrupted)
-    except OSError:
-        # The reader went away (`| head`) or the terminal hung up: the report below still says
-        # what every host ended as, and the exit code stays the run's.
-        rep.output_gone(console)
     ok = all(r.ok for r in results.values()) and not interrupted
-    if report_path:
-        doc_extra = dict(extra or {})
-        if stop is not None and stop.reason:
-            doc_extra["stopped"] = stopped
-            doc_extra["interrupted"] = stop.interrupted
-        rep.write_report(report_path, task_name, ok, started, results, doc_extra)
+    with ctrl_c_held():
+        try:
+            if flags.verbose:
+                rep.print_evidence(console, results)
+            rep.print_outcome(console, task_name, results, [stopped] if stopped else [], interrupted=interrupted)
+        except OSError:
+            # The reader went away (`| head`) or the terminal hung up: the report below still says
+            # what every host ended as, and the exit code stays the run's.
+            rep.output_gone(console)
+        if report_path:
+            doc_extra = dict(extra or {})
+            if stop is not None and stop.reason:
+                doc_extra["stopped"] = stopped
+                doc_extra["interrupted"] = stop.interrupted
+            rep.write_report(report_path, task_name, ok, started, results, doc_extra)
     if interrupted:
         raise OutcomeShown
     if not ok:

@@ -173,3 +173,24 @@ def test_a_ctrl_c_while_the_command_reads_its_inputs_is_one_line_and_exit_130(tm
         if p.poll() is None:
             p.kill()
     assert (p.returncode, out, err) == (130, "", said)
+
+
+def test_a_ctrl_c_after_every_host_finished_still_prints_the_whole_outcome_and_writes_the_report(
+        tmp_path, capsys, monkeypatch):
+    """The hosts are done; the Ctrl-C comes while the summary is printed. It cut the summary off
+    ("fleetpatch: interrupted", exit 130) and no report was written: the run's outcome was lost."""
+    import os
+    import signal
+    results = {"h1": HostResult("h1", True, Status.VERIFIED, "h1: verified", patch="p@1")}
+    printing = report.print_outcome
+
+    def ctrl_c_then_print(*args, **kw):
+        os.kill(os.getpid(), signal.SIGINT)   # delivered to this (the main) thread before the next line
+        return printing(*args, **kw)
+    monkeypatch.setattr(report, "print_outcome", ctrl_c_then_print)
+    path = tmp_path / "r.json"
+    finish(report.make_console(), "deploy-patch", results, report.now_iso(), Common(report=str(path)), rollout.Stop())
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == "OK: deploy-patch succeeded on its one host: 1 verified", last
+    assert json.loads(path.read_text())["ok"] is True
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C works again once it is printed"
