@@ -130,6 +130,12 @@ def test_a_second_server_whose_inventory_would_not_start_it_refuses_the_deploy_a
         assert r.status == "error" and "rollback refused: server s1: the inventory's start and env would not start" \
             in r.message, r.message
         assert not lh.is_pristine() and (pid_of(lh, "s0"), pid_of(lh, "s1")) == pids
+        # status names the server a restart would not bring back, and only that one
+        st = steps.status(job(lh, host=broken, patch=None)[0], broken)
+        (note,) = st.details["notes"]
+        assert st.ok and note.startswith("server s1: a restart would not start the server, which now runs "
+                                         "EAGLEWorker: with the inventory's start and env"), (st.message, note)
+        assert "it would stop with \"Spec v2 currently only supports topk = 1" in note, note
     finally:
         stop_all(lh)
 

@@ -302,6 +302,30 @@ def test_status_shows_what_is_applied_and_drift(lh):
     assert st.status == "drift" and st.details["drift"] == [EAGLE]
 
 
+def test_status_warns_when_the_inventory_would_restart_the_server_onto_another_path_or_not_at_all(lh2):
+    """The story's trap, one restart away: the running server (spec v2) runs the verified patch, but
+    hosts.yaml's start and env, which fleetpatch restarts it with, would start EAGLEWorker, or no
+    server at all. status says so for the host (a note; the host is still ok now), and says nothing
+    where the inventory agrees with the running server."""
+    j, host = job(lh2, "v2-only-beacon")
+    assert steps.deploy(j, host).ok
+    agreed = steps.status(job(lh2, None)[0], host)
+    assert agreed.ok and "notes" not in agreed.details, agreed.details.get("notes")
+    v1 = lh2.host(start=host.server.restart.start.replace("--speculative-eagle-topk 1", "--speculative-eagle-topk 4"),
+                  env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "0"})
+    st = steps.status(job(lh2, None, host=v1)[0], v1)
+    assert st.ok and st.status == "ok", st.message
+    (note,) = st.details["notes"]
+    assert note.startswith("a restart would run EAGLEWorker, not EAGLEWorkerV2 as now: in the inventory's start "
+                           "and env, which fleetpatch restarts it with, ") and \
+        "bring hosts.yaml and the running server in line" in note, note
+    down = lh2.host(start=host.server.restart.start.replace("--speculative-eagle-topk 1", "--speculative-eagle-topk 4"))
+    (note,) = steps.status(job(lh2, None, host=down)[0], down).details["notes"]
+    assert note.startswith("a restart would not start the server, which now runs EAGLEWorkerV2: with the "
+                           "inventory's start and env, which fleetpatch restarts it with, it would stop with \"Spec "
+                           "v2 currently only supports topk = 1"), note
+
+
 # ------------------------------------------ locks left by runs that exited normally
 
 def test_a_probe_that_fails_after_taking_the_lock_releases_it(lh):

@@ -6,6 +6,7 @@ from ..errors import Status
 from ..hostcalls import HostResult, base_request, patch_lost_message
 from ..patchset import MANIFEST
 from .context import HostRun, host_step
+from .plan import restart_hazard
 
 # A last verification that ended so leaves the host ok (a rollback's check records `verified` too).
 VERIFIED_LAST = (Status.VERIFIED, Status.ROLLED_BACK)
@@ -96,6 +97,10 @@ def status(run: HostRun) -> HostResult:
         status_ = status_ if drift else failed
     if run.host.servers:
         status_ = _each_server(run, details, problems, status_, drift)
+    else:
+        hazard = restart_hazard(run.host, run.profile, run.version, reply)
+        if hazard:
+            details["notes"] = [hazard]
     if lock:
         problem = _lock_problem(run, lockview.assess(lock), details)
         if problem:
@@ -116,6 +121,9 @@ def _each_server(run: HostRun, details: dict, problems: list, status_: Status, d
             "server_up": bool(server.get("alive")) and server.get("healthy") is not False,
             "server_pid": server.get("pid"), "last_verification": last_v,
             "restart_pending": bool(ledger.get("restart_pending"))}
+        hazard = restart_hazard(view, run.profile, run.version, reply)
+        if hazard:
+            details.setdefault("notes", []).append(f"server {view.server_name}: {hazard}")
         failed = failed_verification(last_v)
         if failed is not None:
             what = ", ".join(last_v.get("labels") or []) or "the patches"

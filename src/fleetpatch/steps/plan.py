@@ -214,9 +214,9 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, launch: 
     judged so (only the first server's process is read)."""
     if launch.source != "process":
         return None
-    runs = (prediction.path or f"no {profile.path_noun}") if prediction.starts else "nothing"
-    for view, planned in restart_predictions(host, profile, version):
-        if (planned.path, planned.starts) == (prediction.path, prediction.starts):
+    for view in host.server_views():
+        planned = restart_would_differ(view, profile, version, prediction)
+        if planned is None:
             continue
         verdict = preflight_verdict(view, profile, revision, planned, label)
         if verdict is not None:
@@ -224,9 +224,49 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, launch: 
                                 "env, which fleetpatch restarts it with)" if host.servers else
                                 "\n  (launch configuration from the inventory's start and env, which fleetpatch "
                                 "restarts the server with; the running server was started otherwise and runs "
-                                f"{runs})")
+                                f"{would_run(prediction, profile, why=False)})")
             return verdict
     return None
+
+
+def restart_would_differ(view: Host, profile, version: str, prediction):
+    """What a `command` restart of `view`'s server would run, from the inventory's start and env,
+    where that differs from `prediction` (the running server's): another path, or no start. None
+    where they agree, or where the restart is not fleetpatch's command (systemd, a supervisor)."""
+    if view.server.restart.kind != "command":
+        return None
+    planned = profile.predict(version, inventory_launch(view))
+    return None if (planned.path, planned.starts) == (prediction.path, prediction.starts) else planned
+
+
+def would_run(prediction, profile, why: bool = True) -> str:
+    """'EAGLEWorkerV2', 'no speculative worker', or 'nothing' (with `why`: 'nothing: <the error>')."""
+    if prediction.starts:
+        return prediction.path or f"no {profile.path_noun}"
+    return f"nothing: {prediction.error}" if why else "nothing"
+
+
+def restart_hazard(view: Host, profile, version: str | None, probe_reply: dict) -> str | None:
+    """status: the running server runs one path and a restart with the inventory's start and env
+    (what fleetpatch restarts it with) would run another, or not start: the next deploy or rollback
+    would then leave a patch on the running path unexecuted, or the server down. None where they
+    agree, where the server is not running, or where the engine's version is not known."""
+    if not version or not profile.knows(version):
+        return None
+    launch = running_launch(view, probe_reply)
+    if launch.source != "process":
+        return None
+    running = profile.predict(version, launch)
+    planned = restart_would_differ(view, profile, version, running)
+    if planned is None:
+        return None
+    now = would_run(running, profile, why=False)
+    where = "the inventory's start and env, which fleetpatch restarts it with"
+    change = (f"a restart would run {would_run(planned, profile)}, not {now} as now: in {where}, {planned.cause}"
+              if planned.starts else
+              f"a restart would not start the server, which now runs {now}: with {where}, it would stop with "
+              f"\"{planned.error}\"")
+    return change + "; bring hosts.yaml and the running server in line before the next deploy or rollback"
 
 
 def restart_predictions(host: Host, profile, version: str) -> list:
@@ -242,13 +282,11 @@ def launch_note(host: Host, profile, version: str, launch: LaunchConfig, predict
     if launch.source != "process":
         return "\n  (launch configuration from the inventory's start and env: the server is not running)"
     note = "\n  (launch configuration read from the running server's /proc cmdline and environ)"
-    if host.server.restart.kind == "command":
-        planned = profile.predict(version, inventory_launch(host))
-        if (planned.path, planned.starts) != (prediction.path, prediction.starts):
-            what = (planned.path or f"no {profile.path_noun}") if planned.starts else f"nothing: {planned.error}"
-            note += (f"\n  note: the inventory's start and env would run {what} ({planned.cause}); "
-                     "fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the running "
-                     "server in line, or rerun with --force")
+    planned = restart_would_differ(host, profile, version, prediction)
+    if planned is not None:
+        note += (f"\n  note: the inventory's start and env would run {would_run(planned, profile)} "
+                 f"({planned.cause}); fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the "
+                 "running server in line, or rerun with --force")
     return note
 
 
