@@ -315,9 +315,11 @@ def preflight_verdict(host, profile, revision, prediction, label) -> evidence.Ve
                 + (f"; it would need a change in {need} too (with the probe off, a marker there)" if need else "")
                 + "\n  nothing was written; fix the launch configuration or the patch, or rerun with --force")
     else:
+        # the profile's cause ends as the line above begins: said once
+        cause = prediction.cause.removesuffix(": the server would not start")
         text = (f"FAIL {host.name}  {label} would never execute (pre-flight)\n"
                 f"  the server would not start: {prediction.error}\n"
-                f"    cause: {prediction.cause}\n"
+                f"    cause: {cause}\n"
                 "  nothing was written; fix the launch configuration, or rerun with --force")
     from .. import evidence
     return evidence.Verdict(status=Status.NOT_EXECUTED, final=True, executed_path=prediction.path, evidence=[],
