@@ -9,7 +9,8 @@ import functools
 from pathlib import Path
 
 from .cli_common import (COMMON, HELP, NO_PATCH, PATCH_NEEDED, ROUTER, Common, OutcomeShown, RunFailed, choice,
-                         command, count, helps, prepare, required, router_settings, run_hosts, seconds)
+                         command, count, ctrl_c_held, helps, prepare, required, router_settings, run_hosts,
+                         seconds)
 
 
 @command(help=helps(*NO_PATCH, dest="where to put the files (default .fleetpatch/sources)"))
@@ -92,19 +93,20 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
     results, stop = fleet.run_all(selected, fleet.each_host(functools.partial(steps.status, job)), parallel_n,
                                   job.interrupt)
     ok = all(r.ok for r in results.values()) and not stop.interrupted
-    if report:   # first: a terminal that hung up, or a reader gone, cannot take it away
-        rep.write_report(report, "status", ok, started, results,
-                         {"stopped": stop.describe(results), "interrupted": True} if stop.interrupted else None)
-    console.print(rep.status_table(results))
-    if verbose:
-        rep.print_evidence(console, results)
-    for name, r in results.items():
-        if not r.ok:
-            rep.say(console, r.message, style="red")
-        for note in r.details.get("notes") or []:   # ok now, not after the next restart
-            rep.say(console, f"note: {name}: {note}", style="yellow")
-    text, _ = rep.last_line("status", results, stop.interrupted)
-    rep.say(console, text, style="bold green" if ok else "bold red")
+    with ctrl_c_held():   # every host has answered: a late Ctrl-C no longer cuts the table off
+        if report:   # first: a terminal that hung up, or a reader gone, cannot take it away
+            rep.write_report(report, "status", ok, started, results,
+                             {"stopped": stop.describe(results), "interrupted": True} if stop.interrupted else None)
+        console.print(rep.status_table(results))
+        if verbose:
+            rep.print_evidence(console, results)
+        for name, r in results.items():
+            if not r.ok:
+                rep.say(console, r.message, style="red")
+            for note in r.details.get("notes") or []:   # ok now, not after the next restart
+                rep.say(console, f"note: {name}: {note}", style="yellow")
+        text, _ = rep.last_line("status", results, stop.interrupted)
+        rep.say(console, text, style="bold green" if ok else "bold red")
     if stop.interrupted:
         raise OutcomeShown
     if not ok:

@@ -194,3 +194,32 @@ def test_a_ctrl_c_after_every_host_finished_still_prints_the_whole_outcome_and_w
     assert last == "OK: deploy-patch succeeded on its one host: 1 verified", last
     assert json.loads(path.read_text())["ok"] is True
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C works again once it is printed"
+
+
+def test_a_ctrl_c_while_status_prints_its_table_still_prints_every_host_and_the_last_line(
+        lh, tmp_path, capsys, monkeypatch):
+    """status has every host's answer; the Ctrl-C comes as the table starts printing. It cut the
+    table and the hosts' messages off: the report had them, the operator's screen did not."""
+    import os
+    import signal
+    import yaml
+    from fleetpatch import cli_hosts
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump(lh.inventory()))
+    results = {"h1": HostResult("h1", True, Status.OK, "h1: ok", details={
+        "reachable": True, "applied": ["p@1"], "drift": [], "server_up": True,
+        "notes": ["a restart would run EAGLEWorker, not EAGLEWorkerV2 as now"]})}
+    monkeypatch.setattr(rollout, "run_all", lambda *args, **kw: (results, rollout.Stop()))
+    table = report.status_table
+
+    def ctrl_c_then_table(res):
+        os.kill(os.getpid(), signal.SIGINT)   # delivered to this (the main) thread before the next line
+        return table(res)
+    monkeypatch.setattr(report, "status_table", ctrl_c_then_table)
+    path = tmp_path / "r.json"
+    cli_hosts.status.body(None, inventory=str(inventory), report=str(path))
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("note: h1: a restart would run EAGLEWorker") for line in lines), lines
+    assert lines[-1].startswith("OK: status"), lines[-1]
+    assert json.loads(path.read_text())["ok"] is True
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C works again once it is printed"
