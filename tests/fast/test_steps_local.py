@@ -306,8 +306,9 @@ def test_status_warns_when_the_inventory_would_restart_the_server_onto_another_p
     """The story's trap, one restart away: the running server (spec v2) runs the verified patch, but
     hosts.yaml's start and env, which fleetpatch restarts it with, would start EAGLEWorker, or no
     server at all. status says so for the host (a note; the host is still ok now), and says nothing
-    where the inventory agrees with the running server."""
-    j, host = job(lh2, "v2-only-beacon")
+    where the inventory agrees with the running server. check-patch of the patch (it changes both
+    paths, so it passes) says it too: deploy-patch's restart would switch the path that runs."""
+    j, host = job(lh2)
     assert steps.deploy(j, host).ok
     agreed = steps.status(job(lh2, None)[0], host)
     assert agreed.ok and "notes" not in agreed.details, agreed.details.get("notes")
@@ -319,6 +320,10 @@ def test_status_warns_when_the_inventory_would_restart_the_server_onto_another_p
     assert note.startswith("a restart would run EAGLEWorker, not EAGLEWorkerV2 as now: in the inventory's start "
                            "and env, which fleetpatch restarts it with, ") and \
         "bring hosts.yaml and the running server in line" in note, note
+    # check-patch of the patch for both paths passes, and says the same before deploy-patch's restart
+    both = steps.check_patch(job(lh2, host=v1)[0], v1)
+    assert both.status == "already-applied" and f"note: {note}" in both.message, both.message
+    assert "note:" not in steps.check_patch(job(lh2)[0], host).message
     down = lh2.host(start=host.server.restart.start.replace("--speculative-eagle-topk 1", "--speculative-eagle-topk 4"))
     (note,) = steps.status(job(lh2, None, host=down)[0], down).details["notes"]
     assert note.startswith("a restart would not start the server, which now runs EAGLEWorkerV2: with the "

@@ -475,8 +475,10 @@ def check_patch(run: HostRun) -> HostResult:
         return HostResult(host.name, False, Status.NOT_EXECUTED, plan.preflight.message + "\n" + detail,
                           executed_path=plan.preflight.executed_path, **base)
     status = Status.ALREADY_APPLIED if plan.already else Status.APPLIES
+    # the patch passes under both launches, but deploy-patch's restart would change what runs
+    hazard = None if host.servers else restart_hazard(host, run.profile, plan.version, reply)
     return HostResult(host.name, True, status, f"{host.name}: {plan.label} {status}\n{detail}"
-                      f"{runs_note(run.profile, plan, proof)}", **base,
+                      f"{runs_note(run.profile, plan, proof)}" + (f"\n  note: {hazard}" if hazard else ""), **base,
                       executed_path=getattr(plan.prediction, "path", None))
 
 
