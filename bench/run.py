@@ -485,9 +485,11 @@ class DelayProxy:
     """bench/delayproxy.py as a child process: one listener per host. It stops by
     itself after max_seconds, or when this process closes its stdin (or dies)."""
 
-    def __init__(self, fleet: Fleet, wd: Path, delay_ms: float, max_seconds: float, label: str = ""):
+    def __init__(self, fleet: Fleet, wd: Path, delay_ms: float, max_seconds: float, label: str = "",
+                 trace: Path | None = None):
         self.fleet, self.wd, self.delay_ms, self.max_seconds = fleet, wd, delay_ms, max_seconds
         self.label = label   # "-container": the container fleet's proxy (its own known_hosts file)
+        self.trace = trace   # the proxy's --trace file (a line per chunk read), for bench/proxy_timeline.py
         self.proc = None
 
     def __enter__(self) -> Net:
@@ -498,6 +500,8 @@ class DelayProxy:
         self.lateness = LatenessLog(self.wd / f"proxy-lateness{self.label}.txt")
         argv = [sys.executable, str(BENCH / "delayproxy.py"), "--delay-ms", str(self.delay_ms),
                 "--max-seconds", str(self.max_seconds), "--lateness", str(self.lateness.path)]
+        if self.trace is not None:
+            argv += ["--trace", str(self.trace)]
         for t in targets:
             argv += ["--target", str(t)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
