@@ -176,3 +176,57 @@ def test_bad_arguments_are_refused_without_a_traceback():
     p = subprocess.run([sys.executable, str(PROXY), "--target", "70000"], capture_output=True, text=True,
                        stdin=subprocess.DEVNULL, timeout=30)
     assert p.returncode != 0 and "70000" in (p.stdout + p.stderr) and "Traceback" not in p.stderr
+
+
+def test_the_timeline_reads_each_phase_of_a_connection_from_the_trace(tmp_path):
+    """bench/proxy_timeline.py's reading of --trace: a host that answers a 20 KB job after 30 ms
+    of its own work and a laptop that judges the answer for 20 ms before its 20 KB apply. The
+    pre-flight is the round trip and the host's work; the laptop's 20 ms is told apart from it."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import proxy_timeline
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def read_at_least(c, n):
+        got = b""
+        while len(got) < n:
+            chunk = c.recv(65536)
+            assert chunk, "closed early"
+            got += chunk
+
+    def host():
+        c, _ = srv.accept()
+        with c:
+            c.sendall(b"SSH-2.0-host\r\n")
+            read_at_least(c, 14 + 20_000)      # the version line, then the job
+            time.sleep(0.03)                   # the agent's start and read
+            c.sendall(b"a" * 10_000)
+            read_at_least(c, 20_000)           # the apply
+            c.sendall(b"done")
+
+    threading.Thread(target=host, daemon=True).start()
+    trace = tmp_path / "trace.txt"
+    p, port = start(srv.getsockname()[1], "--delay-ms", "40", "--max-seconds", "30", "--trace", str(trace))
+    try:
+        t0 = time.monotonic()
+        s = connect(port)
+        s.sendall(b"SSH-2.0-laptop\r\n")
+        read_at_least(s, 14)                   # the host's version line before the job, as in SSH
+        s.sendall(b"j" * 20_000)
+        read_at_least(s, 10_000)
+        time.sleep(0.02)                       # the laptop's judgement
+        s.sendall(b"p" * 20_000)
+        read_at_least(s, 4)
+        s.close()
+        time.sleep(0.2)
+    finally:
+        p.stdin.close()
+        p.wait(10)
+    srv.close()
+    (events,) = proxy_timeline.connections(trace.read_text().splitlines(), t0).values()
+    phases = proxy_timeline.host_phases(events, 0.040)
+    assert phases["first_bytes"] < phases["job_sent"] < phases["apply_sent"] <= phases["end"], phases
+    assert 0.080 + 0.030 - 0.005 <= phases["preflight"] < 0.080 + 0.030 + 0.5, phases   # 2 x 40 ms + 30 ms
+    assert 0.020 - 0.005 <= phases["laptop"] < 0.020 + 0.5, phases
