@@ -247,10 +247,11 @@ def would_run(prediction, profile, why: bool = True) -> str:
 
 
 def restart_hazard(view: Host, profile, version: str | None, probe_reply: dict) -> str | None:
-    """status: the running server runs one path and a restart with the inventory's start and env
-    (what fleetpatch restarts it with) would run another, or not start: the next deploy or rollback
-    would then leave a patch on the running path unexecuted, or the server down. None where they
-    agree, where the server is not running, or where the engine's version is not known."""
+    """For status and check-patch: the running server runs one path and a restart with the
+    inventory's start and env (what fleetpatch restarts it with) would run another, or not start:
+    the next deploy or rollback would then leave a patch on the running path unexecuted, or the
+    server down. None where they agree, where the server is not running, or where the engine's
+    version is not known."""
     if not version or not profile.knows(version):
         return None
     launch = running_launch(view, probe_reply)
