@@ -104,7 +104,7 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
             if not r.ok:
                 rep.say(console, r.message, style="red")
             for note in r.details.get("notes") or []:   # ok now, not after the next restart
-                rep.say(console, f"note: {name}: {note}", style="yellow")
+                rep.say(console, f"{name}: note: {note}", style="yellow")
         text, _ = rep.last_line("status", results, stop.interrupted)
         rep.say(console, text, style="bold green" if ok else "bold red")
     if stop.interrupted:

@@ -219,7 +219,7 @@ def test_a_ctrl_c_while_status_prints_its_table_still_prints_every_host_and_the_
     path = tmp_path / "r.json"
     cli_hosts.status.body(None, inventory=str(inventory), report=str(path))
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("note: h1: a restart would run EAGLEWorker") for line in lines), lines
+    assert any(line.startswith("h1: note: a restart would run EAGLEWorker") for line in lines), lines
     assert lines[-1].startswith("OK: status"), lines[-1]
     assert json.loads(path.read_text())["ok"] is True
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C works again once it is printed"

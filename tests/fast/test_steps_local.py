@@ -317,6 +317,7 @@ def test_status_warns_when_the_inventory_would_restart_the_server_onto_another_p
     st = steps.status(job(lh2, None, host=v1)[0], v1)
     assert st.ok and st.status == "ok", st.message
     (note,) = st.details["notes"]
+    note_cause = note.split("which fleetpatch restarts it with, ", 1)[1].split("; bring hosts.yaml", 1)[0]
     assert note.startswith("a restart would run EAGLEWorker, not EAGLEWorkerV2 as now: in the inventory's start "
                            "and env, which fleetpatch restarts it with, ") and \
         "bring hosts.yaml and the running server in line" in note, note
@@ -329,6 +330,15 @@ def test_status_warns_when_the_inventory_would_restart_the_server_onto_another_p
     assert note.startswith("a restart would not start the server, which now runs EAGLEWorkerV2: with the "
                            "inventory's start and env, which fleetpatch restarts it with, it would stop with \"Spec "
                            "v2 currently only supports topk = 1"), note
+    # deploy-patch goes ahead (the patch changes both paths) and says that its restart moved the path
+    assert steps.rollback(job(lh2, None)[0], host).ok
+    moved = steps.deploy(job(lh2, host=v1)[0], v1)
+    assert (moved.status, moved.executed_path) == ("verified", "EAGLEWorker"), moved.message
+    assert moved.details["notes"] == [
+        "h2: note: the restart moved the server from EAGLEWorkerV2 to EAGLEWorker: in the inventory's start and env, "
+        "which fleetpatch restarted it with, " + note_cause + "; the server had been started otherwise"], moved.details
+    in_line = steps.deploy(job(lh2, "dynamic-spec-disable", host=v1)[0], v1)
+    assert in_line.ok and "notes" not in in_line.details, (in_line.message, in_line.details.get("notes"))
 
 
 # ------------------------------------------ locks left by runs that exited normally

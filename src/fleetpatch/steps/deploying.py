@@ -8,8 +8,8 @@ from ..hostcalls import HostResult
 from . import execution, servers
 from .context import HostRun, deploy_command, host_step, sha256
 from .lock import HostLock
-from .plan import (Plan, can_prove, clash_message, describe_states, file_bytes, make_plan, packed, revision_files,
-                   unprovable_message)
+from .plan import (Plan, can_prove, clash_message, describe_states, file_bytes, make_plan, packed, restart_switched,
+                   revision_files, unprovable_message)
 from .restarting import Restart, restart_and_verify, restart_reason
 from .rolling_back import rollback_after_failure
 from .verify import verify_again
@@ -93,7 +93,11 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
         return run.result(True, Status.APPLIED,
                           f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
-    return restart_and_verify(run, plan, Restart("apply", apply_req, ""), undo_step(run))
+    result = restart_and_verify(run, plan, Restart("apply", apply_req, ""), undo_step(run))
+    switched = restart_switched(run.host, run.profile, plan.version, reply)
+    if switched:
+        result.details.setdefault("notes", []).append(switched)
+    return result
 
 
 def apply_request(run: HostRun, plan: Plan, reply: protocol.ProbeReply, revision) -> protocol.ApplyRequest:

@@ -246,12 +246,10 @@ def would_run(prediction, profile, why: bool = True) -> str:
     return f"nothing: {prediction.error}" if why else "nothing"
 
 
-def restart_hazard(view: Host, profile, version: str | None, probe_reply: dict) -> str | None:
-    """For status and check-patch: the running server runs one path and a restart with the
-    inventory's start and env (what fleetpatch restarts it with) would run another, or not start:
-    the next deploy or rollback would then leave a patch on the running path unexecuted, or the
-    server down. None where they agree, where the server is not running, or where the engine's
-    version is not known."""
+def restart_change(view: Host, profile, version: str | None, probe_reply: dict):
+    """(what the running server runs, what a restart with the inventory's start and env would run),
+    where the two differ (another path, or no start); None where they agree, where the server is
+    not running, or where the engine's version is not known."""
     if not version or not profile.knows(version):
         return None
     launch = running_launch(view, probe_reply)
@@ -259,15 +257,38 @@ def restart_hazard(view: Host, profile, version: str | None, probe_reply: dict) 
         return None
     running = profile.predict(version, launch)
     planned = restart_would_differ(view, profile, version, running)
-    if planned is None:
+    return None if planned is None else (running, planned)
+
+
+def restart_hazard(view: Host, profile, version: str | None, probe_reply: dict) -> str | None:
+    """For status and check-patch: the running server runs one path and a restart with the
+    inventory's start and env (what fleetpatch restarts it with) would run another, or not start:
+    the next deploy or rollback would then leave a patch on the running path unexecuted, or the
+    server down."""
+    change = restart_change(view, profile, version, probe_reply)
+    if change is None:
         return None
+    running, planned = change
     now = would_run(running, profile, why=False)
     where = "the inventory's start and env, which fleetpatch restarts it with"
-    change = (f"a restart would run {would_run(planned, profile)}, not {now} as now: in {where}, {planned.cause}"
-              if planned.starts else
-              f"a restart would not start the server, which now runs {now}: with {where}, it would stop with "
-              f"\"{planned.error}\"")
-    return change + "; bring hosts.yaml and the running server in line before the next deploy or rollback"
+    said = (f"a restart would run {would_run(planned, profile)}, not {now} as now: in {where}, {planned.cause}"
+            if planned.starts else
+            f"a restart would not start the server, which now runs {now}: with {where}, it would stop with "
+            f"\"{planned.error}\"")
+    return said + "; bring hosts.yaml and the running server in line before the next deploy or rollback"
+
+
+def restart_switched(host: Host, profile, version: str | None, probe_reply: dict) -> str | None:
+    """For deploy-patch: its restart, with the inventory's start and env, moved the server to another
+    path than it ran before (the patch changes both, so the pre-flight let it through): said, so a
+    switch of the fleet's code path is never silent."""
+    change = restart_change(host, profile, version, probe_reply)
+    if change is None or not change[1].starts:
+        return None
+    running, planned = change
+    return (f"{host.name}: note: the restart moved the server from {would_run(running, profile)} to "
+            f"{would_run(planned, profile)}: in the inventory's start and env, which fleetpatch restarted it with, "
+            f"{planned.cause}; the server had been started otherwise")
 
 
 def restart_predictions(host: Host, profile, version: str) -> list:
