@@ -23,8 +23,10 @@ results are checked by their exit codes (0 on every run, or the run is reported 
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -44,7 +46,8 @@ def host_phases(events: list, delay: float) -> dict:
     big_out = [t for t, d, n in events if d == ">" and n > BIG]
     phases = {"first_bytes": events[0][0], "job_sent": big_out[0] if big_out else None,
               "end": events[-1][0]}
-    later = [t for t in big_out if t > big_out[0] + 0.01]   # the job's own write comes as a run of chunks
+    # the job's own write comes as a run of chunks; the apply is the next large write after it
+    later = [t for t in big_out if t > big_out[0] + 0.01] if big_out else []
     if later:
         apply_t = later[0]
         answer = max(t for t, d, n in events if d == "<" and big_out[0] < t < apply_t) + delay
@@ -53,6 +56,8 @@ def host_phases(events: list, delay: float) -> dict:
 
 
 def connections(lines: list[str], t0: float) -> dict:
+    """The trace's lines (loop time, connection, direction, bytes) -> {connection: [(t, direction,
+    bytes)]}, t in seconds from `t0` (the tool's launch, on the same monotonic clock)."""
     by: dict = collections.defaultdict(list)
     for line in lines:
         t, conn, direction, n = line.split()
@@ -60,17 +65,38 @@ def connections(lines: list[str], t0: float) -> dict:
     return by
 
 
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more (got {n})")
+    return n
+
+
+def not_negative(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {text})")
+    return x
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=4)
-    ap.add_argument("--delay-ms", type=float, default=25.0, help="each way (the bench's default: 50 ms RTT)")
+    ap.add_argument("--hosts", type=positive, default=8, help="how many of the fleet's hosts (8)")
+    ap.add_argument("--repeats", type=positive, default=4, help="runs of each tool, interleaved (4)")
+    ap.add_argument("--delay-ms", type=not_negative, default=25.0, help="each way (25: the bench's 50 ms round trip)")
     ap.add_argument("--out", type=Path, help="the whole trace and the per-host phases, as JSON")
     a = ap.parse_args()
     diff_text = bench.DIFF.read_text()
     files = bench.changed_files(diff_text)
     bench.install_fleetpatch(True)
     root = Path(tempfile.mkdtemp(prefix="fleetpatch-timeline-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)   # by then the fleet's context has stopped it
     wd = root / "work"
     wd.mkdir(parents=True)
     specs = [HostSpec(f"h{i:02d}", version=bench.VERSION, spec_v2=(i % 2 == 1), startup_delay=0.0)
