@@ -262,6 +262,8 @@ class ProbeReply(TypedDict, total=False):
     ledger: "Ledger"
     lock: Optional[LockRecord]
     server: ServerState
+    session_env: Dict[str, str]              # the engine's variables in the agent's SSH session: a command
+                                             # restart's server inherits them, hosts.yaml's env over them
     log: LogPosition
     agent: Dict[str, str]                    # per module sent: "cached" (compile cache) | "compiled"
     recovered: Dict[str, object]             # what the rename journal of a dead run had left, and what was done

@@ -302,6 +302,24 @@ def test_status_shows_what_is_applied_and_drift(lh):
     assert st.status == "drift" and st.details["drift"] == [EAGLE]
 
 
+def test_the_session_environment_that_a_restart_inherits_counts_in_what_it_will_run(lh2, monkeypatch):
+    """A command restart inherits the SSH session's environment (a host's /etc/environment through
+    PAM, sshd's SetEnv), with hosts.yaml's env over it. Here the session sets SGLANG_ENABLE_SPEC_V2
+    and hosts.yaml does not: the server runs spec v2 however fleetpatch restarts it. The pre-flight
+    must not refuse a v2-only patch as "would never execute", nor status or check-patch warn of a
+    move to EAGLEWorker that no restart makes."""
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "True")   # the agent's, so the restart's, environment
+    host = lh2.host(env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "0"})
+    assert "SGLANG_ENABLE_SPEC_V2" not in host.server.restart.env
+    first = steps.deploy(job(lh2, "v2-only-beacon", host=host)[0], host)   # no server yet: the launch is predicted
+    assert (first.status, first.executed_path) == ("verified", "EAGLEWorkerV2"), first.message
+    assert "notes" not in first.details, first.details["notes"]
+    assert "notes" not in steps.status(job(lh2, None, host=host)[0], host).details
+    again = steps.check_patch(job(lh2, "dynamic-spec-disable", host=host)[0], host)   # the server runs now
+    assert again.status == "applies" and "note:" not in again.message, again.message
+    assert steps.rollback(job(lh2, None, host=host)[0], host).ok
+
+
 def test_status_warns_when_the_inventory_would_restart_the_server_onto_another_path_or_not_at_all(lh2):
     """The story's trap, one restart away: the running server (spec v2) runs the verified patch, but
     hosts.yaml's start and env, which fleetpatch restarts it with, would start EAGLEWorker, or no

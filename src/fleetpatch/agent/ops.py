@@ -18,7 +18,7 @@ from .lock import check_lock, read_lock, release_lock, take_lock
 from .logs import LogFollower, find_inode
 from .package import PACKAGE_CACHE, file_version, package_dir, package_version
 from .probing import install_probe, remove_stale
-from .procs import own_age, pid_alive, proc_launch
+from .procs import own_age, pid_alive, proc_launch, session_env
 from .restart import log_position, restart_server, server_pid, stop_server
 
 
@@ -72,6 +72,7 @@ def op_probe(state, req):
         pid = server_pid(dict(restart, state_dir=req.get("state_dir"), server=req.get("server_name")))
         alive = pid_alive(pid)
         out["server"] = {"pid": pid, "alive": alive}
+        out["session_env"] = session_env(req.get("launch_env_prefixes") or ())
         if alive:
             out["server"].update(proc_launch(pid, req.get("launch_env_prefixes") or ()))
         if req.get("health_url") and alive:

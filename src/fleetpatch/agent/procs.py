@@ -158,17 +158,28 @@ def proc_launch(pid, env_prefixes=()):
     out = {"argv": redact.argv(argv) if argv else argv, "env": None}
     try:
         raw = read_bytes("/proc/%d/environ" % pid)
-        env = {}
-        for item in raw.split(b"\0"):
-            key, sep, value = item.partition(b"=")
-            k = key.decode("utf-8", "replace")
-            # only what routes the engine: the rest of a process environment may hold secrets
-            if sep and k.startswith(tuple(env_prefixes) + ("FLEETPATCH_",)):
-                env[k] = value.decode("utf-8", "replace")
-        out["env"] = redact.data(env)
     except (IOError, OSError):
-        pass
+        return out
+    pairs = []
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            pairs.append((key.decode("utf-8", "replace"), value.decode("utf-8", "replace")))
+    out["env"] = engine_env(pairs, env_prefixes)
     return out
+
+
+def engine_env(pairs, env_prefixes):
+    """The variables that route the engine (and fleetpatch's own), secrets redacted: the rest of
+    a process environment may hold secrets and never leaves the host."""
+    return redact.data(dict((k, v) for k, v in pairs if k.startswith(tuple(env_prefixes) + ("FLEETPATCH_",))))
+
+
+def session_env(env_prefixes):
+    """What a `command` restart's server inherits from this agent's SSH session (a host's
+    /etc/environment, sshd's SetEnv; hosts.yaml's env goes over it: restart.start_command_server),
+    as the laptop needs it to predict that launch."""
+    return engine_env([(k, v) for k, v in os.environ.items() if not k.startswith("SSH_")], env_prefixes)
 
 
 # how far apart the kernel's clock of a process start and the pidfile's mtime may be for the same

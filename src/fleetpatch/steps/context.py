@@ -217,17 +217,26 @@ def profile_of(host: Host):
     return for_node_rank(get_profile(host.engine.kind), host.node_rank)
 
 
-def inventory_launch(host: Host) -> LaunchConfig:
+def inventory_launch(host: Host, session: dict | None = None) -> LaunchConfig:
+    """What fleetpatch's restart starts: the inventory's start, and its env over `session` (the
+    probe's `session_env`: what the agent's SSH session gives a `command` restart's server, as a
+    host's /etc/environment does), as the agent's start_command_server does."""
     r = host.server.restart
     argv = [tok.replace("{python}", host.engine.python) for tok in split_command(r.start or "")]
-    return LaunchConfig(argv=argv, env=dict(r.env or {}), source="inventory")
+    inherited = dict(session or {}) if r.kind == "command" else {}
+    return LaunchConfig(argv=argv, env={**inherited, **(r.env or {})}, source="inventory")
+
+
+def session_env(probe_reply: dict | None) -> dict:
+    """The engine's variables in the agent's SSH session, from a probe's reply ({} where none said)."""
+    return dict((probe_reply or {}).get("session_env") or {})
 
 
 def running_launch(host: Host, probe_reply: dict) -> LaunchConfig:
     server = probe_reply.get("server") or {}
     if server.get("alive") and server.get("argv"):
         return LaunchConfig(argv=server["argv"], env=server.get("env") or {}, source="process")
-    return inventory_launch(host)
+    return inventory_launch(host, session_env(probe_reply))
 
 
 def server_info_url(health_url: str | None, path: str | None = "/server_info") -> str | None:

@@ -94,8 +94,8 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
                           f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
     result = restart_and_verify(run, plan, Restart("apply", apply_req, ""), undo_step(run))
-    switched = restart_switched(run.host, run.profile, plan.version, reply) if result.ok else None
-    if switched:   # only where the verdict shows the new path ran: a failed restart moved nothing
+    switched = restart_switched(run.host, run.profile, plan.version, reply, result.executed_path) if result.ok else None
+    if switched:   # a failed restart moved nothing
         result.details.setdefault("notes", []).append(switched)
     return result
 

@@ -23,7 +23,7 @@ from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from ..inventory import Host
 from ..patchset import NoRevisionFits, lone_siblings
-from .context import HostRun, Job, host_step, inventory_launch, probe, running_launch
+from .context import HostRun, Job, host_step, inventory_launch, probe, running_launch, session_env
 
 if TYPE_CHECKING:  # imported where a verdict is made, not on the way to the first connect
     from .. import evidence
@@ -59,6 +59,7 @@ class Plan:
     misfits: list = field(default_factory=list)   # conflicts of layout: a changed file or a created one's folder is missing
     revision: object | None = None                  # the patchset.Revision this plan applies
     clashes: dict = field(default_factory=dict)     # path -> name@rev of another patch that holds the file (`clashes`)
+    session_env: dict = field(default_factory=dict)  # what a command restart inherits from the agent's SSH session
 
     @property
     def changes(self):
@@ -193,29 +194,29 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
         # so the pre-flight cannot predict; the log after the restart decides.
-        return Plan(version, label, states, None, None, launch, misfits, revision=revision, clashes=clash), revision
+        return Plan(version, label, states, None, None, launch, misfits, revision=revision, clashes=clash,
+                    session_env=session_env(reply)), revision
     prediction = profile.predict(version, launch)
     verdict = preflight_verdict(host, profile, revision, prediction, label)
     if verdict is not None:
-        verdict.message += launch_note(host, profile, version, launch, prediction)
+        verdict.message += launch_note(host, profile, version, reply, prediction)
     else:
-        verdict = restart_launch_verdict(host, profile, version, revision, launch, prediction, label)
+        verdict = restart_launch_verdict(host, profile, version, revision, reply, prediction, label)
     return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision,
-                clashes=clash), revision
+                clashes=clash, session_env=session_env(reply)), revision
 
 
-def restart_launch_verdict(host: Host, profile, version: str, revision, launch: LaunchConfig, prediction,
-                           label: str):
+def restart_launch_verdict(host: Host, profile, version: str, revision, probe_reply: dict, prediction, label: str):
     """A `command` restart starts the server with the inventory's start and env, not with what
     the running process was started with: where the two lead elsewhere, the patch must run (and
     the server start) under the inventory's too. A typo in hosts.yaml (an env value the engine
     cannot parse) is refused here, before a write and a restart it would leave the server down
     after, its rollback's restart included. On a host of several servers each one's settings are
     judged so (only the first server's process is read)."""
-    if launch.source != "process":
+    if running_launch(host, probe_reply).source != "process":
         return None
     for view in host.server_views():
-        planned = restart_would_differ(view, profile, version, prediction)
+        planned = restart_would_differ(view, profile, version, prediction, session_env(probe_reply))
         if planned is None:
             continue
         verdict = preflight_verdict(view, profile, revision, planned, label)
@@ -229,13 +230,14 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, launch: 
     return None
 
 
-def restart_would_differ(view: Host, profile, version: str, prediction):
-    """What a `command` restart of `view`'s server would run, from the inventory's start and env,
-    where that differs from `prediction` (the running server's): another path, or no start. None
-    where they agree, or where the restart is not fleetpatch's command (systemd, a supervisor)."""
+def restart_would_differ(view: Host, profile, version: str, prediction, session: dict):
+    """What a `command` restart of `view`'s server would run, from the inventory's start and env
+    (over `session`, the agent's SSH session's), where that differs from `prediction` (the running
+    server's): another path, or no start. None where they agree, or where the restart is not
+    fleetpatch's command (systemd, a supervisor)."""
     if view.server.restart.kind != "command":
         return None
-    planned = profile.predict(version, inventory_launch(view))
+    planned = profile.predict(version, inventory_launch(view, session))
     return None if (planned.path, planned.starts) == (prediction.path, prediction.starts) else planned
 
 
@@ -256,7 +258,7 @@ def restart_change(view: Host, profile, version: str | None, probe_reply: dict):
     if launch.source != "process":
         return None
     running = profile.predict(version, launch)
-    planned = restart_would_differ(view, profile, version, running)
+    planned = restart_would_differ(view, profile, version, running, session_env(probe_reply))
     return None if planned is None else (running, planned)
 
 
@@ -278,12 +280,13 @@ def restart_hazard(view: Host, profile, version: str | None, probe_reply: dict) 
     return said + "; bring hosts.yaml and the running server in line before the next deploy or rollback"
 
 
-def restart_switched(host: Host, profile, version: str | None, probe_reply: dict) -> str | None:
+def restart_switched(host: Host, profile, version: str | None, probe_reply: dict, ran: str | None) -> str | None:
     """For deploy-patch: its restart, with the inventory's start and env, moved the server to another
     path than it ran before (the patch changes both, so the pre-flight let it through): said, so a
-    switch of the fleet's code path is never silent."""
+    switch of the fleet's code path is never silent. Only where the verdict's path (`ran`) is the
+    one predicted: the log, not the prediction, says what ran."""
     change = restart_change(host, profile, version, probe_reply)
-    if change is None or not change[1].starts:
+    if change is None or not change[1].starts or change[1].path != ran:
         return None
     running, planned = change
     return (f"{host.name}: note: the restart moved the server from {would_run(running, profile)} to "
@@ -291,20 +294,21 @@ def restart_switched(host: Host, profile, version: str | None, probe_reply: dict
             f"{planned.cause}; the server had been started otherwise")
 
 
-def restart_predictions(host: Host, profile, version: str) -> list:
+def restart_predictions(host: Host, profile, version: str, session: dict) -> list:
     """(server, what its restart would run) for each server of the host that a `command` restart
-    starts with the inventory's start and env: the host's one server, or each of `servers:`."""
-    return [(view, profile.predict(version, inventory_launch(view))) for view in host.server_views()
+    starts with the inventory's start and env (over `session`, the agent's SSH session's): the
+    host's one server, or each of `servers:`."""
+    return [(view, profile.predict(version, inventory_launch(view, session))) for view in host.server_views()
             if view.server.restart.kind == "command"]
 
 
-def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction) -> str:
+def launch_note(host: Host, profile, version: str, probe_reply: dict, prediction) -> str:
     """Say whose launch configuration the prediction read, and when the inventory
     (which a `command` restart will use) disagrees with the running process."""
-    if launch.source != "process":
+    if running_launch(host, probe_reply).source != "process":
         return "\n  (launch configuration from the inventory's start and env: the server is not running)"
     note = "\n  (launch configuration read from the running server's /proc cmdline and environ)"
-    planned = restart_would_differ(host, profile, version, prediction)
+    planned = restart_would_differ(host, profile, version, prediction, session_env(probe_reply))
     if planned is not None:
         note += (f"\n  note: the inventory's start and env would run {would_run(planned, profile)} "
                  f"({planned.cause}); fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the "

@@ -105,4 +105,4 @@ def launch_after_restart(host: Host, plan: Plan) -> LaunchConfig:
     """Until the new process can be read from /proc (it may die first), the best
     account of it is what fleetpatch started: the inventory's command, or for
     systemd/supervisor the unit, which the old process reflects."""
-    return inventory_launch(host) if host.server.restart.kind == "command" else plan.launch
+    return inventory_launch(host, plan.session_env) if host.server.restart.kind == "command" else plan.launch

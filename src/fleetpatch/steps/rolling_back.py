@@ -8,7 +8,7 @@ from .. import drain, protocol
 from ..errors import HostFailure, Status
 from ..hostcalls import HostResult
 from . import execution, follow
-from .context import HostRun, host_step, rollback_command, running_launch
+from .context import HostRun, host_step, rollback_command, running_launch, session_env
 from .follow import Watch
 from .lock import HostLock
 from .plan import restart_predictions
@@ -76,7 +76,7 @@ def restart_refusal(run: HostRun, reply: protocol.ProbeReply) -> HostResult | No
     version = reply.get("version")
     if not run.profile.predict(version, launch).starts:
         return None
-    for view, planned in restart_predictions(host, run.profile, version):
+    for view, planned in restart_predictions(host, run.profile, version, session_env(reply)):
         if planned.starts:
             continue
         which = f"server {view.server_name}: " if host.servers else ""
