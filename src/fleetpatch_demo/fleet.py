@@ -105,6 +105,7 @@ class HostSpec:
     spec_v2: bool = False             # True: SGLANG_ENABLE_SPEC_V2=True and --speculative-eagle-topk 1
     startup_delay: float = 0.2        # FLEETPATCH_STANDIN_STARTUP_DELAY for its stand-in server
     env: dict = field(default_factory=dict)   # extra server environment
+    session_env: dict = field(default_factory=dict)   # sshd's SetEnv: every SSH session's (so a command restart's)
     start_server: bool = True         # start its stand-in server in start() / reset()
     restart_kind: str = "command"     # "command", or "supervisor": supervisord runs the stand-in
     container: bool = False           # True: the engine runs in a Docker container (containerhost.py)
@@ -880,7 +881,8 @@ class Fleet:
             "X11Forwarding no",
             "PermitUserEnvironment no",
             "AcceptEnv LANG LC_*",
-            f"SetEnv {q('HOME=' + h.remote_home)}",
+            # one SetEnv line: sshd takes the first of several
+            "SetEnv " + " ".join(q(f"{k}={v}") for k, v in {"HOME": h.remote_home, **h.spec.session_env}.items()),
             f"Subsystem sftp {SFTP_SERVER}",
             f"ForceCommand {shlex.quote(str(h.force_command))}",
         ]

@@ -180,3 +180,29 @@ def test_a_start_that_cannot_run_is_restart_failed_and_rolled_back_on_request(op
     assert ledger["restart_pending"] is True, "the server is still to be started"
     assert "rollback FAILED" in h["message"]
     assert not (fleet.hosts["v2b"].state_dir / "lock").exists()
+
+
+def test_a_host_whose_ssh_session_sets_spec_v2_is_judged_by_what_its_restart_really_runs(tmp_path_factory, tmp_path):
+    """sshd's SetEnv (as a host's /etc/environment does through PAM) gives every SSH session, and so
+    every server that fleetpatch's command restart starts, SGLANG_ENABLE_SPEC_V2=True; hosts.yaml
+    does not set it. The pre-flight reads the session's environment under hosts.yaml's: a v2-only
+    patch is not refused on a host that runs EAGLEWorkerV2 however it is restarted (it was, as
+    "would never execute"), and the deploy proves it there, the variable coming from the session."""
+    from fleetpatch_demo.fleet import Fleet, HostSpec
+    from support.operator import Operator
+    spec = HostSpec("sv2", spec_v2=True, startup_delay=0.0, session_env={"SGLANG_ENABLE_SPEC_V2": "True"})
+    with Fleet(tmp_path_factory.mktemp("session-env"), [spec]) as f:
+        op = Operator(f, tmp_path)
+        doc = op.inventory()
+        del doc["hosts"]["sv2"]["server"]["restart"]["env"]["SGLANG_ENABLE_SPEC_V2"]
+        op.write_inventory(doc)
+        check = op.run("check-patch", "--patch", "v2-only-beacon", *FIX, "--hosts", "sv2")
+        assert check.code == 0 and check.host("sv2")["status"] == "applies", check
+        run = op.run("deploy-patch", "--patch", "v2-only-beacon", *FIX, "--hosts", "sv2", "--timeout", "60")
+        assert run.code == 0, run
+        assert (run.host("sv2")["status"], run.host("sv2")["executed_path"]) == ("verified", "EAGLEWorkerV2"), run
+        assert not run.host("sv2").get("notes"), run.host("sv2")["notes"]
+        with open(f"/proc/{f.server_pid('sv2')}/environ", "rb") as environ:
+            assert b"SGLANG_ENABLE_SPEC_V2=True" in environ.read().split(b"\0"), "from sshd's SetEnv"
+        status = op.run("status", "--hosts", "sv2")
+        assert status.code == 0 and "note:" not in status.output, status
