@@ -65,33 +65,28 @@ def connections(lines: list[str], t0: float) -> dict:
     return by
 
 
-def positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more (got {n})")
-    return n
-
-
-def not_negative(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more (got {text})")
-    return x
+def at_least(minimum, kind=int):
+    """An argparse type: a number of `kind` (int or float), `minimum` or more."""
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
+        if not x >= minimum:   # nan too
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more (got {text})")
+        return x
+    return parse
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=positive, default=8, help="how many of the fleet's hosts (8)")
-    ap.add_argument("--repeats", type=positive, default=4, help="runs of each tool, interleaved (4)")
-    ap.add_argument("--delay-ms", type=not_negative, default=25.0, help="each way (25: the bench's 50 ms round trip)")
+    ap.add_argument("--hosts", type=at_least(1), default=8, help="how many of the fleet's hosts (8)")
+    ap.add_argument("--repeats", type=at_least(1), default=4, help="runs of each tool, interleaved (4)")
+    ap.add_argument("--delay-ms", type=at_least(0, float), default=25.0, help="each way (25: the bench's 50 ms round trip)")
     ap.add_argument("--out", type=Path, help="the whole trace and the per-host phases, as JSON")
     a = ap.parse_args()
+    if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):   # found out now, not after the runs
+        ap.error(f"--out {a.out}: give a file in a folder that exists")
     diff_text = bench.DIFF.read_text()
     files = bench.changed_files(diff_text)
     bench.install_fleetpatch(True)
