@@ -27,6 +27,7 @@ import atexit
 import collections
 import json
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -142,4 +143,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGINT, bench._interrupted)   # as bench/run.py: a second Ctrl-C cannot cut the clean-up
+    signal.signal(signal.SIGTERM, bench._interrupted)
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("proxy_timeline: interrupted; the test fleet and the delay proxy were stopped, nothing written",
+              file=sys.stderr)
+        sys.exit(130)
