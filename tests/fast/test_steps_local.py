@@ -302,6 +302,21 @@ def test_status_shows_what_is_applied_and_drift(lh):
     assert st.status == "drift" and st.details["drift"] == [EAGLE]
 
 
+def test_a_pending_restart_that_moves_the_server_to_another_path_says_so(lh2):
+    """--no-restart left the patch written and its restart pending; the next deploy makes that
+    restart with hosts.yaml's start and env, which now lead to spec v1: the result says the restart
+    moved the server from EAGLEWorkerV2 to EAGLEWorker, as a deploy that writes does."""
+    host = lh2.host()
+    assert steps.deploy(job(lh2)[0], host).ok and steps.rollback(job(lh2, None)[0], host).ok   # v2 runs
+    assert steps.deploy(job(lh2, no_restart=True)[0], host).status == "applied"
+    v1 = lh2.host(start=host.server.restart.start.replace("--speculative-eagle-topk 1", "--speculative-eagle-topk 4"),
+                  env={"FLEETPATCH_STANDIN_STARTUP_DELAY": "0"})
+    moved = steps.deploy(job(lh2, host=v1)[0], v1)
+    assert (moved.status, moved.executed_path) == ("verified", "EAGLEWorker"), moved.message
+    (note,) = moved.details["notes"]
+    assert note.startswith("h2: note: the restart moved the server from EAGLEWorkerV2 to EAGLEWorker: "), note
+
+
 def test_the_session_environment_that_a_restart_inherits_counts_in_what_it_will_run(lh2, monkeypatch):
     """A command restart inherits the SSH session's environment (a host's /etc/environment through
     PAM, sshd's SetEnv), with hosts.yaml's env over it. Here the session sets SGLANG_ENABLE_SPEC_V2

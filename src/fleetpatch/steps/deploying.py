@@ -93,9 +93,15 @@ def _deploy_locked(run: HostRun, reply: protocol.ProbeReply) -> HostResult:
         return run.result(True, Status.APPLIED,
                           f"{run.name}: {plan.label} applied; restart pending (--no-restart): the next deploy or "
                           "`fleetpatch verify-logs` after a restart proves it", patch=plan.label)
-    result = restart_and_verify(run, plan, Restart("apply", apply_req, ""), undo_step(run))
+    return with_switch_note(run, plan, reply, restart_and_verify(run, plan, Restart("apply", apply_req, ""),
+                                                                 undo_step(run)))
+
+
+def with_switch_note(run: HostRun, plan: Plan, reply: protocol.ProbeReply, result: HostResult) -> HostResult:
+    """The result of a deploy's restart, with a note where that restart moved the server to another
+    path than it ran (the inventory's start and env lead elsewhere); a failed restart moved nothing."""
     switched = restart_switched(run.host, run.profile, plan.version, reply, result.executed_path) if result.ok else None
-    if switched:   # a failed restart moved nothing
+    if switched:
         result.details.setdefault("notes", []).append(switched)
     return result
 
@@ -159,7 +165,8 @@ def already_applied(run: HostRun, plan: Plan, reply: protocol.ProbeReply, probe:
         request = protocol.RestartRequest(**run.request(), reason=f"{reason}: restart for {plan.label}")
         if probe is not None:
             request["probe"] = probe
-        return restart_and_verify(run, plan, Restart("restart", request, reason), undo_step(run))
+        return with_switch_note(run, plan, reply, restart_and_verify(run, plan, Restart("restart", request, reason),
+                                                                     undo_step(run)))
     # Nothing to write: prove it still runs from the window of the last restart.
     last = ledger.get("last_restart")
     if job.no_restart or not last:
