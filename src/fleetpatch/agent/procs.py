@@ -179,7 +179,7 @@ def session_env(env_prefixes):
     """What a `command` restart's server inherits from this agent's SSH session (a host's
     /etc/environment, sshd's SetEnv; hosts.yaml's env goes over it: restart.start_command_server),
     as the laptop needs it to predict that launch."""
-    return engine_env([(k, v) for k, v in os.environ.items() if not k.startswith("SSH_")], env_prefixes)
+    return engine_env(os.environ.items(), env_prefixes)
 
 
 # how far apart the kernel's clock of a process start and the pidfile's mtime may be for the same
