@@ -190,33 +190,33 @@ def make_plan(job: Job, host: Host, reply: dict) -> tuple[Plan, object]:
         raise HostFailure(Status.ERROR, sibling)
     states, misfits = _file_states(job, profile, revision, reply, version)
     clash = clashes(states, reply, job.patch.name)
+    session = session_env(reply)
     launch = running_launch(host, reply)
     if not launch.argv:
         # systemd/supervisor with the server down: nothing says how it will be launched,
         # so the pre-flight cannot predict; the log after the restart decides.
         return Plan(version, label, states, None, None, launch, misfits, revision=revision, clashes=clash,
-                    session_env=session_env(reply)), revision
+                    session_env=session), revision
     prediction = profile.predict(version, launch)
     verdict = preflight_verdict(host, profile, revision, prediction, label)
     if verdict is not None:
-        verdict.message += launch_note(host, profile, version, reply, prediction)
-    else:
-        verdict = restart_launch_verdict(host, profile, version, revision, reply, prediction, label)
+        verdict.message += launch_note(host, profile, version, launch, prediction, session)
+    elif launch.source == "process":
+        verdict = restart_launch_verdict(host, profile, version, revision, session, prediction, label)
     return Plan(version, label, states, verdict, prediction, launch, misfits, revision=revision,
-                clashes=clash, session_env=session_env(reply)), revision
+                clashes=clash, session_env=session), revision
 
 
-def restart_launch_verdict(host: Host, profile, version: str, revision, probe_reply: dict, prediction, label: str):
-    """A `command` restart starts the server with the inventory's start and env, not with what
+def restart_launch_verdict(host: Host, profile, version: str, revision, session: dict, prediction, label: str):
+    """For a running server (`prediction`, from its process): a `command` restart starts the server
+    with the inventory's start and env (over `session`, the agent's SSH session's), not with what
     the running process was started with: where the two lead elsewhere, the patch must run (and
     the server start) under the inventory's too. A typo in hosts.yaml (an env value the engine
     cannot parse) is refused here, before a write and a restart it would leave the server down
     after, its rollback's restart included. On a host of several servers each one's settings are
     judged so (only the first server's process is read)."""
-    if running_launch(host, probe_reply).source != "process":
-        return None
     for view in host.server_views():
-        planned = restart_would_differ(view, profile, version, prediction, session_env(probe_reply))
+        planned = restart_would_differ(view, profile, version, prediction, session)
         if planned is None:
             continue
         verdict = preflight_verdict(view, profile, revision, planned, label)
@@ -230,15 +230,22 @@ def restart_launch_verdict(host: Host, profile, version: str, revision, probe_re
     return None
 
 
-def restart_would_differ(view: Host, profile, version: str, prediction, session: dict):
-    """What a `command` restart of `view`'s server would run, from the inventory's start and env
-    (over `session`, the agent's SSH session's), where that differs from `prediction` (the running
-    server's): another path, or no start. None where they agree, or where the restart is not
-    fleetpatch's command (systemd, a supervisor)."""
+def restart_prediction(view: Host, profile, version: str, session: dict):
+    """What a `command` restart of `view`'s server would run: the inventory's start, and its env
+    over `session` (the agent's SSH session's). None where the restart is not fleetpatch's command
+    (systemd, a supervisor)."""
     if view.server.restart.kind != "command":
         return None
-    planned = profile.predict(version, inventory_launch(view, session))
-    return None if (planned.path, planned.starts) == (prediction.path, prediction.starts) else planned
+    return profile.predict(version, inventory_launch(view, session))
+
+
+def restart_would_differ(view: Host, profile, version: str, prediction, session: dict):
+    """restart_prediction, where it differs from `prediction` (the running server's): another path,
+    or no start. None where they agree, or where the restart is not fleetpatch's command."""
+    planned = restart_prediction(view, profile, version, session)
+    if planned is None or (planned.path, planned.starts) == (prediction.path, prediction.starts):
+        return None
+    return planned
 
 
 def would_run(prediction, profile, why: bool = True) -> str:
@@ -298,17 +305,17 @@ def restart_predictions(host: Host, profile, version: str, session: dict) -> lis
     """(server, what its restart would run) for each server of the host that a `command` restart
     starts with the inventory's start and env (over `session`, the agent's SSH session's): the
     host's one server, or each of `servers:`."""
-    return [(view, profile.predict(version, inventory_launch(view, session))) for view in host.server_views()
-            if view.server.restart.kind == "command"]
+    return [(view, planned) for view in host.server_views()
+            if (planned := restart_prediction(view, profile, version, session)) is not None]
 
 
-def launch_note(host: Host, profile, version: str, probe_reply: dict, prediction) -> str:
+def launch_note(host: Host, profile, version: str, launch: LaunchConfig, prediction, session: dict) -> str:
     """Say whose launch configuration the prediction read, and when the inventory
     (which a `command` restart will use) disagrees with the running process."""
-    if running_launch(host, probe_reply).source != "process":
+    if launch.source != "process":
         return "\n  (launch configuration from the inventory's start and env: the server is not running)"
     note = "\n  (launch configuration read from the running server's /proc cmdline and environ)"
-    planned = restart_would_differ(host, profile, version, prediction, session_env(probe_reply))
+    planned = restart_would_differ(host, profile, version, prediction, session)
     if planned is not None:
         note += (f"\n  note: the inventory's start and env would run {would_run(planned, profile)} "
                  f"({planned.cause}); fleetpatch restarts with the inventory's settings, so bring hosts.yaml and the "
