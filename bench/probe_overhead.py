@@ -25,7 +25,9 @@ of 1 - probed/plain tokens/s, which cancels drift slower than a pair (clocks,
 neighbours on the host); the interval is that of order statistics 2 and n-1 of
 the pairs' overheads (96% for 9 pairs, distribution-free); the spread is that
 of the unprobed runs ((max - min) / median). Also what the probe recorded
-(executed, traced, or nothing). Rows that would end past --budget-seconds are
+(executed, traced, or nothing). --control-modes adds A/A rows, both copies
+unprobed, whose "overhead" is what the pairing leaves of the copies' own
+difference and the host's noise. Rows that would end past --budget-seconds are
 skipped, and say so.
 
     python3 bench/probe_overhead.py                 # CPU part
@@ -49,6 +51,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRIXIE = "/var/cache/fleetpatch-test/trixie-root"
 PROBED, PLAIN = "fp_bench_probed", "fp_bench_plain"
+CONTROL = "control"    # a GPU row with no probe in either copy: what the two copies differ by on their own
 FIRST_HITS = 200
 GATED = 6              # functions whose added line never runs: each call is counted (below the count cap)
 GATED_CALLS = 60000    # per gated function: under the probe's COUNT_CAP (65536), after which it stops counting
@@ -116,8 +119,9 @@ def make_scratch(root, source, mode, argv=None):
     server_code = None
     if root and argv:
         server_code = probe_install.compiled_by(argv, probe_install.runtime_source(), inner + "/probe/runtime.py")
-    probe_install.install(host + "/site", host + "/probe", "bench", plan, probe_dir_seen=inner + "/probe",
-                          server_code=server_code)
+    if mode != CONTROL:
+        probe_install.install(host + "/site", host + "/probe", "bench", plan, probe_dir_seen=inner + "/probe",
+                              server_code=server_code)
     return inner, host
 
 
@@ -246,7 +250,7 @@ def gpu_configs(args):
     rows = [(None, kind, batch) for kind in split(args.modes) for batch in (1, 64)]
     if sys.version_info >= (3, 12):     # below 3.12 the rows above are in functions mode already
         rows += [("functions", kind, batch) for kind in split(args.functions_modes) for batch in (1, 64)]
-    return rows
+    return rows + [(CONTROL, kind, batch) for kind in split(args.control_modes) for batch in (1, 64)]
 
 
 def gpu_skip_reason(device):
@@ -313,7 +317,7 @@ def print_gpu_row(row):
         what.append("executed %s" % probe["executed"])
     if probe["traced"]:
         what.append("traced %s (%s)" % (probe["traced"], ", ".join(probe["traced_by"])))
-    what = "; ".join(what) or "nothing recorded"
+    what = "; ".join(what) or ("no probe in either copy" if row["probe_mode_asked"] == CONTROL else "nothing recorded")
     print("%s plain %9.1f tok/s  probed %9.1f  overhead %+6.2f%% [%+.2f, %+.2f]  spread %4.1f%%  %5d steps  "
           "probe (%s): %s" % (head, row["plain_tok_s"], row["probed_tok_s"], row["overhead_pct"],
                               row["interval_pct"][0], row["interval_pct"][1], row["spread_pct"], row["steps"],
@@ -518,6 +522,9 @@ def main(argv=None):
                     help="GPU execution modes, comma-separated, with the probe in the interpreter's best mode")
     ap.add_argument("--functions-modes", default="eager,compile",
                     help="GPU execution modes run again in functions mode (3.12+ only; empty: none)")
+    ap.add_argument("--control-modes", default="",
+                    help="GPU execution modes run again with neither copy probed (an A/A row: the 'overhead' "
+                    "that the two copies show without the probe; empty: none)")
     ap.add_argument("--budget-seconds", type=int, default=480,
                     help="GPU rows that would end past this many seconds since the start are skipped")
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU part")
@@ -534,6 +541,12 @@ def main(argv=None):
         ap.error("--reps and --steps must be at least 1")
     if not args.run_seconds > 0:
         ap.error("--run-seconds must be above 0")
+    for flag, text in (("--modes", args.modes), ("--functions-modes", args.functions_modes),
+                       ("--control-modes", args.control_modes)):
+        unknown = sorted(set(k for k in (text or "").split(",") if k) - {"eager", "cudagraph", "compile"})
+        if unknown:
+            ap.error("%s: unknown execution mode %s (expected eager, cudagraph or compile, comma-separated)"
+                     % (flag, ", ".join(map(repr, unknown))))
     if args.worker == "cpu":
         return cpu_worker(args.scratch)
     if args.worker == "gpu":
