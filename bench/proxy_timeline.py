@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where each host's time goes through the delay proxy: fleetpatch against the limit, chunk by chunk.
 
-    python3 bench/proxy_timeline.py [--hosts 8] [--repeats 4] [--delay-ms 25] [--out FILE]
+    python3 bench/proxy_timeline.py [--hosts 8] [--repeats 4] [--delay-ms 25] [--out FILE] [--fleetpatch-before CHECKOUT]
 
 The bench's fleet and delay proxy (bench/run.py), with the proxy's --trace on: every chunk it reads,
 with its time, connection and direction. For each repeat, fleetpatch's rollout (its own venv, as in
@@ -85,9 +85,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=at_least(1), default=4, help="runs of each tool, interleaved (4)")
     ap.add_argument("--delay-ms", type=at_least(0, float), default=25.0, help="each way (25: the bench's 50 ms round trip)")
     ap.add_argument("--out", type=Path, help="the whole trace and the per-host phases, as JSON")
+    ap.add_argument("--fleetpatch-before", type=Path, metavar="CHECKOUT",
+                    help="also run another checkout's fleetpatch (its src first on the path), interleaved")
     a = ap.parse_args()
     if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):   # found out now, not after the runs
         ap.error(f"--out {a.out}: give a file in a folder that exists")
+    if a.fleetpatch_before is not None and not (a.fleetpatch_before / "src" / "fleetpatch").is_dir():
+        ap.error(f"--fleetpatch-before {a.fleetpatch_before}: not a fleetpatch checkout (no src/fleetpatch in it)")
     diff_text = bench.DIFF.read_text()
     files = bench.changed_files(diff_text)
     bench.install_fleetpatch(True)
@@ -100,6 +104,11 @@ def main() -> None:
     runners = {"fleetpatch": lambda fleet, names, tag, net: bench.run_fleetpatch(fleet, names, wd, tag, net),
                "baseline": lambda fleet, names, tag, net: bench.run_baseline(fleet, names, wd, tag, diff_text, files,
                                                                              net)}
+    if a.fleetpatch_before is not None:
+        before_src = (a.fleetpatch_before / "src").resolve()
+        print(bench.compile_fleetpatch(before_src / "fleetpatch"), flush=True)
+        runners["fleetpatch-before"] = lambda fleet, names, tag, net: bench.run_fleetpatch(fleet, names, wd, tag, net,
+                                                                                           src=before_src)
     runs = []
     trace = wd / "trace.txt"
     with Fleet(root / "fleet", specs) as fleet, \
