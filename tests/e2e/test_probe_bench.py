@@ -1,9 +1,12 @@
 """bench/probe_overhead.py runs here with no install and no torch: its CPU part measures the probe
 in a real interpreter, and its GPU part says why it is skipped instead of failing."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from support.paths import REPO
 
@@ -51,3 +54,30 @@ def test_the_gpu_overhead_interval_is_order_statistics_2_and_8_of_9_pairs():
 def test_a_run_seconds_of_zero_is_one_line():
     done = subprocess.run([sys.executable, str(BENCH), "--run-seconds", "0"], capture_output=True, text=True)
     assert done.returncode == 2 and "--run-seconds must be above 0" in done.stderr
+
+
+def test_a_control_row_times_the_same_pairs_with_the_probe_in_neither_copy(tmp_path):
+    """The A/A rows (--control-modes) tell a bias of the pairing from the probe's cost: they are
+    worth that only if neither copy is probed. Runs the GPU part's code on the CPU (--device cpu
+    --tiny) with an interpreter that has torch ($FLEETPATCH_TORCH_PYTHON, as .ci/run sets it)."""
+    python = os.environ.get("FLEETPATCH_TORCH_PYTHON")
+    if not python or subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0:
+        pytest.skip("no interpreter with torch here (set FLEETPATCH_TORCH_PYTHON)")
+    done = subprocess.run([python, str(BENCH), "--gpu", "--no-cpu", "--device", "cpu", "--tiny", "--modes", "eager",
+                           "--functions-modes", "", "--control-modes", "eager", "--reps", "1", "--steps", "8",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "probe_overhead.json").read_text())["gpu"]["rows"]
+    assert [(r["probe_mode_asked"], r["batch"]) for r in rows] == [("best", 1), ("best", 64), ("control", 1),
+                                                                    ("control", 64)]
+    for probed in rows[:2]:
+        assert probed["probe"]["processes"] == 1 and probed["probe"]["executed"] == [6, 7], probed["probe"]
+    for control in rows[2:]:
+        assert control["probe"]["processes"] == 0 and control["probe"]["executed"] == [], control["probe"]
+        assert "no probe in either copy" in done.stdout
+
+
+def test_an_unknown_execution_mode_is_one_line():
+    done = subprocess.run([sys.executable, str(BENCH), "--gpu", "--control-modes", "eager,graphs"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--control-modes: unknown execution mode 'graphs'" in done.stderr
