@@ -485,9 +485,9 @@ def print_outcome(console, task: str, results: dict, extra_lines: list[str] = ()
     for name, r in failed.items():
         if category(r) != "skipped":  # never touched: the stopped line and the counts say so, once
             say(console, r.message or f"FAIL {name} {r.status}", style="red")
-    for r in results.values():   # e.g. a local patch folder that differs from what the host recorded at deploy
-        for note in r.details.get("notes") or ():
-            say(console, note, style="yellow")
+    for name, r in results.items():   # e.g. a local patch folder that differs from what the host recorded
+        for note in r.details.get("notes") or ():   # the report keeps it without the host, its key there
+            say(console, f"{name}: note: {note}", style="yellow")
     for line in extra_lines:
         say(console, line)
     text, ok = last_line(task, results, interrupted)

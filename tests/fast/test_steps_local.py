@@ -314,7 +314,7 @@ def test_a_pending_restart_that_moves_the_server_to_another_path_says_so(lh2):
     moved = steps.deploy(job(lh2, host=v1)[0], v1)
     assert (moved.status, moved.executed_path) == ("verified", "EAGLEWorker"), moved.message
     (note,) = moved.details["notes"]
-    assert note.startswith("h2: note: the restart moved the server from EAGLEWorkerV2 to EAGLEWorker: "), note
+    assert note.startswith("the restart moved the server from EAGLEWorkerV2 to EAGLEWorker: "), note
 
 
 def test_the_session_environment_that_a_restart_inherits_counts_in_what_it_will_run(lh2, monkeypatch):
@@ -368,7 +368,7 @@ def test_status_warns_when_the_inventory_would_restart_the_server_onto_another_p
     moved = steps.deploy(job(lh2, host=v1)[0], v1)
     assert (moved.status, moved.executed_path) == ("verified", "EAGLEWorker"), moved.message
     assert moved.details["notes"] == [
-        "h2: note: the restart moved the server from EAGLEWorkerV2 to EAGLEWorker: in the inventory's start and env, "
+        "the restart moved the server from EAGLEWorkerV2 to EAGLEWorker: in the inventory's start and env, "
         "which fleetpatch restarted it with, " + note_cause + "; the server had been started otherwise"], moved.details
     in_line = steps.deploy(job(lh2, "dynamic-spec-disable", host=v1)[0], v1)
     assert in_line.ok and "notes" not in in_line.details, (in_line.message, in_line.details.get("notes"))

@@ -112,10 +112,10 @@ def test_a_local_copy_that_differs_from_the_record_is_named_and_the_record_decid
     notes = [line for line in run.output.splitlines() if "differs from what was deployed" in line]
     assert len(notes) == 1, run.output
     note = notes[0]
-    assert note.startswith("v2a: ") and "markers.EAGLEWorkerV2" in note, note
+    assert note.startswith("v2a: note: the local ") and "markers.EAGLEWorkerV2" in note, note
     assert f"sglang-0.5.9.r1.diff sha256 {sha256(edited / 'sglang-0.5.9.r1.diff')[:12]} here" in note, note
     assert "host's record" in note and f"{PATCH}@1" in note, note
-    assert run.host("v2a")["notes"] == [note]
+    assert run.host("v2a")["notes"] == [note.removeprefix("v2a: note: ")]   # the report: the note, under its host
 
     rolled = operator.run("rollback", "--hosts", "v2a", "--timeout", "60")
     assert rolled.code == 0, rolled

@@ -296,7 +296,7 @@ def restart_switched(host: Host, profile, version: str | None, probe_reply: dict
     if change is None or not change[1].starts or change[1].path != ran:
         return None
     running, planned = change
-    return (f"{host.name}: note: the restart moved the server from {would_run(running, profile)} to "
+    return (f"the restart moved the server from {would_run(running, profile)} to "
             f"{would_run(planned, profile)}: in the inventory's start and env, which fleetpatch restarted it with, "
             f"{planned.cause}; the server had been started otherwise")
 

@@ -46,15 +46,15 @@ def _local(job: Job, host: Host, name: str) -> tuple[Patch | None, str, bool]:
         return None, str(e), here
 
 
-def _note(host: Host, d: Deployed, local: Patch | None, why: str, here: bool) -> str | None:
+def _note(d: Deployed, local: Patch | None, why: str, here: bool) -> str | None:
     """One line naming how the local folder differs from what the host recorded, if it does."""
     if local is None:
-        return (f"{host.name}: note: the local copy of {d.name} cannot be loaded ({why}); judged by the host's "
+        return (f"the local copy of {d.name} cannot be loaded ({why}); judged by the host's "
                 f"record of {d.label}, which is what was deployed") if here else None
     diffs = patchrecord.differences(local, d.record)
     if not diffs:
         return None
-    return (f"{host.name}: note: the local {d.name} differs from what was deployed as {d.label} "
+    return (f"the local {d.name} differs from what was deployed as {d.label} "
             f"({'; '.join(diffs)}); judged by the host's record, which is what was deployed")
 
 
@@ -71,7 +71,7 @@ def deployed(job: Job, host: Host, entries: list[tuple[str, dict | None]]) -> li
         record = entry.get("record")
         if record:
             d = Deployed(name, label, patchrecord.patch_of(record), record)
-            d.note = _note(host, d, local, why, here)
+            d.note = _note(d, local, why, here)
             out.append(d)
         elif local is not None:
             out.append(Deployed(name, label, local))
