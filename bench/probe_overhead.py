@@ -51,6 +51,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRIXIE = "/var/cache/fleetpatch-test/trixie-root"
 PROBED, PLAIN = "fp_bench_probed", "fp_bench_plain"
+EXEC_MODES = ("eager", "cudagraph", "compile")   # gpu_runner's
 CONTROL = "control"    # a GPU row with no probe in either copy: what the two copies differ by on their own
 FIRST_HITS = 200
 GATED = 6              # functions whose added line never runs: each call is counted (below the count cap)
@@ -244,13 +245,17 @@ def start_bench(reps, starts=10):
     return results
 
 
+def mode_list(text):
+    """A comma-separated flag value -> its execution modes ('' and stray commas: none)."""
+    return [k for k in (text or "").split(",") if k]
+
+
 def gpu_configs(args):
     """(probe mode the plan asks for, exec mode, batch) of each GPU row, in the order they run."""
-    split = lambda text: [k for k in (text or "").split(",") if k]   # noqa: E731
-    rows = [(None, kind, batch) for kind in split(args.modes) for batch in (1, 64)]
+    rows = [(None, kind, batch) for kind in mode_list(args.modes) for batch in (1, 64)]
     if sys.version_info >= (3, 12):     # below 3.12 the rows above are in functions mode already
-        rows += [("functions", kind, batch) for kind in split(args.functions_modes) for batch in (1, 64)]
-    return rows + [(CONTROL, kind, batch) for kind in split(args.control_modes) for batch in (1, 64)]
+        rows += [("functions", kind, batch) for kind in mode_list(args.functions_modes) for batch in (1, 64)]
+    return rows + [(CONTROL, kind, batch) for kind in mode_list(args.control_modes) for batch in (1, 64)]
 
 
 def gpu_skip_reason(device):
@@ -543,7 +548,7 @@ def main(argv=None):
         ap.error("--run-seconds must be above 0")
     for flag, text in (("--modes", args.modes), ("--functions-modes", args.functions_modes),
                        ("--control-modes", args.control_modes)):
-        unknown = sorted(set(k for k in (text or "").split(",") if k) - {"eager", "cudagraph", "compile"})
+        unknown = sorted(set(mode_list(text)) - set(EXEC_MODES))
         if unknown:
             ap.error("%s: unknown execution mode %s (expected eager, cudagraph or compile, comma-separated)"
                      % (flag, ", ".join(map(repr, unknown))))

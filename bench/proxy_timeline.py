@@ -90,7 +90,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):   # found out now, not after the runs
         ap.error(f"--out {a.out}: give a file in a folder that exists")
-    if a.fleetpatch_before is not None and not (a.fleetpatch_before / "src" / "fleetpatch").is_dir():
+    before_src = bench.checkout_src(a.fleetpatch_before) if a.fleetpatch_before is not None else None
+    if a.fleetpatch_before is not None and before_src is None:
         ap.error(f"--fleetpatch-before {a.fleetpatch_before}: not a fleetpatch checkout (no src/fleetpatch in it)")
     diff_text = bench.DIFF.read_text()
     files = bench.changed_files(diff_text)
@@ -104,8 +105,7 @@ def main() -> None:
     runners = {"fleetpatch": lambda fleet, names, tag, net: bench.run_fleetpatch(fleet, names, wd, tag, net),
                "baseline": lambda fleet, names, tag, net: bench.run_baseline(fleet, names, wd, tag, diff_text, files,
                                                                              net)}
-    if a.fleetpatch_before is not None:
-        before_src = (a.fleetpatch_before / "src").resolve()
+    if before_src is not None:
         print(bench.compile_fleetpatch(before_src / "fleetpatch"), flush=True)
         runners["fleetpatch-before"] = lambda fleet, names, tag, net: bench.run_fleetpatch(fleet, names, wd, tag, net,
                                                                                            src=before_src)

@@ -136,6 +136,12 @@ def med(xs):
 
 # ------------------------------------------------------------------ setup
 
+def checkout_src(checkout: str | Path | None) -> Path | None:
+    """--fleetpatch-before's CHECKOUT -> its src/ (resolved), or None where it holds no fleetpatch."""
+    src = Path(checkout or "-") / "src"
+    return src.resolve() if (src / "fleetpatch").is_dir() else None
+
+
 def compile_fleetpatch(pkg: Path | None = None) -> str:
     """Byte-compile a fleetpatch source tree that runs from PYTHONPATH (fleetpatch-before), as
     `pip install` does for a wheel (fleetpatch itself runs from its venv, install_fleetpatch).
@@ -1882,7 +1888,7 @@ def main(argv=None) -> int:
     Net.baseline_opts = ["-o", f"KexAlgorithms={a.baseline_kex}"] if a.baseline_kex else []
     if os.geteuid() != 0:
         sys.exit("bench: the test fleet needs root (mount namespaces)")
-    if "fleetpatch-before" in tools and not (Path(a.fleetpatch_before or "-") / "src" / "fleetpatch").is_dir():
+    if "fleetpatch-before" in tools and checkout_src(a.fleetpatch_before) is None:
         sys.exit(f"bench: --fleetpatch-before {a.fleetpatch_before or '(missing)'}: not a fleetpatch checkout "
                  "(no src/fleetpatch in it); give a git worktree of an older commit")
     if a.fleetpatch_before and "fleetpatch-before" not in tools:
@@ -1902,7 +1908,7 @@ def main(argv=None) -> int:
                               .split("\n")[0].split(" (")[0] if shutil.which("curl") else "curl: missing")
     before_src = None
     if "fleetpatch-before" in tools:
-        before_src = (Path(a.fleetpatch_before) / "src").resolve()
+        before_src = checkout_src(a.fleetpatch_before)
         tool_notes["fleetpatch_before"] = (f"{before_src} at " + subprocess.run(
             ["git", "-C", str(before_src), "log", "-1", "--format=%h %s"], capture_output=True,
             text=True).stdout.strip()[:100] + "; " + compile_fleetpatch(before_src / "fleetpatch"))
