@@ -1,7 +1,7 @@
 """The shipped vLLM facts (src/fleetpatch/engines/vllm_releases/<release>.json): their shape,
 facts quoted from the wheels, the docs table, and regeneration byte for byte from the wheel
 members `invoke engine-facts --engine vllm` cached (~/.cache/fleetpatch/wheels/vllm-X.members;
-tests/e2e/test_vllm_release_facts.py fetches them from PyPI where they are not cached)."""
+`python3 tests/support/wheelcache.py` and tests/e2e/test_vllm_release_facts.py fetch them from PyPI)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import pytest
 from fleetpatch.engines import vllm_wheel
 from fleetpatch.engines.vllm import POLICIES, PROFILE
 from support.paths import REPO
+from support.wheelcache import VLLM_RELEASES
 
 SHIPPED = vllm_wheel.shipped_releases()
 EXPECTED = ["0.10.0", "0.10.1", "0.10.1.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0",
@@ -91,10 +92,10 @@ def test_the_docs_table_of_vllm_releases_is_generated_from_the_facts():
 
 
 # one release per runner policy here (about 1 s each); every release in tests/e2e/test_vllm_release_facts.py
-@pytest.mark.parametrize("version", ["0.10.2", "0.11.0", "0.20.2", "0.27.0", "0.33.0", "0.34.0"])
+@pytest.mark.parametrize("version", VLLM_RELEASES)
 def test_regenerated_byte_for_byte_from_the_cached_wheel_members(version):
     members = vllm_wheel.cached(version)
     if members is None:
-        pytest.skip(f"vllm {version}'s members are not cached: tests/e2e/test_vllm_release_facts.py fetches them")
+        pytest.skip(f"vllm {version}'s members are not cached: `python3 tests/support/wheelcache.py` fetches them")
     shipped = (vllm_wheel.FACTS_DIR / f"{version}.json").read_text()
     assert vllm_wheel.regenerate(version, members) == shipped

@@ -46,7 +46,7 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
 def served_wheel():
     found = sorted(sglang_wheel.cache_dir().glob("sglang-0.5.9-*.whl"))
     if not found:
-        pytest.skip("the sglang 0.5.9 wheel is not cached (the e2e tier downloads it)")
+        pytest.skip("the sglang 0.5.9 wheel is not cached: `python3 tests/support/wheelcache.py` downloads it")
     handler = type("H", (RangeHandler,), {"wheel": found[0], "ranges": []})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

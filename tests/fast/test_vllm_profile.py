@@ -167,8 +167,8 @@ def vllm_host(lh, version="0.33.0"):
     members = vllm_wheel.cached(version)
     meta = f"vllm-{version}.dist-info/METADATA"
     if members is None or not members.has(meta):
-        pytest.skip(f"vllm {version}'s wheel members are not cached: `invoke engine-facts --engine vllm "
-                    f"--version {version}` fetches them")
+        pytest.skip(f"vllm {version}'s wheel members are not cached: `python3 tests/support/wheelcache.py` "
+                    "fetches them")
     shutil.copytree(members.root / "files", lh.site, dirs_exist_ok=True)
     inv = lh.inventory()
     inv["hosts"][lh.name]["engine"]["kind"] = "vllm"

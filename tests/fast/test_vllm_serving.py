@@ -90,7 +90,7 @@ def test_a_failed_vllm_smoke_is_smoke_failed_with_status_path_and_first_body_lin
 def test_the_version_file_of_the_wheel_states_its_release(version):
     members = vllm_wheel.cached(version)
     if members is None:
-        pytest.skip(f"vllm {version}'s members are not cached: tests/e2e/test_vllm_release_facts.py fetches them")
+        pytest.skip(f"vllm {version}'s members are not cached: `python3 tests/support/wheelcache.py` fetches them")
     assert VLLM.version_file == "vllm/_version.py"
     assert version_in_source(members.text("vllm/_version.py").encode()) == version
 
