@@ -57,6 +57,12 @@ class Dials:
         self._lock = threading.Lock()
 
     def start(self, hosts: list[Host], hosts_by_name: dict, accept_new_host_keys: bool) -> None:
+        if hosts:
+            # Loaded here, before the dials' threads start, not by the first of them: that thread
+            # would share the GIL with the caller's imports of the steps (the caller goes on to
+            # them) and connect only once both were done. Loaded first, every connect starts at
+            # once and the steps load while the hosts answer.
+            import fabric  # noqa: F401  (it loads paramiko)
         for host in hosts:
             remote = Remote(host, hosts_by_name=hosts_by_name, accept_new_host_keys=accept_new_host_keys,
                             interrupt=self.interrupt, known_hosts=self.known_hosts)
