@@ -32,6 +32,9 @@ def fetch() -> list[str]:
 
 
 if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description="Fetch the engine wheels that fast-tier tests read, where this "
+                                        "machine's cache lacks them (offline: those tests skip).").parse_args()
     missed = fetch()
     for line in missed:
         print(f"wheelcache: {line}; the fast tests that read it skip", file=sys.stderr)
