@@ -19,6 +19,7 @@ from fleetpatch.router import check_smoke_answer
 from fleetpatch.steps import execution
 from fleetpatch.steps.context import server_info_url
 from fleetpatch.steps.follow import smoke_failure
+from support.wheelcache import VLLM_RELEASES
 
 VLLM, SGLANG = get("vllm"), get("sglang")
 # vllm/logger.py's prefix as 0.20.2 writes it when the output is not a terminal, then the message
@@ -86,7 +87,7 @@ def test_a_failed_vllm_smoke_is_smoke_failed_with_status_path_and_first_body_lin
 
 # ------------------------------------------------------------------ version, ready, server_info
 
-@pytest.mark.parametrize("version", ["0.10.2", "0.20.2", "0.33.0", "0.34.0"])
+@pytest.mark.parametrize("version", VLLM_RELEASES)
 def test_the_version_file_of_the_wheel_states_its_release(version):
     members = vllm_wheel.cached(version)
     if members is None:
