@@ -100,11 +100,10 @@ def status(c, inventory=None, hosts=None, group=None, report=None, parallel=None
         console.print(rep.status_table(results))
         if verbose:
             rep.print_evidence(console, results)
-        for name, r in results.items():
+        for r in results.values():
             if not r.ok:
                 rep.say(console, r.message, style="red")
-            for note in r.details.get("notes") or []:   # ok now, not after the next restart
-                rep.say(console, f"{name}: note: {note}", style="yellow")
+        rep.print_notes(console, results)   # ok now, not after the next restart
         text, _ = rep.last_line("status", results, stop.interrupted)
         rep.say(console, text, style="bold green" if ok else "bold red")
     if stop.interrupted:

@@ -485,13 +485,20 @@ def print_outcome(console, task: str, results: dict, extra_lines: list[str] = ()
     for name, r in failed.items():
         if category(r) != "skipped":  # never touched: the stopped line and the counts say so, once
             say(console, r.message or f"FAIL {name} {r.status}", style="red")
-    for name, r in results.items():   # e.g. a local patch folder that differs from what the host recorded
-        for note in r.details.get("notes") or ():   # the report keeps it without the host, its key there
-            say(console, f"{name}: note: {note}", style="yellow")
+    print_notes(console, results)
     for line in extra_lines:
         say(console, line)
     text, ok = last_line(task, results, interrupted)
     say(console, text, style="bold green" if ok else "bold red")
+
+
+def print_notes(console, results: dict) -> None:
+    """Each host's notes (a local patch folder that differs from what the host recorded, a restart
+    that moved or would move the server to another path), one line each under the host's name:
+    the report keeps them without it, the host being their key there."""
+    for name, r in results.items():
+        for note in r.details.get("notes") or ():
+            say(console, f"{name}: note: {note}", style="yellow")
 
 
 # ----------------------------------------------------------------- JSON report
